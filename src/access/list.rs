@@ -1,0 +1,152 @@
+//! The visible session list: visibility and kind filters apply before the limit (**Fix**), in
+//! index order, with a keyset cursor. Cost grows with `limit` under `agent`/`all`, and with the
+//! caller's tree under `self`/`tree`.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::Access;
+use crate::caller::Caller;
+use crate::config::Visibility;
+use crate::keys::SessionKind;
+use crate::store::{ListQuery, SessionRow, SessionState, now_ms};
+use crate::tools::ToolError;
+
+/// What the caller asked for (already validated).
+#[derive(Debug, Clone, Default)]
+pub struct ListRequest {
+    pub kinds: Option<Vec<SessionKind>>,
+    pub limit: usize,
+    pub active_minutes: Option<u64>,
+    pub include_archived: bool,
+    pub cursor: Option<String>,
+}
+
+/// One page of visible rows, newest first.
+#[derive(Debug)]
+pub struct ListPage {
+    pub rows: Vec<SessionRow>,
+    pub has_more: bool,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Cursor {
+    u: i64,
+    i: i64,
+    f: String,
+}
+
+fn newest_first(a: &SessionRow, b: &SessionRow) -> std::cmp::Ordering {
+    (b.updated_at, b.id).cmp(&(a.updated_at, a.id))
+}
+
+impl Access {
+    pub fn list(&self, caller: &Caller, req: &ListRequest) -> Result<ListPage, ToolError> {
+        let rules = self.rules(caller);
+        let fingerprint = filter_fingerprint(caller, req, rules.effective);
+        let after = req.cursor.as_deref().map(|c| decode_cursor(c, &fingerprint)).transpose()?;
+        let since = req.active_minutes.map(|m| now_ms() - (m as i64).saturating_mul(60_000));
+        let passes = |row: &SessionRow| {
+            let state_ok = row.state == SessionState::Active || (req.include_archived && row.state == SessionState::Archived);
+            let kind_ok = req.kinds.as_ref().is_none_or(|ks| ks.contains(&row.kind));
+            state_ok && kind_ok && since.is_none_or(|s| row.updated_at >= s)
+        };
+        let after_ok = |row: &SessionRow| after.is_none_or(|(u, i)| (row.updated_at, row.id) < (u, i));
+        let want = req.limit + 1;
+        let mut rows: Vec<SessionRow> = match rules.effective {
+            Visibility::OwnSession => Vec::new(),
+            Visibility::Tree => {
+                let keys = self.store.descendants(&caller.key)?;
+                let mut rows = self.store.sessions_by_keys(&keys)?;
+                rows.retain(|r| passes(r) && after_ok(r));
+                rows
+            }
+            Visibility::Agent | Visibility::All => {
+                let mut agents = vec![caller.agent.clone()];
+                if rules.effective == Visibility::All && rules.a2a_enabled {
+                    let others = self.store.agent_ids()?;
+                    agents.extend(others.into_iter().filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a)));
+                }
+                let kinds: Vec<Option<SessionKind>> = match &req.kinds {
+                    Some(ks) => ks.iter().copied().map(Some).collect(),
+                    None => vec![None],
+                };
+                let mut rows = Vec::new();
+                for agent in &agents {
+                    for kind in &kinds {
+                        rows.extend(self.store.list_slice(&ListQuery {
+                            agent: agent.as_str(),
+                            kind: *kind,
+                            include_archived: req.include_archived,
+                            updated_since: since,
+                            after,
+                            exclude_key: Some(caller.key.as_str()),
+                            limit: want,
+                        })?);
+                    }
+                }
+                rows
+            }
+        };
+        rows.retain(|r| r.key != caller.key);
+        rows.sort_by(newest_first);
+        rows.truncate(want);
+        let mut has_more = rows.len() > req.limit;
+        rows.truncate(req.limit);
+        // The caller's own session is always on the first page (a model that sees `count: 0`
+        // tends to loop); it never displaces the cursor position of the others.
+        if after.is_none() {
+            if let Some(own) = self.store.session_by_key(&caller.key)?.filter(|r| {
+                r.state != SessionState::Deleted && req.kinds.as_ref().is_none_or(|ks| ks.contains(&r.kind))
+            }) {
+                let pos = rows.partition_point(|r| newest_first(r, &own).is_lt());
+                rows.insert(pos, own);
+                if rows.len() > req.limit {
+                    let last_other = rows.iter().rposition(|r| r.key != caller.key).expect("more rows than one");
+                    rows.remove(last_other);
+                    has_more = true;
+                }
+            }
+        }
+        let next_cursor = has_more
+            .then(|| rows.iter().rev().find(|r| r.key != caller.key))
+            .flatten()
+            .map(|r| encode_cursor(r, &fingerprint));
+        Ok(ListPage { rows, has_more, next_cursor })
+    }
+}
+
+/// Binds a cursor to the caller and the filters it was made for.
+fn filter_fingerprint(caller: &Caller, req: &ListRequest, effective: Visibility) -> String {
+    let mut kinds: Vec<&str> = req.kinds.iter().flatten().map(|k| k.as_str()).collect();
+    kinds.sort();
+    let text = format!(
+        "{}|{}|{:?}|{}|{}",
+        caller.key,
+        kinds.join(","),
+        req.active_minutes,
+        req.include_archived,
+        effective.as_str()
+    );
+    hex::encode(&Sha256::digest(text.as_bytes())[..8])
+}
+
+fn encode_cursor(row: &SessionRow, fingerprint: &str) -> String {
+    let c = Cursor { u: row.updated_at, i: row.id, f: fingerprint.to_string() };
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(&c).expect("cursor serialises"))
+}
+
+fn decode_cursor(raw: &str, fingerprint: &str) -> Result<(i64, i64), ToolError> {
+    let bad = || ToolError::invalid("cursor is not a cursor from sessions_list nextCursor; omit it to start from the first page");
+    let bytes = URL_SAFE_NO_PAD.decode(raw.trim()).map_err(|_| bad())?;
+    let c: Cursor = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+    if c.f != fingerprint {
+        return Err(ToolError::invalid(
+            "cursor was made for other filters (kinds, activeMinutes, includeArchived) or another caller; repeat the same filters or omit cursor",
+        ));
+    }
+    Ok((c.u, c.i))
+}

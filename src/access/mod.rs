@@ -1,0 +1,175 @@
+//! The access façade: the one place tools ask "may this caller see / reach that session?".
+//!
+//! It loads the facts (the caller, the target row, the target's spawn ancestry, the config) from
+//! the store and hands them to the pure functions in `policy/`. Decisions about a target named by
+//! key are made from the key and the caller's tree *before* existence is asked, so a session the
+//! caller may not see gets the same answer whether or not it exists.
+
+mod list;
+
+use std::sync::Arc;
+
+use crate::caller::{Caller, key_scope};
+use crate::config::{Config, PolicyAction};
+use crate::keys::{self, KeyScope, SessionKey, SessionRef};
+use crate::policy::{
+    self, Action, SendDecision, SendTarget, ToolName, VisibilityFacts, VisibilityRules, check_visibility,
+};
+use crate::store::{SessionRow, SessionState, Store};
+use crate::tools::ToolError;
+
+pub use list::{ListPage, ListRequest};
+
+/// A target the caller may see. `row` is `None` for a configured agent's main session that has
+/// no message yet (it exists virtually).
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub key: SessionKey,
+    pub display: String,
+    pub row: Option<SessionRow>,
+}
+
+/// The façade every tool calls. Cheap to clone.
+#[derive(Clone)]
+pub struct Access {
+    pub store: Store,
+    pub config: Arc<Config>,
+}
+
+impl Access {
+    pub fn new(store: Store, config: Arc<Config>) -> Self {
+        Access { store, config }
+    }
+
+    pub fn scope(&self, caller: &Caller) -> KeyScope {
+        key_scope(&self.config, &caller.agent)
+    }
+
+    pub fn rules(&self, caller: &Caller) -> VisibilityRules {
+        VisibilityRules::for_caller(&self.config, caller.sandboxed)
+    }
+
+    /// The tools this caller is offered.
+    pub fn tools_for(&self, caller: &Caller) -> Vec<ToolName> {
+        policy::tools_for(caller.role, &self.config)
+    }
+
+    /// Refuses a tool the caller is not offered.
+    pub fn check_tool(&self, caller: &Caller, tool: ToolName) -> Result<(), ToolError> {
+        if self.tools_for(caller).contains(&tool) {
+            Ok(())
+        } else {
+            Err(ToolError::forbidden(format!(
+                "{} is not available to this sub-agent session; the operator can allow it with tools.subagents.tools.allow or alsoAllow",
+                tool.as_str()
+            )))
+        }
+    }
+
+    /// Is `target` inside the caller's spawn tree (the caller itself included)?
+    fn in_tree(&self, caller: &Caller, target: &SessionKey) -> Result<bool, ToolError> {
+        if *target == caller.key {
+            return Ok(true);
+        }
+        Ok(self.store.ancestors(target)?.contains(&caller.key))
+    }
+
+    fn visibility(&self, caller: &Caller, action: Action, key: &SessionKey) -> Result<(), ToolError> {
+        let default_agent = self.config.default_agent();
+        let target_agent = key.agent_id(&default_agent);
+        let rules = self.rules(caller);
+        // Tree membership only matters for same-agent targets under `tree`; skip the lookup otherwise.
+        let needs_tree = target_agent == caller.agent && rules.effective == crate::config::Visibility::Tree;
+        let facts = VisibilityFacts {
+            caller_key: &caller.key,
+            caller_agent: &caller.agent,
+            target_key: key,
+            target_agent: &target_agent,
+            target_in_tree: needs_tree && self.in_tree(caller, key)?,
+        };
+        check_visibility(action, &facts, &rules).map_err(|d| ToolError::forbidden(d.0))
+    }
+
+    /// Whether `row` is visible to the caller (used where rows are already loaded).
+    pub fn row_visible(&self, caller: &Caller, row: &SessionRow) -> Result<bool, ToolError> {
+        Ok(row.state != SessionState::Deleted && self.visibility(caller, Action::List, &row.key).is_ok())
+    }
+
+    /// Parses what the caller typed into a key or sessionId candidate.
+    pub fn parse_ref(&self, caller: &Caller, field: &str, raw: &str) -> Result<SessionRef, ToolError> {
+        keys::parse_ref(raw, &self.scope(caller)).map_err(|e| ToolError::invalid(format!("{field} {raw:?} {e}")))
+    }
+
+    /// Resolves a caller's reference (key or sessionId) to a visible target.
+    pub fn resolve(&self, caller: &Caller, action: Action, field: &str, raw: &str) -> Result<Target, ToolError> {
+        match self.parse_ref(caller, field, raw)? {
+            SessionRef::Key(key) => self.resolve_key(caller, action, key),
+            SessionRef::SessionId(id) => self.resolve_session_id(caller, &id),
+        }
+    }
+
+    fn resolve_key(&self, caller: &Caller, action: Action, key: SessionKey) -> Result<Target, ToolError> {
+        self.visibility(caller, action, &key)?;
+        let scope = self.scope(caller);
+        let display = scope.display(&key);
+        match self.store.session_by_key(&key)? {
+            Some(row) if row.state != SessionState::Deleted => Ok(Target { key, display, row: Some(row) }),
+            _ if self.is_virtual_main(&key) => Ok(Target { key, display, row: None }),
+            _ => Err(ToolError::not_found(format!(
+                "Session not found: {display} (use sessions_list to see the sessions you can reach)"
+            ))),
+        }
+    }
+
+    /// Every configured agent's main session exists virtually before its first message.
+    fn is_virtual_main(&self, key: &SessionKey) -> bool {
+        let agent = key.agent_id(&self.config.default_agent());
+        self.config.is_configured(&agent) && key_scope(&self.config, &agent).is_main(key)
+    }
+
+    fn resolve_session_id(&self, caller: &Caller, id: &str) -> Result<Target, ToolError> {
+        let mut visible = Vec::new();
+        for row in self.store.sessions_by_session_id(id)? {
+            if self.row_visible(caller, &row)? {
+                visible.push(row);
+            }
+        }
+        let scope = self.scope(caller);
+        match visible.len() {
+            0 => Err(ToolError::not_found(format!("no visible session with sessionId {id}"))),
+            1 => {
+                let row = visible.remove(0);
+                Ok(Target { key: row.key.clone(), display: scope.display(&row.key), row: Some(row) })
+            }
+            _ => Err(ToolError::invalid(format!(
+                "Multiple sessions found for sessionId: {id} ({}); pass the sessionKey instead",
+                visible.iter().map(|r| scope.display(&r.key)).collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
+
+    /// The send policy for a session (override, rules, default).
+    pub fn send_decision(&self, key: &SessionKey, row: Option<&SessionRow>) -> SendDecision {
+        let scope = key_scope(&self.config, &key.agent_id(&self.config.default_agent()));
+        let stored_chat = row.and_then(|r| r.chat_type);
+        let kind = row.map_or_else(|| keys::kind_of(key, &scope, stored_chat), |r| r.kind);
+        let chat_type = keys::chat_type_of(key, stored_chat);
+        let channel = keys::channel_of(
+            key,
+            kind,
+            chat_type,
+            row.and_then(|r| r.channel.as_deref()),
+            row.and_then(|r| r.last_channel.as_deref()),
+        );
+        let over = row.and_then(|r| r.send_policy.as_deref()).and_then(|p| match p {
+            "allow" => Some(PolicyAction::Allow),
+            "deny" => Some(PolicyAction::Deny),
+            _ => None,
+        });
+        policy::resolve_send_policy(
+            over,
+            self.config.session.send_policy.as_ref(),
+            &SendTarget { key, channel: &channel, chat_type },
+        )
+    }
+}

@@ -1,0 +1,217 @@
+//! The command line: `serve`, `schemas`, `bench`, and the hidden `dev` helpers.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::access::Access;
+use crate::caller::{self, Credentials};
+use crate::config::{self, Loaded};
+use crate::server::{self, SessionsServer};
+use crate::store::Store;
+
+#[derive(Parser)]
+#[command(name = "sessions-mcp", version, about = "An MCP server of session tools for LLM agents")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where state and config live (every subcommand takes these).
+#[derive(Args, Clone)]
+pub struct Paths {
+    /// State directory [env: SESSIONS_MCP_STATE_DIR; default: $XDG_DATA_HOME/sessions-mcp]
+    #[arg(long, global = true)]
+    state_dir: Option<PathBuf>,
+    /// Config file (JSON5) [env: SESSIONS_MCP_CONFIG; default: <state-dir>/config.json5]
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the session tools over MCP (stdio by default).
+    Serve(ServeArgs),
+    /// Write the JSON schemas of the tools and the config to schemas/ (or check them).
+    Schemas {
+        /// Fail if the checked-in schemas differ from the generated ones.
+        #[arg(long)]
+        check: bool,
+        /// Directory of the schemas.
+        #[arg(long, default_value = "schemas")]
+        dir: PathBuf,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Measure tool latency on generated stores (in-process).
+    Bench {
+        /// Small sizes, for CI.
+        #[arg(long)]
+        quick: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Developer helpers (not pinned).
+    #[command(hide = true, subcommand)]
+    Dev(DevCommand),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Serve over stdio (the default).
+    #[arg(long)]
+    stdio: bool,
+    /// Serve streamable HTTP on ADDR.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
+    /// Act as this session (an external session) [env: SESSIONS_MCP_SESSION; default: main]
+    #[arg(long = "as", value_name = "KEY")]
+    as_session: Option<String>,
+    /// Allow a non-loopback HTTP bind without TLS.
+    #[arg(long)]
+    insecure_remote: bool,
+    /// Serve even if the state directory holds an OpenClaw store.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    paths: Paths,
+}
+
+#[derive(Subcommand)]
+enum DevCommand {
+    /// Write sessions and messages straight through the store (a JSON spec, or generated).
+    Seed(crate::dev::SeedArgs),
+    /// Print the store fingerprint (an ordered content hash of all tables).
+    Fingerprint {
+        #[command(flatten)]
+        paths: Paths,
+    },
+}
+
+/// Resolved state directory and config.
+pub struct Env {
+    pub state_dir: PathBuf,
+    pub loaded: Loaded,
+}
+
+impl Paths {
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(d) = &self.state_dir {
+            return d.clone();
+        }
+        if let Some(d) = std::env::var_os("SESSIONS_MCP_STATE_DIR").filter(|v| !v.is_empty()) {
+            return PathBuf::from(d);
+        }
+        default_state_dir()
+    }
+
+    /// Loads the config: `--config`, else `SESSIONS_MCP_CONFIG`, else `<stateDir>/config.json5`
+    /// (missing = defaults).
+    pub fn resolve(&self) -> Result<Env, config::ConfigError> {
+        let state_dir = self.state_dir();
+        let explicit = self.config.clone().or_else(|| std::env::var_os("SESSIONS_MCP_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+        let loaded = match explicit {
+            Some(p) => config::load(&p, true)?,
+            None => config::load(&state_dir.join("config.json5"), false)?,
+        };
+        for path in &loaded.ignored_reference_paths {
+            tracing::warn!(path, "config: reference key accepted but not implemented by sessions-mcp");
+        }
+        Ok(Env { state_dir, loaded })
+    }
+}
+
+fn default_state_dir() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    if cfg!(target_os = "macos") {
+        return home.join("Library/Application Support/sessions-mcp");
+    }
+    match std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d).join("sessions-mcp"),
+        None => home.join(".local/share/sessions-mcp"),
+    }
+}
+
+/// A usage or configuration problem: one line on stderr, exit code 2.
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("sessions-mcp: {message}");
+    ExitCode::from(2)
+}
+
+pub fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Schemas { check, dir, .. } => crate::schemas::run(&dir, check),
+        Command::Bench { quick, .. } => runtime.block_on(crate::bench::run(quick)),
+        Command::Dev(DevCommand::Seed(args)) => crate::dev::seed(&args),
+        Command::Dev(DevCommand::Fingerprint { paths }) => match open_store(&paths.state_dir()) {
+            Ok(store) => match store.fingerprint() {
+                Ok(f) => {
+                    println!("{f}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+            Err(code) => code,
+        },
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
+}
+
+pub fn open_store(state_dir: &Path) -> Result<Store, ExitCode> {
+    Store::open(&Store::path_in(state_dir)).map_err(fail)
+}
+
+/// An OpenClaw state dir (agents/*/sessions/sessions.json) is not ours to serve.
+fn holds_reference_store(dir: &Path) -> bool {
+    let Ok(agents) = std::fs::read_dir(dir.join("agents")) else { return false };
+    agents.flatten().any(|a| a.path().join("sessions/sessions.json").is_file())
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    if args.http.is_some() {
+        return fail("--http: the HTTP transport is not part of this version yet; use stdio (the default)");
+    }
+    let env = match args.paths.resolve() {
+        Ok(env) => env,
+        Err(e) => return fail(format!("{e} (run `sessions-mcp doctor` for details)")),
+    };
+    if holds_reference_store(&env.state_dir) && !args.force {
+        return fail(format!(
+            "{} holds an OpenClaw store (agents/*/sessions/sessions.json); import it with `sessions-mcp import` into another state dir, or pass --force",
+            env.state_dir.display()
+        ));
+    }
+    let store = match open_store(&env.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let creds = Credentials {
+        token: std::env::var("SESSIONS_MCP_TOKEN").ok(),
+        as_session: args.as_session.or_else(|| std::env::var("SESSIONS_MCP_SESSION").ok().filter(|s| !s.is_empty())),
+        inside_run: std::env::var_os("SESSIONS_MCP_RUN_ID").is_some_and(|v| !v.is_empty()),
+    };
+    let config = Arc::new(env.loaded.config);
+    let caller = match caller::resolve(&creds, &config, &store) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    tracing::info!(session = %caller.key, "serving over stdio");
+    let server = SessionsServer::new(Access::new(store, config), caller);
+    match server::serve_stdio(server).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "stdio transport failed");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,811 @@
+//! Configuration: one JSON5 file with the reference's key paths.
+//!
+//! The types below cover every key path of DECISIONS "Configuration"; every default lives in
+//! [`defaults`]. Loading (see [`load`]) classifies each key path of the file as ours (validated),
+//! reference (accepted with one warning) or unknown (an error naming the nearest known key), then
+//! deserialises what is ours. `schemas/config.json` is generated from these types.
+
+mod paths;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::keys::{AgentId, ChatType};
+
+pub use paths::Classified;
+
+/// Every default of the configuration, in one place.
+pub mod defaults {
+    pub const MAX_SPAWN_DEPTH: u32 = 1;
+    pub const MAX_CHILDREN_PER_AGENT: u32 = 5;
+    pub const MAX_CONCURRENT_CHILDREN: u32 = 8;
+    pub const MAX_QUEUED_CHILDREN: u32 = 100;
+    pub const SUBAGENT_RUN_TIMEOUT_SECONDS: u64 = 0;
+    pub const ARCHIVE_AFTER_MINUTES: f64 = 60.0;
+    pub const SWEEP_INTERVAL_SECONDS: u64 = 60;
+    pub const ANNOUNCE_STEP: bool = true;
+    pub const MAIN_KEY: &str = crate::keys::DEFAULT_MAIN_KEY;
+    pub const MAX_PING_PONG_TURNS: u32 = 5;
+    pub const MAX_HOPS: u32 = 8;
+    pub const MAX_CHAIN_MESSAGES: u32 = 64;
+    pub const ATTACHMENTS_MAX_FILES: u32 = 50;
+    pub const ATTACHMENTS_MAX_FILE_BYTES: u64 = 1024 * 1024;
+    pub const ATTACHMENTS_MAX_TOTAL_BYTES: u64 = 5 * 1024 * 1024;
+    pub const MAX_CONCURRENT_RUNS: u32 = 16;
+    pub const DRAIN_SECONDS: u64 = 600;
+    pub const HEADER_TIMEOUT_SECONDS: u64 = 10;
+    pub const IDLE_TIMEOUT_SECONDS: u64 = 60;
+    pub const MAX_CONNECTIONS: u32 = 256;
+    pub const RUNNER_TIMEOUT_SECONDS: u64 = 900;
+    pub const RUNNER_IDLE_TIMEOUT_SECONDS_JSONL: u64 = 300;
+    pub const RUNNER_CANCEL_GRACE_SECONDS: u64 = 5;
+    pub const RUNNER_MAX_STDOUT_BYTES: u64 = 16 * 1024 * 1024;
+    pub const RUNNER_MAX_LINE_BYTES: u64 = 1024 * 1024;
+    pub const RUNNER_MAX_CONCURRENT: u32 = 4;
+    pub const RUNNER_CONTEXT_BUDGET_BYTES: u64 = 256 * 1024;
+    pub const RUNNER_MAX_PROMPT_ARG_CHARS: u64 = 100_000;
+
+    pub fn allowed_hosts() -> Vec<String> {
+        ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec()
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Config {
+    pub agents: AgentsConfig,
+    pub session: SessionConfig,
+    pub tools: ToolsConfig,
+    pub runtime: RuntimeConfig,
+    /// Per-channel delivery: `channels.<name>.deliver` (argv) and `threads` (reserved).
+    pub channels: BTreeMap<String, ChannelConfig>,
+    pub server: ServerConfig,
+    pub security: SecurityConfig,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AgentsConfig {
+    pub defaults: AgentDefaults,
+    pub list: Vec<AgentEntry>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AgentDefaults {
+    pub subagents: SubagentDefaults,
+    pub model: ModelDefaults,
+    pub sandbox: SandboxDefaults,
+    pub runner: RunnerConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SubagentDefaults {
+    /// How deep sub-agents may nest (1-5); 1 means a sub-agent cannot spawn.
+    pub max_spawn_depth: u32,
+    /// Unfinished (queued or running) children one requester may have.
+    pub max_children_per_agent: u32,
+    /// Child runs running at once, server-wide; more are queued.
+    pub max_concurrent: u32,
+    /// Queued child runs, server-wide; more are rejected.
+    pub max_queued: u32,
+    /// Default per-spawn run timeout (0 = only the runner's cap).
+    pub run_timeout_seconds: u64,
+    /// Archive kept children this long after their announce (fractional; <= 0 = never).
+    pub archive_after_minutes: f64,
+    pub sweep_interval_seconds: u64,
+    /// Run one more turn in the child to write the announce's Notes.
+    pub announce_step: bool,
+    pub model: Option<String>,
+    pub thinking: Option<String>,
+}
+
+impl Default for SubagentDefaults {
+    fn default() -> Self {
+        Self {
+            max_spawn_depth: defaults::MAX_SPAWN_DEPTH,
+            max_children_per_agent: defaults::MAX_CHILDREN_PER_AGENT,
+            max_concurrent: defaults::MAX_CONCURRENT_CHILDREN,
+            max_queued: defaults::MAX_QUEUED_CHILDREN,
+            run_timeout_seconds: defaults::SUBAGENT_RUN_TIMEOUT_SECONDS,
+            archive_after_minutes: defaults::ARCHIVE_AFTER_MINUTES,
+            sweep_interval_seconds: defaults::SWEEP_INTERVAL_SECONDS,
+            announce_step: defaults::ANNOUNCE_STEP,
+            model: None,
+            thinking: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ModelDefaults {
+    pub primary: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxMode {
+    #[default]
+    Off,
+    All,
+    NonMain,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionToolsVisibility {
+    #[default]
+    Spawned,
+    All,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SandboxDefaults {
+    pub mode: SandboxMode,
+    /// `spawned` clamps a sandboxed caller's visibility to at most `tree`.
+    pub session_tools_visibility: SessionToolsVisibility,
+}
+
+/// One configured agent.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentEntry {
+    pub id: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub default: bool,
+    #[serde(default)]
+    pub workspace: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Allowlist (and aliases) for the spawn `model` parameter.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+    #[serde(default)]
+    pub runner: Option<RunnerConfig>,
+    #[serde(default)]
+    pub sandbox: Option<AgentSandbox>,
+    #[serde(default)]
+    pub subagents: Option<AgentSubagents>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AgentSandbox {
+    pub mode: Option<SandboxMode>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AgentSubagents {
+    /// Agent ids this agent may spawn (`*` = any configured agent). Default: only itself.
+    pub allow_agents: Option<Vec<String>>,
+    pub model: Option<String>,
+    pub thinking: Option<String>,
+}
+
+/// Runner settings (RUNNER-PROTOCOL.md). Every field is optional so that `agents.list[].runner`
+/// overrides `agents.defaults.runner` field by field; [`RunnerConfig::merged`] applies that.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RunnerConfig {
+    pub kind: Option<RunnerKind>,
+    pub command: Option<String>,
+    pub args: Option<Vec<String>>,
+    pub input: Option<PromptInput>,
+    pub max_prompt_arg_chars: Option<u64>,
+    pub resume_args: Option<Vec<String>>,
+    pub session_arg: Option<String>,
+    pub session_args: Option<Vec<String>>,
+    pub session_mode: Option<SessionMode>,
+    pub system_prompt_arg: Option<String>,
+    pub system_prompt_when: Option<SystemPromptWhen>,
+    pub model_arg: Option<String>,
+    pub model_aliases: Option<BTreeMap<String, String>>,
+    pub thinking_args: Option<Vec<String>>,
+    pub thinking_map: Option<BTreeMap<String, Vec<String>>>,
+    pub context: Option<ContextMode>,
+    pub env: Option<RunnerEnv>,
+    pub home: Option<HomeMode>,
+    pub timeout_seconds: Option<u64>,
+    pub idle_timeout_seconds: Option<u64>,
+    pub cancel_grace_seconds: Option<u64>,
+    pub max_stdout_bytes: Option<u64>,
+    pub max_line_bytes: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    pub context_budget_bytes: Option<u64>,
+    pub sandbox: Option<RunnerSandbox>,
+}
+
+impl RunnerConfig {
+    /// `self` (per agent) over `base` (agents.defaults.runner), field by field.
+    pub fn merged(&self, base: &RunnerConfig) -> RunnerConfig {
+        let a = serde_json::to_value(self).unwrap_or_default();
+        let mut b = serde_json::to_value(base).unwrap_or_default();
+        if let (Some(over), Some(out)) = (a.as_object(), b.as_object_mut()) {
+            for (k, v) in over {
+                if !v.is_null() {
+                    out.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        serde_json::from_value(b).unwrap_or_default()
+    }
+
+    pub fn timeout_seconds(&self) -> u64 {
+        self.timeout_seconds.unwrap_or(defaults::RUNNER_TIMEOUT_SECONDS)
+    }
+
+    pub fn max_concurrent(&self) -> u32 {
+        self.max_concurrent.unwrap_or(defaults::RUNNER_MAX_CONCURRENT)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunnerKind {
+    Jsonl,
+    ClaudeStreamJson,
+    CodexExecJson,
+    Text,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptInput {
+    Stdin,
+    Arg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionMode {
+    Always,
+    Existing,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SystemPromptWhen {
+    First,
+    Always,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ContextMode {
+    Auto,
+    Native,
+    Replay,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HomeMode {
+    Isolated,
+    Inherit,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RunnerEnv {
+    /// Environment variables passed through to the agent (everything else is cleared).
+    pub passthrough: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxBackend {
+    Off,
+    Bwrap,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxNetwork {
+    None,
+    Host,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceAccess {
+    Ro,
+    Rw,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RunnerSandbox {
+    pub backend: Option<SandboxBackend>,
+    pub network: Option<SandboxNetwork>,
+    pub workspace: Option<WorkspaceAccess>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionScope {
+    #[default]
+    PerSender,
+    Global,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SessionConfig {
+    pub main_key: String,
+    pub scope: SessionScope,
+    pub send_policy: Option<SendPolicyConfig>,
+    pub agent_to_agent: SessionAgentToAgent,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            main_key: defaults::MAIN_KEY.to_string(),
+            scope: SessionScope::default(),
+            send_policy: None,
+            agent_to_agent: SessionAgentToAgent::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyAction {
+    Allow,
+    Deny,
+}
+
+impl PolicyAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SendPolicyConfig {
+    pub default: Option<PolicyAction>,
+    pub rules: Vec<SendPolicyRule>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SendPolicyRule {
+    /// allow | deny (default allow, as in the reference).
+    #[serde(default = "default_rule_action")]
+    pub action: PolicyAction,
+    #[serde(default)]
+    pub r#match: RuleMatch,
+}
+
+fn default_rule_action() -> PolicyAction {
+    PolicyAction::Allow
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RuleMatch {
+    pub channel: Option<String>,
+    /// direct | group | channel (dm = direct).
+    pub chat_type: Option<ChatTypeMatch>,
+    pub key_prefix: Option<String>,
+    pub raw_key_prefix: Option<String>,
+}
+
+/// A chat type in a rule; `dm` is accepted as `direct`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatTypeMatch {
+    Direct,
+    #[serde(rename = "dm")]
+    Dm,
+    Group,
+    Channel,
+}
+
+impl ChatTypeMatch {
+    pub fn chat_type(self) -> ChatType {
+        match self {
+            Self::Direct | Self::Dm => ChatType::Direct,
+            Self::Group => ChatType::Group,
+            Self::Channel => ChatType::Channel,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SessionAgentToAgent {
+    /// Reply-back turns after a send between two sessions (0-5).
+    pub max_ping_pong_turns: u32,
+    /// Agent-initiated sends/spawns in one chain.
+    pub max_hops: u32,
+    /// Messages appended anywhere on one chain.
+    pub max_chain_messages: u32,
+}
+
+impl Default for SessionAgentToAgent {
+    fn default() -> Self {
+        Self {
+            max_ping_pong_turns: defaults::MAX_PING_PONG_TURNS,
+            max_hops: defaults::MAX_HOPS,
+            max_chain_messages: defaults::MAX_CHAIN_MESSAGES,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ToolsConfig {
+    pub sessions: SessionsToolConfig,
+    pub agent_to_agent: ToolsAgentToAgent,
+    pub subagents: SubagentTools,
+    #[serde(rename = "sessions_spawn")]
+    pub sessions_spawn: SpawnToolConfig,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Visibility {
+    /// Only the caller's own session.
+    #[serde(rename = "self")]
+    OwnSession,
+    /// The caller and every session it spawned, transitively.
+    #[default]
+    Tree,
+    /// Every session of the caller's agent.
+    Agent,
+    /// Every session (other agents only under tools.agentToAgent).
+    All,
+}
+
+impl Visibility {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OwnSession => "self",
+            Self::Tree => "tree",
+            Self::Agent => "agent",
+            Self::All => "all",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SessionsToolConfig {
+    pub visibility: Visibility,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ToolsAgentToAgent {
+    pub enabled: bool,
+    /// Agent-id globs (`*`); both sides must match; empty = any.
+    pub allow: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SubagentTools {
+    pub tools: ToolFilter,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ToolFilter {
+    pub allow: Vec<String>,
+    pub also_allow: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SpawnToolConfig {
+    pub attachments: AttachmentsConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AttachmentsConfig {
+    pub enabled: bool,
+    pub max_files: u32,
+    pub max_file_bytes: u64,
+    pub max_total_bytes: u64,
+}
+
+impl Default for AttachmentsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_files: defaults::ATTACHMENTS_MAX_FILES,
+            max_file_bytes: defaults::ATTACHMENTS_MAX_FILE_BYTES,
+            max_total_bytes: defaults::ATTACHMENTS_MAX_TOTAL_BYTES,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    pub max_concurrent_runs: u32,
+    pub drain_seconds: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self { max_concurrent_runs: defaults::MAX_CONCURRENT_RUNS, drain_seconds: defaults::DRAIN_SECONDS }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ChannelConfig {
+    /// Deliverer command as an argv array (never a shell string).
+    pub deliver: Option<Vec<String>>,
+    /// Reserved: whether the deliverer supports threads.
+    pub threads: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub tokens: Vec<StaticToken>,
+    pub allowed_hosts: Vec<String>,
+    pub tls: Option<TlsConfig>,
+    pub header_timeout_seconds: u64,
+    pub idle_timeout_seconds: u64,
+    pub max_connections: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            tokens: Vec::new(),
+            allowed_hosts: defaults::allowed_hosts(),
+            tls: None,
+            header_timeout_seconds: defaults::HEADER_TIMEOUT_SECONDS,
+            idle_timeout_seconds: defaults::IDLE_TIMEOUT_SECONDS,
+            max_connections: defaults::MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// A static client token: only its sha256 is stored.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StaticToken {
+    /// Hex sha256 of the bearer token.
+    pub sha256: String,
+    /// The (external) session this token acts as.
+    pub session_key: String,
+    #[serde(default)]
+    pub sandboxed: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SecurityConfig {
+    /// Disable the local operator shortcut: stdio callers need SESSIONS_MCP_TOKEN.
+    pub require_token: bool,
+}
+
+/// A configuration problem, with the key path it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: not valid JSON5: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("config file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A loaded configuration plus what loading noticed.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// The file it came from (None: all defaults).
+    pub path: Option<PathBuf>,
+    /// Reference key paths present in the file that we accept but do not implement.
+    pub ignored_reference_paths: Vec<String>,
+}
+
+/// Loads `path`. A missing file is all defaults when `explicit` is false, an error otherwise.
+pub fn load(path: &Path, explicit: bool) -> Result<Loaded, ConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
+            return Ok(Loaded { config: Config::default(), path: None, ignored_reference_paths: vec![] });
+        }
+        Err(source) => return Err(ConfigError::Read { path: path.to_path_buf(), source }),
+    };
+    let (config, ignored) = parse(&text).map_err(|e| match e {
+        ParseError::Syntax(message) => ConfigError::Syntax { path: path.to_path_buf(), message },
+        ParseError::Invalid(message) => ConfigError::Invalid { path: path.to_path_buf(), message },
+    })?;
+    Ok(Loaded { config, path: Some(path.to_path_buf()), ignored_reference_paths: ignored })
+}
+
+#[derive(Debug)]
+pub enum ParseError {
+    Syntax(String),
+    Invalid(String),
+}
+
+/// Parses config text: classify paths, strip reference-only ones, deserialise, validate.
+pub fn parse(text: &str) -> Result<(Config, Vec<String>), ParseError> {
+    let raw: serde_json::Value = json5::from_str(text).map_err(|e| ParseError::Syntax(e.to_string()))?;
+    if !raw.is_object() {
+        return Err(ParseError::Invalid("the top level must be an object".into()));
+    }
+    let Classified { ours, reference, unknown } = paths::classify(raw);
+    if let Some(first) = unknown.first() {
+        return Err(ParseError::Invalid(first.clone()));
+    }
+    let config: Config = serde_path_to_error::deserialize(ours).map_err(|e| {
+        let path = e.path().to_string();
+        ParseError::Invalid(format!("{path}: {}", e.into_inner()))
+    })?;
+    config.validate().map_err(ParseError::Invalid)?;
+    Ok((config, reference))
+}
+
+impl Config {
+    /// Range and cross-field checks serde cannot express. One message per problem, naming the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let sub = &self.agents.defaults.subagents;
+        if !(1..=5).contains(&sub.max_spawn_depth) {
+            return Err(format!(
+                "agents.defaults.subagents.maxSpawnDepth must be 1-5, got {}",
+                sub.max_spawn_depth
+            ));
+        }
+        if self.session.agent_to_agent.max_ping_pong_turns > 5 {
+            return Err(format!(
+                "session.agentToAgent.maxPingPongTurns must be 0-5, got {}",
+                self.session.agent_to_agent.max_ping_pong_turns
+            ));
+        }
+        let main_key = self.session.main_key.trim();
+        if main_key.is_empty() || main_key.contains(':') || !main_key.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            return Err(format!(
+                "session.mainKey must be a non-empty word without ':' or whitespace, got {:?}",
+                self.session.main_key
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, agent) in self.agents.list.iter().enumerate() {
+            let id = AgentId::parse(&agent.id).map_err(|e| format!("agents.list[{i}].id: {e}"))?;
+            if !seen.insert(id.clone()) {
+                return Err(format!("agents.list[{i}].id: agent id {:?} is configured twice", id.as_str()));
+            }
+        }
+        for (i, t) in self.server.tokens.iter().enumerate() {
+            if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!("server.tokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The default agent: the entry with `default: true`, else the first, else `main`.
+    pub fn default_agent(&self) -> AgentId {
+        let entry = self.agents.list.iter().find(|a| a.default).or_else(|| self.agents.list.first());
+        entry.and_then(|a| AgentId::parse(&a.id).ok()).unwrap_or_else(AgentId::main)
+    }
+
+    pub fn agent(&self, id: &AgentId) -> Option<&AgentEntry> {
+        self.agents.list.iter().find(|a| a.id.eq_ignore_ascii_case(id.as_str()))
+    }
+
+    /// Configured agent ids; with no list, the default agent `main` is implied.
+    pub fn configured_agents(&self) -> Vec<AgentId> {
+        if self.agents.list.is_empty() {
+            return vec![AgentId::main()];
+        }
+        self.agents.list.iter().filter_map(|a| AgentId::parse(&a.id).ok()).collect()
+    }
+
+    pub fn is_configured(&self, id: &AgentId) -> bool {
+        self.configured_agents().contains(id)
+    }
+
+    pub fn main_key(&self) -> String {
+        self.session.main_key.trim().to_ascii_lowercase()
+    }
+
+    pub fn global_scope(&self) -> bool {
+        self.session.scope == SessionScope::Global
+    }
+
+    /// Whether sessions of `agent` run sandboxed (non-main sessions only for `non-main`).
+    pub fn sandbox_mode(&self, agent: &AgentId) -> SandboxMode {
+        self.agent(agent)
+            .and_then(|a| a.sandbox.as_ref())
+            .and_then(|s| s.mode)
+            .unwrap_or(self.agents.defaults.sandbox.mode)
+    }
+}
+
+/// The JSON schema of the configuration file (`schemas/config.json`).
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(Config)).expect("schema serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_all_defaults() {
+        let (c, ignored) = parse("{}").unwrap();
+        assert_eq!(c.agents.defaults.subagents.max_spawn_depth, 1);
+        assert_eq!(c.tools.sessions.visibility, Visibility::Tree);
+        assert_eq!(c.default_agent().as_str(), "main");
+        assert!(ignored.is_empty());
+    }
+
+    #[test]
+    fn json5_and_ours_are_validated() {
+        let (c, _) = parse("{ tools: { sessions: { visibility: 'all' } }, // comment\n }").unwrap();
+        assert_eq!(c.tools.sessions.visibility, Visibility::All);
+        let err = parse("{ tools: { sessions: { visibility: 'everything' } } }").unwrap_err();
+        assert!(matches!(err, ParseError::Invalid(m) if m.contains("tools.sessions.visibility")));
+        let err = parse("{ agents: { defaults: { subagents: { maxSpawnDepth: 9 } } } }").unwrap_err();
+        assert!(matches!(err, ParseError::Invalid(m) if m.contains("maxSpawnDepth must be 1-5")));
+    }
+
+    #[test]
+    fn unknown_paths_name_the_nearest_key() {
+        let err = parse("{ tools: { sesions: { visibility: 'all' } } }").unwrap_err();
+        match err {
+            ParseError::Invalid(m) => {
+                assert!(m.contains("tools.sesions"), "{m}");
+                assert!(m.contains("tools.sessions"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn reference_paths_are_accepted_with_a_warning() {
+        let (_, ignored) = parse("{ agents: { defaults: { heartbeat: { every: '30m' } } } }").unwrap();
+        assert_eq!(ignored, vec!["agents.defaults.heartbeat".to_string()]);
+    }
+
+    #[test]
+    fn agent_runner_overrides_defaults_field_by_field() {
+        let base = RunnerConfig { timeout_seconds: Some(100), max_concurrent: Some(3), ..Default::default() };
+        let over = RunnerConfig { max_concurrent: Some(1), ..Default::default() };
+        let m = over.merged(&base);
+        assert_eq!(m.timeout_seconds(), 100);
+        assert_eq!(m.max_concurrent(), 1);
+    }
+
+    #[test]
+    fn duplicate_agents_and_bad_token_hashes_are_refused() {
+        assert!(parse("{ agents: { list: [ {id: 'a'}, {id: 'A'} ] } }").is_err());
+        assert!(parse("{ server: { tokens: [ {sha256: 'xyz', sessionKey: 'main'} ] } }").is_err());
+    }
+}

@@ -1,0 +1,208 @@
+//! The world loader (`sessions-mcp dev seed`): writes sessions and messages straight through the
+//! store, from a JSON spec or generated in bulk. Tests and benchmarks build their worlds with it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::caller::key_scope;
+use crate::cli::Paths;
+use crate::keys::{self, AgentId, ChatType, SessionKey, SessionRef};
+use crate::store::{self, NewMessage, NewSession, Store, now_ms};
+
+#[derive(Args)]
+pub struct SeedArgs {
+    /// A JSON world spec: {"sessions": [{key, messages: [...], ...}]}.
+    spec: Option<PathBuf>,
+    /// Generate this many sessions (keys agent:<agent>:seed:<i>, or sub-agents with --spawned-by).
+    #[arg(long)]
+    sessions: Option<u64>,
+    /// Generate this many messages, spread over the generated sessions (or all --into one key).
+    #[arg(long, default_value_t = 0)]
+    messages: u64,
+    /// Agent of the generated sessions.
+    #[arg(long, default_value = "main")]
+    agent: String,
+    /// Make every generated session a child of this key.
+    #[arg(long)]
+    spawned_by: Option<String>,
+    /// Put all generated messages into this session (created if missing).
+    #[arg(long)]
+    into: Option<String>,
+    #[command(flatten)]
+    paths: Paths,
+}
+
+/// One session of a world spec.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionSpec {
+    pub key: String,
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub driver: Option<String>,
+    pub channel: Option<String>,
+    pub last_channel: Option<String>,
+    pub last_to: Option<String>,
+    pub delivery_context: Option<Value>,
+    pub chat_type: Option<String>,
+    pub label: Option<String>,
+    pub display_name: Option<String>,
+    pub spawned_by: Option<String>,
+    #[serde(default)]
+    pub spawn_depth: Option<i64>,
+    #[serde(default)]
+    pub sandboxed: bool,
+    pub send_policy: Option<String>,
+    pub model: Option<String>,
+    pub archived_at: Option<i64>,
+    pub deleted_at: Option<i64>,
+    pub updated_at: Option<i64>,
+    #[serde(default)]
+    pub messages: Vec<Map<String, Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorldSpec {
+    pub sessions: Vec<SessionSpec>,
+}
+
+pub fn seed(args: &SeedArgs) -> ExitCode {
+    let store = match crate::cli::open_store(&args.paths.state_dir()) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let result = match (&args.spec, args.sessions) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|t| serde_json::from_str::<WorldSpec>(&t).map_err(|e| format!("{}: {e}", path.display())))
+            .and_then(|w| seed_world(&store, &w).map_err(|e| format!("{e:#}"))),
+        (None, Some(n)) => generate(&store, n, args).map_err(|e| format!("{e:#}")),
+        (None, None) => Err("give a spec file or --sessions N".to_string()),
+    };
+    match result {
+        Ok(count) => {
+            println!("seeded {count} sessions");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sessions-mcp dev seed: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn canonical(raw: &str) -> Result<SessionKey, String> {
+    let scope = key_scope(&crate::config::Config::default(), &AgentId::main());
+    match keys::parse_ref(raw, &scope) {
+        Ok(SessionRef::Key(k)) => Ok(k),
+        _ => Err(format!("{raw:?} is not a session key")),
+    }
+}
+
+/// Writes a world spec in one transaction.
+pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
+    store.write(|tx| -> anyhow::Result<u64> {
+        for s in &world.sessions {
+            let key = canonical(&s.key).map_err(anyhow::Error::msg)?;
+            let agent = key.agent_id(&AgentId::main());
+            let chat_type = s.chat_type.as_deref().and_then(ChatType::parse);
+            let scope = key_scope(&crate::config::Config::default(), &agent);
+            let mut n = NewSession::new(key.clone(), agent, keys::kind_of(&key, &scope, chat_type), s.driver.as_deref() == Some("external"));
+            if let Some(id) = &s.session_id {
+                n.session_id = id.clone();
+            }
+            n.chat_type = chat_type;
+            n.channel = s.channel.clone();
+            n.last_channel = s.last_channel.clone();
+            n.last_to = s.last_to.clone();
+            n.delivery_context = s.delivery_context.clone();
+            n.label = s.label.clone();
+            n.display_name = s.display_name.clone();
+            n.spawned_by = s.spawned_by.as_deref().map(canonical).transpose().map_err(anyhow::Error::msg)?;
+            n.spawn_depth = s.spawn_depth.unwrap_or(i64::from(n.spawned_by.is_some()));
+            n.sandboxed = s.sandboxed;
+            n.model = s.model.clone();
+            n.archived_at = s.archived_at;
+            let updated = s.updated_at.unwrap_or_else(now_ms);
+            n.created_at = updated;
+            n.updated_at = updated;
+            store::insert_session(tx, &n)?;
+            let id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get(0))?;
+            tx.execute(
+                "UPDATE sessions SET send_policy = ?2, deleted_at = ?3, state = CASE WHEN ?3 IS NOT NULL THEN 2 ELSE state END WHERE id = ?1",
+                rusqlite::params![id, s.send_policy, s.deleted_at],
+            )?;
+            for m in &s.messages {
+                store::append_message(tx, id, &spec_message(m, updated))?;
+            }
+            // Appending moves updated_at; a spec that names it wins.
+            tx.execute("UPDATE sessions SET updated_at = ?2 WHERE id = ?1", rusqlite::params![id, updated])?;
+        }
+        Ok(world.sessions.len() as u64)
+    })
+}
+
+fn spec_message(m: &Map<String, Value>, default_ts: i64) -> NewMessage {
+    let s = |k: &str| m.get(k).and_then(Value::as_str).map(String::from);
+    let known = ["role", "content", "timestamp", "runId", "provenance", "usage", "model", "stopReason", "silent"];
+    let extra: Map<String, Value> = m.iter().filter(|(k, _)| !known.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+    NewMessage {
+        role: s("role").unwrap_or_else(|| "user".into()),
+        content: m.get("content").cloned().unwrap_or(Value::String(String::new())),
+        timestamp: Some(m.get("timestamp").and_then(Value::as_i64).unwrap_or(default_ts)),
+        run_id: s("runId"),
+        provenance: m.get("provenance").cloned(),
+        usage: m.get("usage").cloned(),
+        model: s("model"),
+        stop_reason: s("stopReason"),
+        silent: m.get("silent").and_then(Value::as_bool).unwrap_or(false),
+        extra: (!extra.is_empty()).then_some(extra),
+    }
+}
+
+/// Generates `n` sessions and `args.messages` messages in one transaction.
+fn generate(store: &Store, n: u64, args: &SeedArgs) -> anyhow::Result<u64> {
+    let agent = AgentId::parse(&args.agent)?;
+    let parent = args.spawned_by.as_deref().map(canonical).transpose().map_err(anyhow::Error::msg)?;
+    let into = args.into.as_deref().map(canonical).transpose().map_err(anyhow::Error::msg)?;
+    let scope = key_scope(&crate::config::Config::default(), &agent);
+    let base = now_ms() - (n as i64) * 1000;
+    store.write(|tx| -> anyhow::Result<u64> {
+        let mut ids = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let key = match &parent {
+                Some(_) => SessionKey::for_agent(&agent, &format!("subagent:{}", uuid::Uuid::new_v4())),
+                None => SessionKey::for_agent(&agent, &format!("seed:{i}")),
+            };
+            let mut s = NewSession::new(key.clone(), agent.clone(), keys::kind_of(&key, &scope, None), false);
+            s.spawned_by = parent.clone();
+            s.spawn_depth = i64::from(parent.is_some());
+            s.created_at = base + i as i64 * 1000;
+            s.updated_at = s.created_at;
+            store::insert_session(tx, &s)?;
+            ids.push(tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get::<_, i64>(0))?);
+        }
+        if let Some(key) = &into {
+            let s = NewSession::new(key.clone(), key.agent_id(&agent), keys::kind_of(key, &scope, None), false);
+            store::insert_session(tx, &s)?;
+            ids = vec![tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get(0))?];
+        }
+        for i in 0..args.messages {
+            let Some(session) = ids.get((i as usize) % ids.len().max(1)) else { break };
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            let m = NewMessage {
+                role: role.into(),
+                content: json!([{"type": "text", "text": format!("message {i}: the quick brown fox jumps over the lazy dog")}]),
+                timestamp: Some(base + i as i64),
+                ..Default::default()
+            };
+            store::append_message(tx, *session, &m)?;
+        }
+        Ok(n)
+    })
+}

@@ -1,0 +1,48 @@
+//! # sessions-mcp
+//!
+//! An MCP server that gives LLM agents a small set of session tools: `sessions_list`,
+//! `sessions_history`, `sessions_send`, `sessions_spawn` and `agents_list`.
+//!
+//! ## Layout
+//!
+//! | module      | job |
+//! |-------------|-----|
+//! | [`cli`]     | the command line (`serve`, `schemas`, `bench`, hidden `dev`) |
+//! | [`server`]  | the rmcp `ServerHandler`: per-caller `tools/list`, routing of `tools/call` |
+//! | [`caller`]  | who is calling: a [`caller::Caller`] from the transport credential, never from arguments |
+//! | [`tools`]   | one file per tool; each parses its raw arguments and returns `{status, …}` |
+//! | [`access`]  | the one façade every tool asks: loads facts from the store, asks `policy` |
+//! | [`policy`]  | pure decisions: visibility, agent-to-agent, send policy, sub-agent tool sets |
+//! | [`keys`]    | session keys: parse, canonical and display forms, kind, chat type, channel |
+//! | [`store`]   | the SQLite store (WAL, `synchronous=FULL`, versioned migrations) behind [`store::Store`] |
+//! | [`sanitize`]| what transcripts look like on the way out: redaction, cuts, the 80 KiB budget |
+//! | [`config`]  | the JSON5 config with the reference's key paths; every default in one place |
+//! | [`schemas`] | the checked-in JSON schemas of the tools and the config |
+//!
+//! ## One tool call, end to end
+//!
+//! 1. `server::SessionsServer::call_tool` receives `tools/call` with the raw arguments; the
+//!    caller was fixed when the transport was opened (`caller::resolve`).
+//! 2. `tools::call` asks `access::Access::check_tool` whether this caller is offered the tool,
+//!    then runs e.g. `tools::sessions_history::run`.
+//! 3. The tool reads its arguments with `tools::args::ArgReader` (specific errors, aliases,
+//!    clamping), then asks `Access::resolve`, which parses the key (`keys`), decides visibility
+//!    from the key and the spawn tree (`policy`) *before* asking whether the session exists, and
+//!    loads the row from the `store`.
+//! 4. The tool reads messages from the `store`, passes them through `sanitize`, and returns
+//!    `Output::Ok(…)` or `Output::Err(ToolError)`; `tools::call` turns that into
+//!    `structuredContent` plus the same JSON as text, with `isError` set from the status.
+
+pub mod access;
+pub mod bench;
+pub mod caller;
+pub mod cli;
+pub mod config;
+pub mod dev;
+pub mod keys;
+pub mod policy;
+pub mod sanitize;
+pub mod schemas;
+pub mod server;
+pub mod store;
+pub mod tools;

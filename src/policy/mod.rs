@@ -1,0 +1,11 @@
+//! Pure decisions from facts: visibility, agent-to-agent, send policy, and which tools a caller
+//! gets. No I/O here: `access/` loads the facts from the store and config and asks these
+//! functions, so every tool gets the same answer for the same facts.
+
+mod send_policy;
+mod tool_set;
+mod visibility;
+
+pub use send_policy::{SendDecision, SendPolicySource, SendTarget, resolve_send_policy};
+pub use tool_set::{CallerRole, ToolName, tools_for};
+pub use visibility::{Action, Denial, VisibilityFacts, VisibilityRules, check_visibility, effective_visibility, glob_match};

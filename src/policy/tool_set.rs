@@ -1,0 +1,114 @@
+//! Which session tools a caller is offered (and may call).
+
+use crate::config::Config;
+
+/// The five tools, as a closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ToolName {
+    AgentsList,
+    SessionsHistory,
+    SessionsList,
+    SessionsSend,
+    SessionsSpawn,
+}
+
+impl ToolName {
+    pub const ALL: [ToolName; 5] =
+        [Self::AgentsList, Self::SessionsHistory, Self::SessionsList, Self::SessionsSend, Self::SessionsSpawn];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AgentsList => "agents_list",
+            Self::SessionsHistory => "sessions_history",
+            Self::SessionsList => "sessions_list",
+            Self::SessionsSend => "sessions_send",
+            Self::SessionsSpawn => "sessions_spawn",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+/// What kind of caller asks: a top-level session (external or driven) or a sub-agent at a depth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerRole {
+    TopLevel,
+    /// A spawned session at `depth` (1 = child of a top-level session).
+    Subagent { depth: u32 },
+}
+
+/// The tools a caller gets. Sub-agents get none by default; orchestrators (depth below
+/// `maxSpawnDepth`) keep spawn, list and history; `tools.subagents.tools.{allow, alsoAllow, deny}`
+/// adjust that; a child never gets a tool its parent lacks; `agents_list` is never offered to a
+/// sub-agent.
+pub fn tools_for(role: CallerRole, config: &Config) -> Vec<ToolName> {
+    match role {
+        CallerRole::TopLevel => ToolName::ALL.to_vec(),
+        CallerRole::Subagent { depth } => {
+            let parent = if depth <= 1 {
+                tools_for(CallerRole::TopLevel, config)
+            } else {
+                tools_for(CallerRole::Subagent { depth: depth - 1 }, config)
+            };
+            let filter = &config.tools.subagents.tools;
+            let named = |list: &[String]| list.iter().filter_map(|s| ToolName::parse(s.trim())).collect::<Vec<_>>();
+            let orchestrator = depth < config.agents.defaults.subagents.max_spawn_depth;
+            let mut set: Vec<ToolName> = if !filter.allow.is_empty() {
+                named(&filter.allow)
+            } else if orchestrator {
+                vec![ToolName::SessionsSpawn, ToolName::SessionsList, ToolName::SessionsHistory]
+            } else {
+                Vec::new()
+            };
+            set.extend(named(&filter.also_allow));
+            let deny = named(&filter.deny);
+            set.retain(|t| *t != ToolName::AgentsList && !deny.contains(t) && parent.contains(t));
+            set.sort();
+            set.dedup();
+            set
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    fn tools(cfg: &str, depth: u32) -> Vec<&'static str> {
+        let (c, _) = parse(cfg).unwrap();
+        tools_for(CallerRole::Subagent { depth }, &c).into_iter().map(ToolName::as_str).collect()
+    }
+
+    #[test]
+    fn subagents_get_no_session_tools_by_default() {
+        assert!(tools("{}", 1).is_empty());
+        assert_eq!(tools_for(CallerRole::TopLevel, &Config::default()).len(), 5);
+    }
+
+    #[test]
+    fn allow_alsoallow_and_deny_adjust_the_set() {
+        assert_eq!(tools("{tools:{subagents:{tools:{allow:['sessions_list']}}}}", 1), ["sessions_list"]);
+        assert_eq!(
+            tools("{tools:{subagents:{tools:{alsoAllow:['sessions_history','agents_list']}}}}", 1),
+            ["sessions_history"]
+        );
+        let cfg = "{agents:{defaults:{subagents:{maxSpawnDepth:2}}},tools:{subagents:{tools:{deny:['sessions_spawn']}}}}";
+        assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list"]);
+    }
+
+    #[test]
+    fn orchestrators_keep_spawn_list_history_and_leaves_do_not() {
+        let cfg = "{agents:{defaults:{subagents:{maxSpawnDepth:2}}}}";
+        assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list", "sessions_spawn"]);
+        assert!(tools(cfg, 2).is_empty());
+    }
+
+    #[test]
+    fn a_child_never_gets_what_its_parent_lacks() {
+        let cfg = "{agents:{defaults:{subagents:{maxSpawnDepth:3}}},tools:{subagents:{tools:{deny:['sessions_history']}}}}";
+        assert!(!tools(cfg, 2).contains(&"sessions_history"));
+    }
+}

@@ -1,0 +1,90 @@
+//! The MCP surface: an rmcp [`ServerHandler`] that lists the caller's tools and routes calls to
+//! `tools/`. The caller is bound to the transport (the stdio process's credentials) and never
+//! taken from tool arguments.
+
+use rmcp::model::{
+    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+
+use crate::access::Access;
+use crate::caller::Caller;
+use crate::tools::{self, Ctx};
+
+/// One MCP server instance for one caller.
+#[derive(Clone)]
+pub struct SessionsServer {
+    access: Access,
+    caller: Caller,
+}
+
+impl SessionsServer {
+    pub fn new(access: Access, caller: Caller) -> Self {
+        SessionsServer { access, caller }
+    }
+
+    fn instructions(&self) -> String {
+        let me = if self.caller.external { self.access.scope(&self.caller).display(&self.caller.key) } else { self.caller.key.to_string() };
+        format!(
+            "sessions-mcp: session tools for agents. You act as session {me:?}. sessions_list shows \
+             the sessions you may see; sessions_history reads one. Results of sessions_send and \
+             sessions_spawn that arrive after the call returns are appended to your own session \
+             ({me}); read them with sessions_history {{sessionKey: \"{me}\", afterSeq: N}} where N is \
+             the last seq you have seen."
+        )
+    }
+}
+
+impl ServerHandler for SessionsServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")))
+            .with_instructions(self.instructions())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let offered = self.access.tools_for(&self.caller);
+        let tools = tools::specs().iter().filter(|s| offered.contains(&s.name)).map(|s| s.to_tool()).collect();
+        let mut result = ListToolsResult::with_all_items(tools);
+        // The list depends on the caller: never cache it for anyone else.
+        result.cache_scope = Some(CacheScope::Private);
+        Ok(result)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let ctx = Ctx { access: &self.access, caller: &self.caller };
+        match tools::call(&ctx, &request.name, request.arguments).await {
+            Some(result) => Ok(CallToolResponse::Complete(result)),
+            None => Err(McpError::invalid_params(
+                format!(
+                    "unknown tool {:?}; tools: agents_list, sessions_history, sessions_list, sessions_send, sessions_spawn",
+                    request.name
+                ),
+                None,
+            )),
+        }
+    }
+}
+
+/// Serves one caller over stdin/stdout until the client closes stdin.
+pub async fn serve_stdio(server: SessionsServer) -> anyhow::Result<()> {
+    match server.serve(rmcp::transport::stdio()).await {
+        Ok(running) => {
+            running.waiting().await?;
+            Ok(())
+        }
+        // Hosts and health checks start the server and close stdin at once: not an error.
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

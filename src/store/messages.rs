@@ -1,0 +1,201 @@
+//! Transcript messages: append with the next `seq`, and read pages that cost O(limit).
+
+use rusqlite::{Connection, Row, Transaction, params};
+use serde_json::{Map, Value};
+
+use super::{Result, Store, now_ms};
+
+/// One stored message, as tools return it (before sanitising).
+#[derive(Debug, Clone)]
+pub struct MessageRow {
+    pub seq: i64,
+    pub role: String,
+    pub content: Value,
+    pub timestamp: i64,
+    pub run_id: Option<String>,
+    pub provenance: Option<Value>,
+    pub usage: Option<Value>,
+    pub model: Option<String>,
+    pub stop_reason: Option<String>,
+    pub silent: bool,
+    /// Other transcript fields (toolCallId, toolName, isError, …).
+    pub extra: Map<String, Value>,
+}
+
+impl MessageRow {
+    fn from_row(r: &Row) -> rusqlite::Result<Self> {
+        let json = |i: usize| -> rusqlite::Result<Option<Value>> {
+            Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
+        };
+        Ok(MessageRow {
+            seq: r.get(0)?,
+            role: r.get(1)?,
+            content: json(2)?.unwrap_or(Value::Null),
+            timestamp: r.get(3)?,
+            run_id: r.get(4)?,
+            provenance: json(5)?,
+            usage: json(6)?,
+            model: r.get(7)?,
+            stop_reason: r.get(8)?,
+            silent: r.get(9)?,
+            extra: match json(10)? {
+                Some(Value::Object(m)) => m,
+                _ => Map::new(),
+            },
+        })
+    }
+
+    /// The message as JSON (the transcript shape plus `seq`).
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("seq".into(), self.seq.into());
+        m.insert("role".into(), self.role.clone().into());
+        m.insert("content".into(), self.content.clone());
+        m.insert("timestamp".into(), self.timestamp.into());
+        for (k, v) in &self.extra {
+            if k != "imported" {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+        let mut opt = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.into(), v);
+            }
+        };
+        opt("runId", self.run_id.clone().map(Value::from));
+        opt("provenance", self.provenance.clone());
+        opt("usage", self.usage.clone());
+        opt("model", self.model.clone().map(Value::from));
+        opt("stopReason", self.stop_reason.clone().map(Value::from));
+        if self.silent {
+            m.insert("silent".into(), true.into());
+        }
+        Value::Object(m)
+    }
+}
+
+/// A message to append; the store assigns `seq`.
+#[derive(Debug, Clone, Default)]
+pub struct NewMessage {
+    pub role: String,
+    pub content: Value,
+    pub timestamp: Option<i64>,
+    pub run_id: Option<String>,
+    pub provenance: Option<Value>,
+    pub usage: Option<Value>,
+    pub model: Option<String>,
+    pub stop_reason: Option<String>,
+    pub silent: bool,
+    pub extra: Option<Map<String, Value>>,
+}
+
+/// A page of messages in ascending `seq`, and whether more lie beyond it.
+#[derive(Debug, Clone)]
+pub struct HistoryPage {
+    pub messages: Vec<MessageRow>,
+    pub has_more: bool,
+}
+
+const COLUMNS: &str = "seq, role, content, timestamp, run_id, provenance, usage, model, stop_reason, silent, extra";
+
+fn visible_filter(include_tools: bool) -> &'static str {
+    // Must match the partial index `messages_visible` word for word to be served by it.
+    if include_tools { "" } else { " AND role <> 'toolResult' AND silent = 0" }
+}
+
+impl Store {
+    /// The last `limit` messages of a session (oldest first).
+    pub fn history_tail(&self, session: i64, limit: usize, include_tools: bool) -> Result<HistoryPage> {
+        self.read(|c| history_tail(c, session, limit, include_tools))
+    }
+
+    /// The first `limit` messages after `after_seq` (oldest first).
+    pub fn history_after(&self, session: i64, after_seq: i64, limit: usize, include_tools: bool) -> Result<HistoryPage> {
+        self.read(|c| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq > ?2{} ORDER BY seq ASC LIMIT ?3",
+                visible_filter(include_tools)
+            );
+            let mut messages: Vec<MessageRow> = c
+                .prepare_cached(&sql)?
+                .query_map(params![session, after_seq, limit as i64 + 1], MessageRow::from_row)?
+                .collect::<rusqlite::Result<_>>()?;
+            let has_more = messages.len() > limit;
+            messages.truncate(limit);
+            Ok(HistoryPage { messages, has_more })
+        })
+    }
+
+    /// The last `limit` visible messages of each session, for list rows.
+    pub fn last_messages(&self, sessions: &[i64], limit: usize) -> Result<Vec<Vec<MessageRow>>> {
+        self.read(|c| sessions.iter().map(|s| Ok(history_tail(c, *s, limit, false)?.messages)).collect())
+    }
+
+    /// The highest `seq` a session has, 0 when empty.
+    pub fn last_seq(&self, session: i64) -> Result<i64> {
+        self.read(|c| c.query_row("SELECT coalesce(max(seq), 0) FROM messages WHERE session = ?1", [session], |r| r.get(0)))
+    }
+
+    /// Runs of a session still waiting to start: their input shows in history as `pending`.
+    pub fn pending_inputs(&self, session: i64) -> Result<Vec<(String, Value, Option<Value>, i64)>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT run_id, input, provenance, created_at FROM runs
+                 WHERE session = ?1 AND status = 'queued' ORDER BY created_at, rowid LIMIT 100",
+            )?;
+            stmt.query_map([session], |r| {
+                let input: String = r.get(1)?;
+                let prov: Option<String> = r.get(2)?;
+                Ok((
+                    r.get(0)?,
+                    serde_json::from_str(&input).unwrap_or(Value::Null),
+                    prov.and_then(|p| serde_json::from_str(&p).ok()),
+                    r.get(3)?,
+                ))
+            })?
+            .collect()
+        })
+    }
+}
+
+fn history_tail(c: &Connection, session: i64, limit: usize, include_tools: bool) -> rusqlite::Result<HistoryPage> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM messages WHERE session = ?1{} ORDER BY seq DESC LIMIT ?2",
+        visible_filter(include_tools)
+    );
+    let mut messages: Vec<MessageRow> = c
+        .prepare_cached(&sql)?
+        .query_map(params![session, limit as i64 + 1], MessageRow::from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    let has_more = messages.len() > limit;
+    messages.truncate(limit);
+    messages.reverse();
+    Ok(HistoryPage { messages, has_more })
+}
+
+/// Appends `m` to session `session` (row id) with the next seq; bumps `updated_at`.
+pub fn append_message(tx: &Transaction, session: i64, m: &NewMessage) -> rusqlite::Result<i64> {
+    let seq: i64 = tx
+        .prepare_cached("UPDATE sessions SET next_seq = next_seq + 1, updated_at = max(updated_at, ?2) WHERE id = ?1 RETURNING next_seq - 1")?
+        .query_row(params![session, m.timestamp.unwrap_or_else(now_ms)], |r| r.get(0))?;
+    let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
+    tx.prepare_cached(
+        "INSERT INTO messages (session, seq, role, content, timestamp, run_id, provenance, usage, model, stop_reason, silent, extra)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )?
+    .execute(params![
+        session,
+        seq,
+        m.role,
+        m.content.to_string(),
+        m.timestamp.unwrap_or_else(now_ms),
+        m.run_id,
+        json(&m.provenance),
+        json(&m.usage),
+        m.model,
+        m.stop_reason,
+        m.silent,
+        m.extra.as_ref().map(|e| Value::Object(e.clone()).to_string()),
+    ])?;
+    Ok(seq)
+}

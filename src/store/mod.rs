@@ -1,0 +1,293 @@
+//! The store: one SQLite database (WAL, `synchronous=FULL`) behind one type, [`Store`].
+//!
+//! Everything durable lives here: sessions, messages, runs, deliveries, tokens, idempotency keys
+//! and attachment receipts. Reads go through a small pool of read connections (WAL lets them run
+//! beside the writer); writes go through one writer connection in `BEGIN IMMEDIATE`
+//! transactions. Schema changes are embedded, versioned migrations; a backup is taken before an
+//! existing store is migrated, and a store written by a newer version is refused.
+
+mod messages;
+mod runs;
+mod schema;
+mod sessions;
+mod tokens;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OpenFlags, Transaction};
+use sha2::{Digest, Sha256};
+
+pub use messages::{HistoryPage, MessageRow, NewMessage};
+pub use sessions::{ListQuery, NewSession, SessionRow, SessionState};
+pub use tokens::TokenRow;
+pub(crate) use messages::append_message;
+pub(crate) use sessions::insert_session;
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
+/// Read connections kept open for reuse.
+const READ_POOL: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path} is not a sessions-mcp database ({detail}); point --state-dir at another directory or move the file away")]
+    NotADatabase { path: PathBuf, detail: String },
+    #[error(
+        "{path} has schema version {found}, newer than this sessions-mcp supports ({supported}); upgrade sessions-mcp"
+    )]
+    TooNew { path: PathBuf, found: i64, supported: i64 },
+    #[error("cannot create the state directory {path}: {source}")]
+    StateDir { path: PathBuf, source: std::io::Error },
+    #[error("store is read-only or the disk is full: {0}")]
+    Unwritable(String),
+    #[error("store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("store: stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    fn classify(path: &Path, e: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode as C;
+        match e.sqlite_error_code() {
+            Some(C::NotADatabase) => Self::NotADatabase { path: path.to_path_buf(), detail: e.to_string() },
+            Some(C::ReadOnly | C::DiskFull | C::CannotOpen) => Self::Unwritable(e.to_string()),
+            _ => Self::Sqlite(e),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The durable store. Cheap to clone; every clone shares the same connections.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`, migrating it to [`SCHEMA_VERSION`].
+    pub fn open(path: &Path) -> Result<Store> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::StateDir { path: dir.to_path_buf(), source })?;
+        }
+        let writer = open_connection(path, false)?;
+        migrate(&writer, path)?;
+        Ok(Store {
+            inner: Arc::new(Inner { path: path.to_path_buf(), writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) }),
+        })
+    }
+
+    /// The store file inside a state directory.
+    pub fn path_in(state_dir: &Path) -> PathBuf {
+        state_dir.join("sessions.db")
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Runs `f` on a read connection (a consistent snapshot for the duration of `f`).
+    pub fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let conn = self.inner.readers.lock().expect("reader pool").pop();
+        let conn = match conn {
+            Some(c) => c,
+            None => open_connection(&self.inner.path, true)?,
+        };
+        let out = (|| {
+            conn.execute_batch("BEGIN DEFERRED")?;
+            let r = f(&conn);
+            conn.execute_batch("COMMIT")?;
+            r
+        })();
+        let mut pool = self.inner.readers.lock().expect("reader pool");
+        if pool.len() < READ_POOL && conn.is_autocommit() {
+            pool.push(conn);
+        }
+        out.map_err(|e| StoreError::classify(&self.inner.path, e))
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when `f` returns `Ok`.
+    pub fn write<T, E>(&self, f: impl FnOnce(&Transaction) -> std::result::Result<T, E>) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let mut conn = self.inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| E::from(StoreError::classify(&self.inner.path, e)))?;
+        let value = f(&tx)?;
+        tx.commit().map_err(|e| E::from(StoreError::classify(&self.inner.path, e)))?;
+        Ok(value)
+    }
+
+    /// An ordered content hash of every table: equal fingerprints mean equal stores.
+    pub fn fingerprint(&self) -> Result<String> {
+        self.read(|conn| {
+            let mut tables: Vec<String> = conn
+                .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            tables.retain(|t| t != "schema_version");
+            let mut hasher = Sha256::new();
+            for table in tables {
+                hasher.update(table.as_bytes());
+                let mut stmt = conn.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY 1, 2"))?;
+                let cols = stmt.column_count();
+                let mut rows = stmt.query([])?;
+                while let Some(row) = rows.next()? {
+                    for i in 0..cols {
+                        let v: rusqlite::types::Value = row.get(i)?;
+                        hasher.update(format!("{v:?}\u{1f}").as_bytes());
+                    }
+                    hasher.update(b"\x1e");
+                }
+            }
+            Ok(hex::encode(hasher.finalize()))
+        })
+    }
+}
+
+fn open_connection(path: &Path, read_only: bool) -> Result<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI
+    };
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| StoreError::classify(path, e))?;
+    let setup = || -> rusqlite::Result<()> {
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        if !read_only {
+            // journal_mode reads the header: a file that is not a database fails here.
+            conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+        }
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY;")?;
+        conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))?;
+        Ok(())
+    };
+    setup().map_err(|e| StoreError::classify(path, e))?;
+    Ok(conn)
+}
+
+fn current_version(conn: &Connection) -> rusqlite::Result<i64> {
+    let has_table: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_table {
+        return Ok(0);
+    }
+    conn.query_row("SELECT coalesce(max(version), 0) FROM schema_version", [], |r| r.get(0))
+}
+
+fn migrate(conn: &Connection, path: &Path) -> Result<()> {
+    let found = current_version(conn).map_err(|e| StoreError::classify(path, e))?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::TooNew { path: path.to_path_buf(), found, supported: SCHEMA_VERSION });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    if found > 0 {
+        backup(conn, path, found)?;
+    }
+    for (i, sql) in schema::MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = i as i64 + 1;
+        let run = || -> rusqlite::Result<()> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            conn.execute_batch(sql)?;
+            conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)", (version, now_ms()))?;
+            conn.execute_batch("COMMIT")
+        };
+        if let Err(e) = run() {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(StoreError::classify(path, e));
+        }
+        tracing::info!(version, "store migrated");
+    }
+    Ok(())
+}
+
+/// `VACUUM INTO` a sibling file named after the old version, before touching the schema.
+fn backup(conn: &Connection, path: &Path, version: i64) -> Result<()> {
+    let target = path.with_extension(format!("db.bak-v{version}-{}", now_ms()));
+    conn.execute("VACUUM INTO ?1", [target.to_string_lossy()]).map_err(|e| StoreError::classify(path, e))?;
+    tracing::info!(backup = %target.display(), "store backed up before migration");
+    Ok(())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_migrates_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = Store::open(&path).unwrap();
+        let v: i64 = store.read(|c| current_version(c)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let mode: String = store.read(|c| c.query_row("PRAGMA journal_mode", [], |r| r.get(0))).unwrap();
+        assert_eq!(mode, "wal");
+        drop(store);
+        Store::open(&path).unwrap();
+    }
+
+    #[test]
+    fn refuses_a_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = Store::open(&path).unwrap();
+        store
+            .write(|tx| tx.execute("INSERT INTO schema_version VALUES (999, 0)", []).map_err(StoreError::from))
+            .unwrap();
+        drop(store);
+        let err = Store::open(&path).err().unwrap();
+        assert!(matches!(err, StoreError::TooNew { found: 999, .. }), "{err}");
+    }
+
+    #[test]
+    fn refuses_a_file_that_is_not_a_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        std::fs::write(&path, vec![b'x'; 4096]).unwrap();
+        let err = Store::open(&path).err().unwrap();
+        assert!(matches!(err, StoreError::NotADatabase { .. }), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), vec![b'x'; 4096]);
+    }
+
+    #[test]
+    fn backup_copies_the_store_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        drop(Store::open(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        backup(&conn, &path, 1).unwrap();
+        let backup = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.to_string_lossy().contains("bak-v1"))
+            .expect("backup file");
+        let copy = Connection::open(&backup).unwrap();
+        assert_eq!(current_version(&copy).unwrap(), SCHEMA_VERSION);
+    }
+}

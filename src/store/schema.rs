@@ -1,0 +1,172 @@
+//! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
+//! Never edit a migration that has shipped; add a new one.
+
+pub const MIGRATIONS: &[&str] = &[V1];
+
+/// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
+/// attachments that the runner, send and spawn flows use.
+const V1: &str = r#"
+CREATE TABLE schema_version (
+    version    INTEGER NOT NULL,
+    applied_at INTEGER NOT NULL
+);
+
+-- state: 0 active, 1 archived, 2 deleted, 3 never listed (cron run keys)
+CREATE TABLE sessions (
+    id                INTEGER PRIMARY KEY,
+    key               TEXT NOT NULL UNIQUE,
+    session_id        TEXT NOT NULL,
+    agent_id          TEXT NOT NULL,
+    kind              TEXT NOT NULL,
+    state             INTEGER NOT NULL DEFAULT 0,
+    driver            TEXT NOT NULL CHECK (driver IN ('driven', 'external')),
+    chat_type         TEXT,
+    channel           TEXT,
+    last_channel      TEXT,
+    last_to           TEXT,
+    last_account_id   TEXT,
+    last_thread_id    TEXT,
+    delivery_context  TEXT,
+    label             TEXT,
+    display_name      TEXT,
+    spawned_by        TEXT,
+    spawn_depth       INTEGER NOT NULL DEFAULT 0,
+    subagent_role     TEXT,
+    sandboxed         INTEGER NOT NULL DEFAULT 0,
+    send_policy       TEXT CHECK (send_policy IN ('allow', 'deny')),
+    model             TEXT,
+    model_provider    TEXT,
+    thinking_level    TEXT,
+    verbose_level     TEXT,
+    context_tokens    INTEGER,
+    system_sent       INTEGER,
+    aborted_last_run  INTEGER,
+    tokens_in         INTEGER NOT NULL DEFAULT 0,
+    tokens_out        INTEGER NOT NULL DEFAULT 0,
+    tokens_total      INTEGER NOT NULL DEFAULT 0,
+    cost              REAL,
+    external_session_id TEXT,
+    transcript_path   TEXT,
+    origin            TEXT,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL,
+    archived_at       INTEGER,
+    deleted_at        INTEGER,
+    next_seq          INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX sessions_agent_state_updated ON sessions (agent_id, state, updated_at DESC);
+CREATE INDEX sessions_agent_kind_state_updated ON sessions (agent_id, kind, state, updated_at DESC);
+CREATE INDEX sessions_spawned_by ON sessions (spawned_by) WHERE spawned_by IS NOT NULL;
+CREATE INDEX sessions_session_id ON sessions (session_id COLLATE NOCASE);
+CREATE INDEX sessions_label ON sessions (label) WHERE label IS NOT NULL;
+
+-- Every agent id that owns a session, so cross-agent listing never scans sessions.
+CREATE TABLE agent_ids (agent_id TEXT PRIMARY KEY) WITHOUT ROWID;
+
+CREATE TABLE messages (
+    id          INTEGER PRIMARY KEY,
+    session     INTEGER NOT NULL REFERENCES sessions (id),
+    seq         INTEGER NOT NULL,
+    role        TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'toolResult', 'system')),
+    content     TEXT NOT NULL,
+    timestamp   INTEGER NOT NULL,
+    run_id      TEXT,
+    provenance  TEXT,
+    usage       TEXT,
+    model       TEXT,
+    stop_reason TEXT,
+    silent      INTEGER NOT NULL DEFAULT 0,
+    extra       TEXT,
+    UNIQUE (session, seq)
+);
+-- What history shows without includeTools: O(limit) in both directions.
+CREATE INDEX messages_visible ON messages (session, seq) WHERE role <> 'toolResult' AND silent = 0;
+
+CREATE TABLE runs (
+    run_id          TEXT PRIMARY KEY,
+    session         INTEGER NOT NULL REFERENCES sessions (id),
+    mode            TEXT NOT NULL,
+    status          TEXT NOT NULL CHECK (status IN ('queued', 'running', 'ok', 'error', 'timeout', 'cancelled', 'interrupted')),
+    input           TEXT NOT NULL,
+    provenance      TEXT,
+    requester_key   TEXT,
+    chain_id        TEXT,
+    hop             INTEGER NOT NULL DEFAULT 0,
+    announce_kind   TEXT,
+    owner           TEXT,
+    lease_until     INTEGER,
+    waiting_on      TEXT,
+    supervisor_pid  INTEGER,
+    supervisor_pgid INTEGER,
+    supervisor_start INTEGER,
+    model           TEXT,
+    thinking        TEXT,
+    timeout_ms      INTEGER,
+    usage           TEXT,
+    cost            REAL,
+    exit_status     INTEGER,
+    error           TEXT,
+    reply           TEXT,
+    input_seq       INTEGER,
+    extra           TEXT,
+    created_at      INTEGER NOT NULL,
+    started_at      INTEGER,
+    ended_at        INTEGER
+);
+CREATE INDEX runs_session_status ON runs (session, status);
+CREATE INDEX runs_status_created ON runs (status, created_at);
+
+CREATE TABLE deliveries (
+    id              INTEGER PRIMARY KEY,
+    run_id          TEXT,
+    kind            TEXT NOT NULL CHECK (kind IN ('inbox', 'reply', 'announce', 'completion')),
+    mode            TEXT NOT NULL CHECK (mode IN ('announce', 'inbox', 'channel')),
+    status          TEXT NOT NULL CHECK (status IN ('queued', 'running', 'delivered', 'skipped', 'undeliverable', 'failed', 'expired')),
+    target_key      TEXT,
+    channel         TEXT,
+    payload         TEXT,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT,
+    next_attempt_at INTEGER,
+    deadline_at     INTEGER,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL
+);
+CREATE INDEX deliveries_run ON deliveries (run_id);
+CREATE INDEX deliveries_status_next ON deliveries (status, next_attempt_at);
+
+CREATE TABLE tokens (
+    hash        TEXT PRIMARY KEY,
+    kind        TEXT NOT NULL CHECK (kind IN ('run', 'static')),
+    session_key TEXT NOT NULL,
+    run_id      TEXT,
+    chain_id    TEXT,
+    hop         INTEGER NOT NULL DEFAULT 0,
+    sandboxed   INTEGER NOT NULL DEFAULT 0,
+    valid_from  INTEGER,
+    expires_at  INTEGER,
+    created_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE idempotency (
+    caller     TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    tool       TEXT NOT NULL,
+    args_hash  TEXT NOT NULL,
+    run_id     TEXT,
+    result     TEXT,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (caller, key)
+) WITHOUT ROWID;
+
+CREATE TABLE attachments (
+    id         INTEGER PRIMARY KEY,
+    run_id     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    bytes      INTEGER NOT NULL,
+    sha256     TEXT NOT NULL,
+    rel_dir    TEXT NOT NULL,
+    removed_at INTEGER
+);
+CREATE INDEX attachments_run ON attachments (run_id);
+"#;

@@ -1,0 +1,391 @@
+//! Session rows: insert, look up, walk the spawn tree, and list in index order.
+
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
+use serde_json::Value;
+
+use super::{Result, Store, StoreError, now_ms};
+use crate::keys::{AgentId, ChatType, SessionKey, SessionKind};
+
+/// Where a session is in its life. Only `Active` (and `Archived` on request) is listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    Active = 0,
+    Archived = 1,
+    Deleted = 2,
+    /// Never listed (cron run keys), but readable.
+    Unlisted = 3,
+}
+
+impl SessionState {
+    fn from_i64(v: i64) -> Self {
+        match v {
+            1 => Self::Archived,
+            2 => Self::Deleted,
+            3 => Self::Unlisted,
+            _ => Self::Active,
+        }
+    }
+}
+
+/// One stored session.
+#[derive(Debug, Clone)]
+pub struct SessionRow {
+    pub id: i64,
+    pub key: SessionKey,
+    pub session_id: String,
+    pub agent_id: AgentId,
+    pub kind: SessionKind,
+    pub state: SessionState,
+    pub external: bool,
+    pub chat_type: Option<ChatType>,
+    pub channel: Option<String>,
+    pub last_channel: Option<String>,
+    pub last_to: Option<String>,
+    pub last_account_id: Option<String>,
+    pub delivery_context: Option<Value>,
+    pub label: Option<String>,
+    pub display_name: Option<String>,
+    pub spawned_by: Option<SessionKey>,
+    pub spawn_depth: i64,
+    pub subagent_role: Option<String>,
+    pub sandboxed: bool,
+    pub send_policy: Option<String>,
+    pub model: Option<String>,
+    pub thinking_level: Option<String>,
+    pub verbose_level: Option<String>,
+    pub context_tokens: Option<i64>,
+    pub system_sent: Option<bool>,
+    pub aborted_last_run: Option<bool>,
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+    pub tokens_total: i64,
+    pub cost: Option<f64>,
+    pub transcript_path: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub archived_at: Option<i64>,
+    pub deleted_at: Option<i64>,
+}
+
+const COLUMNS: &str = "id, key, session_id, agent_id, kind, state, driver, chat_type, channel, last_channel, \
+    last_to, last_account_id, delivery_context, label, display_name, spawned_by, spawn_depth, subagent_role, \
+    sandboxed, send_policy, model, thinking_level, verbose_level, context_tokens, system_sent, \
+    aborted_last_run, tokens_in, tokens_out, tokens_total, cost, transcript_path, created_at, updated_at, \
+    archived_at, deleted_at";
+
+impl SessionRow {
+    fn from_row(r: &Row) -> rusqlite::Result<Self> {
+        let json = |i: usize| -> rusqlite::Result<Option<Value>> {
+            Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
+        };
+        Ok(SessionRow {
+            id: r.get(0)?,
+            key: SessionKey::from_canonical(r.get::<_, String>(1)?),
+            session_id: r.get(2)?,
+            agent_id: AgentId::parse(&r.get::<_, String>(3)?).unwrap_or_else(|_| AgentId::main()),
+            kind: SessionKind::parse(&r.get::<_, String>(4)?).unwrap_or(SessionKind::Other),
+            state: SessionState::from_i64(r.get(5)?),
+            external: r.get::<_, String>(6)? == "external",
+            chat_type: r.get::<_, Option<String>>(7)?.as_deref().and_then(ChatType::parse),
+            channel: r.get(8)?,
+            last_channel: r.get(9)?,
+            last_to: r.get(10)?,
+            last_account_id: r.get(11)?,
+            delivery_context: json(12)?,
+            label: r.get(13)?,
+            display_name: r.get(14)?,
+            spawned_by: r.get::<_, Option<String>>(15)?.map(SessionKey::from_canonical),
+            spawn_depth: r.get(16)?,
+            subagent_role: r.get(17)?,
+            sandboxed: r.get(18)?,
+            send_policy: r.get(19)?,
+            model: r.get(20)?,
+            thinking_level: r.get(21)?,
+            verbose_level: r.get(22)?,
+            context_tokens: r.get(23)?,
+            system_sent: r.get(24)?,
+            aborted_last_run: r.get(25)?,
+            tokens_in: r.get(26)?,
+            tokens_out: r.get(27)?,
+            tokens_total: r.get(28)?,
+            cost: r.get(29)?,
+            transcript_path: r.get(30)?,
+            created_at: r.get(31)?,
+            updated_at: r.get(32)?,
+            archived_at: r.get(33)?,
+            deleted_at: r.get(34)?,
+        })
+    }
+}
+
+/// What a new session row holds; everything not named here starts empty.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    pub key: SessionKey,
+    pub session_id: String,
+    pub agent_id: AgentId,
+    pub kind: SessionKind,
+    pub external: bool,
+    pub chat_type: Option<ChatType>,
+    pub channel: Option<String>,
+    pub last_channel: Option<String>,
+    pub last_to: Option<String>,
+    pub delivery_context: Option<Value>,
+    pub label: Option<String>,
+    pub display_name: Option<String>,
+    pub spawned_by: Option<SessionKey>,
+    pub spawn_depth: i64,
+    pub subagent_role: Option<String>,
+    pub sandboxed: bool,
+    pub model: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub archived_at: Option<i64>,
+    pub origin: Option<Value>,
+}
+
+impl NewSession {
+    /// A fresh session with a new UUID sessionId, stamped now.
+    pub fn new(key: SessionKey, agent_id: AgentId, kind: SessionKind, external: bool) -> Self {
+        let now = now_ms();
+        NewSession {
+            key,
+            session_id: uuid::Uuid::new_v4().to_string(),
+            agent_id,
+            kind,
+            external,
+            chat_type: None,
+            channel: None,
+            last_channel: None,
+            last_to: None,
+            delivery_context: None,
+            label: None,
+            display_name: None,
+            spawned_by: None,
+            spawn_depth: 0,
+            subagent_role: None,
+            sandboxed: false,
+            model: None,
+            created_at: now,
+            updated_at: now,
+            archived_at: None,
+            origin: None,
+        }
+    }
+}
+
+/// One index-ordered slice of the session list: one agent, optionally one kind, some states.
+#[derive(Debug, Clone)]
+pub struct ListQuery<'a> {
+    pub agent: &'a str,
+    pub kind: Option<SessionKind>,
+    pub include_archived: bool,
+    pub updated_since: Option<i64>,
+    /// Keyset cursor: rows strictly after `(updated_at, id)` in (DESC, DESC) order.
+    pub after: Option<(i64, i64)>,
+    pub exclude_key: Option<&'a str>,
+    pub limit: usize,
+}
+
+impl Store {
+    pub fn session_by_key(&self, key: &SessionKey) -> Result<Option<SessionRow>> {
+        self.read(|c| session_by_key(c, key))
+    }
+
+    /// Sessions whose sessionId matches (case-insensitive); the caller filters visibility.
+    pub fn sessions_by_session_id(&self, id: &str) -> Result<Vec<SessionRow>> {
+        self.read(|c| {
+            let sql = format!("SELECT {COLUMNS} FROM sessions WHERE session_id = ?1 COLLATE NOCASE LIMIT 64");
+            c.prepare_cached(&sql)?.query_map([id], SessionRow::from_row)?.collect()
+        })
+    }
+
+    /// Sessions carrying `label` (labels are not unique); the caller filters visibility.
+    pub fn sessions_by_label(&self, label: &str) -> Result<Vec<SessionRow>> {
+        self.read(|c| {
+            let sql = format!("SELECT {COLUMNS} FROM sessions WHERE label = ?1 AND state <> 2 LIMIT 256");
+            c.prepare_cached(&sql)?.query_map([label], SessionRow::from_row)?.collect()
+        })
+    }
+
+    /// The chain of `spawned_by` keys above `key`, nearest first (bounded: lineage is shallow).
+    pub fn ancestors(&self, key: &SessionKey) -> Result<Vec<SessionKey>> {
+        self.read(|c| {
+            let mut out = Vec::new();
+            let mut cur = key.as_str().to_string();
+            let mut stmt = c.prepare_cached("SELECT spawned_by FROM sessions WHERE key = ?1")?;
+            while out.len() < 16 {
+                let parent: Option<Option<String>> = stmt.query_row([&cur], |r| r.get(0)).optional()?;
+                match parent.flatten() {
+                    Some(p) if !out.iter().any(|k: &SessionKey| k.as_str() == p) => {
+                        out.push(SessionKey::from_canonical(p.clone()));
+                        cur = p;
+                    }
+                    _ => break,
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Every session spawned by `key`, transitively.
+    pub fn descendants(&self, key: &SessionKey) -> Result<Vec<SessionKey>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "WITH RECURSIVE tree(k, depth) AS (
+                     SELECT key, 1 FROM sessions WHERE spawned_by = ?1
+                     UNION
+                     SELECT s.key, t.depth + 1 FROM sessions s JOIN tree t ON s.spawned_by = t.k WHERE t.depth < 16
+                 ) SELECT k FROM tree",
+            )?;
+            stmt.query_map([key.as_str()], |r| Ok(SessionKey::from_canonical(r.get::<_, String>(0)?)))?.collect()
+        })
+    }
+
+    /// Rows by key, in one read (for the tree listing); missing keys are skipped.
+    pub fn sessions_by_keys(&self, keys: &[SessionKey]) -> Result<Vec<SessionRow>> {
+        self.read(|c| {
+            let sql = format!("SELECT {COLUMNS} FROM sessions WHERE key = ?1");
+            let mut stmt = c.prepare_cached(&sql)?;
+            let mut out = Vec::with_capacity(keys.len());
+            for k in keys {
+                if let Some(row) = stmt.query_row([k.as_str()], SessionRow::from_row).optional()? {
+                    out.push(row);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// One slice of the list in (updated_at DESC, id DESC) order, served by an index.
+    pub fn list_slice(&self, q: &ListQuery) -> Result<Vec<SessionRow>> {
+        self.read(|c| list_slice(c, q))
+    }
+
+    /// Agent ids that own at least one session.
+    pub fn agent_ids(&self) -> Result<Vec<AgentId>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached("SELECT agent_id FROM agent_ids ORDER BY agent_id")?;
+            let ids: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+            Ok(ids.iter().filter_map(|s| AgentId::parse(s).ok()).collect())
+        })
+    }
+
+    /// Creates the session if its key is new; returns the stored row either way.
+    pub fn insert_session(&self, s: &NewSession) -> Result<SessionRow> {
+        self.write(|tx| {
+            insert_session(tx, s)?;
+            session_by_key(tx, &s.key)?.ok_or_else(|| StoreError::Corrupt(format!("session {} vanished", s.key)))
+        })
+    }
+
+    /// Marks `key` as an external session acting through an MCP client: creates it when missing,
+    /// and flips a main session to external. Other existing sessions keep their driver.
+    pub fn ensure_external(&self, new: &NewSession, is_main: bool) -> Result<SessionRow> {
+        self.write(|tx| {
+            insert_session(tx, new)?;
+            if is_main {
+                tx.execute(
+                    "UPDATE sessions SET driver = 'external', last_channel = coalesce(last_channel, 'webchat')
+                     WHERE key = ?1 AND driver <> 'external'",
+                    [new.key.as_str()],
+                )?;
+            }
+            session_by_key(tx, &new.key)?.ok_or_else(|| StoreError::Corrupt(format!("session {} vanished", new.key)))
+        })
+    }
+}
+
+pub(crate) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Result<Option<SessionRow>> {
+    let sql = format!("SELECT {COLUMNS} FROM sessions WHERE key = ?1");
+    c.prepare_cached(&sql)?.query_row([key.as_str()], SessionRow::from_row).optional()
+}
+
+/// Inserts `s` unless its key exists. Returns whether a row was created.
+pub(crate) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Result<bool> {
+    let state = if s.key.is_cron_run() {
+        SessionState::Unlisted
+    } else if s.archived_at.is_some() {
+        SessionState::Archived
+    } else {
+        SessionState::Active
+    };
+    let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
+    let created = tx.prepare_cached(
+        "INSERT INTO sessions (key, session_id, agent_id, kind, state, driver, chat_type, channel, last_channel,
+             last_to, delivery_context, label, display_name, spawned_by, spawn_depth, subagent_role, sandboxed,
+             model, origin, created_at, updated_at, archived_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)
+         ON CONFLICT (key) DO NOTHING",
+    )?
+    .execute(params![
+        s.key.as_str(),
+        s.session_id,
+        s.agent_id.as_str(),
+        s.kind.as_str(),
+        state as i64,
+        if s.external { "external" } else { "driven" },
+        s.chat_type.map(ChatType::as_str),
+        s.channel,
+        s.last_channel,
+        s.last_to,
+        json(&s.delivery_context),
+        s.label,
+        s.display_name,
+        s.spawned_by.as_ref().map(SessionKey::as_str),
+        s.spawn_depth,
+        s.subagent_role,
+        s.sandboxed,
+        s.model,
+        json(&s.origin),
+        s.created_at,
+        s.updated_at,
+        s.archived_at,
+    ])? > 0;
+    if created {
+        tx.prepare_cached("INSERT OR IGNORE INTO agent_ids (agent_id) VALUES (?1)")?.execute([s.agent_id.as_str()])?;
+    }
+    Ok(created)
+}
+
+fn list_slice(c: &Connection, q: &ListQuery) -> rusqlite::Result<Vec<SessionRow>> {
+    let mut sql = format!("SELECT {COLUMNS} FROM sessions WHERE agent_id = ?1");
+    if q.kind.is_some() {
+        sql.push_str(" AND kind = ?2");
+    }
+    sql.push_str(if q.include_archived { " AND state IN (0, 1)" } else { " AND state = 0" });
+    if q.updated_since.is_some() {
+        sql.push_str(" AND updated_at >= ?3");
+    }
+    if q.after.is_some() {
+        sql.push_str(" AND (updated_at < ?4 OR (updated_at = ?4 AND id < ?5))");
+    }
+    if q.exclude_key.is_some() {
+        sql.push_str(" AND key <> ?6");
+    }
+    sql.push_str(" ORDER BY updated_at DESC, id DESC LIMIT ?7");
+    let mut stmt = c.prepare_cached(&sql)?;
+    let (after_u, after_id) = q.after.unwrap_or((0, 0));
+    let mut bind = |i: usize, v: &dyn rusqlite::ToSql| stmt.raw_bind_parameter(i, v);
+    bind(1, &q.agent)?;
+    if let Some(kind) = q.kind {
+        bind(2, &kind.as_str())?;
+    }
+    if let Some(since) = q.updated_since {
+        bind(3, &since)?;
+    }
+    if q.after.is_some() {
+        bind(4, &after_u)?;
+        bind(5, &after_id)?;
+    }
+    if let Some(k) = q.exclude_key {
+        bind(6, &k)?;
+    }
+    bind(7, &(q.limit as i64))?;
+    let mut rows = stmt.raw_query();
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(SessionRow::from_row(row)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,38 @@
+//! Bearer tokens, stored only as sha256 hashes.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::{Result, Store};
+
+/// A stored token row.
+#[derive(Debug, Clone)]
+pub struct TokenRow {
+    pub session_key: String,
+    pub run_id: Option<String>,
+    pub chain_id: Option<String>,
+    pub hop: i64,
+    pub sandboxed: bool,
+}
+
+impl Store {
+    /// The run token with this hash, if it is valid at `now` (from run start until its expiry).
+    pub fn run_token(&self, hash: &str, now: i64) -> Result<Option<TokenRow>> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT session_key, run_id, chain_id, hop, sandboxed FROM tokens
+                 WHERE hash = ?1 AND kind = 'run' AND (valid_from IS NULL OR valid_from <= ?2)
+                   AND (expires_at IS NULL OR expires_at > ?2)",
+            )?
+            .query_row(params![hash, now], |r| {
+                Ok(TokenRow {
+                    session_key: r.get(0)?,
+                    run_id: r.get(1)?,
+                    chain_id: r.get(2)?,
+                    hop: r.get(3)?,
+                    sandboxed: r.get(4)?,
+                })
+            })
+            .optional()
+        })
+    }
+}

@@ -1,0 +1,199 @@
+//! The five session tools: one file each, a shared argument reader, one result shape.
+//!
+//! Every tool parses its raw arguments itself ([`args::ArgReader`]), asks `access/` for every
+//! decision, and returns [`Output`]: its success object or a [`ToolError`] `{status, error}`.
+//! Both go out as `structuredContent` (validated by the tool's output schema) and as text.
+
+pub mod agents_list;
+pub mod args;
+pub mod sessions_history;
+pub mod sessions_list;
+pub mod sessions_send;
+pub mod sessions_spawn;
+
+use std::sync::OnceLock;
+
+use rmcp::model::{CallToolResult, ContentBlock, Tool, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::access::Access;
+use crate::caller::Caller;
+use crate::policy::ToolName;
+use crate::store::StoreError;
+
+/// The error statuses of every tool (DESIGN §5): `isError: true`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorStatus {
+    Error,
+    Forbidden,
+    NotFound,
+    Invalid,
+}
+
+/// A tool-level failure: what went wrong, which field, what is allowed.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ToolError {
+    pub status: ErrorStatus,
+    #[serde(rename = "error")]
+    pub message: String,
+}
+
+impl ToolError {
+    fn new(status: ErrorStatus, message: impl Into<String>) -> Self {
+        ToolError { status, message: message.into() }
+    }
+    pub fn invalid(m: impl Into<String>) -> Self {
+        Self::new(ErrorStatus::Invalid, m)
+    }
+    pub fn forbidden(m: impl Into<String>) -> Self {
+        Self::new(ErrorStatus::Forbidden, m)
+    }
+    pub fn not_found(m: impl Into<String>) -> Self {
+        Self::new(ErrorStatus::NotFound, m)
+    }
+    pub fn error(m: impl Into<String>) -> Self {
+        Self::new(ErrorStatus::Error, m)
+    }
+}
+
+impl From<StoreError> for ToolError {
+    fn from(e: StoreError) -> Self {
+        tracing::error!(error = %e, "store failure during a tool call");
+        ToolError::error(e.to_string())
+    }
+}
+
+/// A tool's result: its success shape or an error. The schema root is an object (rmcp drops
+/// non-object output schemas for pre-2026 peers).
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+#[schemars(extend("type" = "object"))]
+pub enum Output<T> {
+    Ok(T),
+    Err(ToolError),
+}
+
+/// The one success status of read tools.
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OkStatus {
+    Ok,
+}
+
+/// What a tool call runs with.
+pub struct Ctx<'a> {
+    pub access: &'a Access,
+    pub caller: &'a Caller,
+}
+
+/// One tool's static description.
+pub struct ToolSpec {
+    pub name: ToolName,
+    pub title: &'static str,
+    pub description: &'static str,
+    pub read_only: bool,
+    pub input: Value,
+    pub output: Value,
+}
+
+impl ToolSpec {
+    fn of<I: JsonSchema, O: JsonSchema>(name: ToolName, title: &'static str, description: &'static str, read_only: bool) -> Self {
+        let mut input = schema::<I>();
+        // Some clients need `properties` even when a tool takes no arguments.
+        if let Some(o) = input.as_object_mut() {
+            o.entry("properties").or_insert_with(|| Value::Object(Map::new()));
+        }
+        ToolSpec { name, title, description, read_only, input, output: schema::<Output<O>>() }
+    }
+
+    /// The camelCase argument names of the input schema.
+    pub fn arg_names(&self) -> Vec<String> {
+        self.input.get("properties").and_then(Value::as_object).map(|p| p.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The MCP tool definition (title and all four annotations set explicitly).
+    pub fn to_tool(&self) -> Tool {
+        let obj = |v: &Value| std::sync::Arc::new(v.as_object().cloned().unwrap_or_default());
+        let annotations = ToolAnnotations::with_title(self.title)
+            .read_only(self.read_only)
+            .destructive(false)
+            .idempotent(self.read_only)
+            .open_world(!self.read_only);
+        Tool::new(self.name.as_str(), self.description, obj(&self.input))
+            .with_title(self.title)
+            .with_raw_output_schema(obj(&self.output))
+            .with_annotations(annotations)
+    }
+}
+
+/// A JSON schema for `T` without the root title (clients show the tool's own title).
+fn schema<T: JsonSchema>() -> Value {
+    let mut v = serde_json::to_value(schemars::schema_for!(T)).expect("schema serialises");
+    if let Some(o) = v.as_object_mut() {
+        o.remove("title");
+    }
+    v
+}
+
+/// Every tool, in name order.
+pub fn specs() -> &'static [ToolSpec] {
+    static SPECS: OnceLock<Vec<ToolSpec>> = OnceLock::new();
+    SPECS.get_or_init(|| {
+        vec![
+            agents_list::spec(),
+            sessions_history::spec(),
+            sessions_list::spec(),
+            sessions_send::spec(),
+            sessions_spawn::spec(),
+        ]
+    })
+}
+
+pub fn spec(name: ToolName) -> &'static ToolSpec {
+    specs().iter().find(|s| s.name == name).expect("every tool has a spec")
+}
+
+/// Runs tool `name` for the caller. `None` when no such tool exists (a protocol error).
+pub async fn call(ctx: &Ctx<'_>, name: &str, args: Option<Map<String, Value>>) -> Option<CallToolResult> {
+    let tool = ToolName::parse(name)?;
+    let structured = match ctx.access.check_tool(ctx.caller, tool) {
+        Err(e) => to_value(Output::<()>::Err(e)),
+        Ok(()) => match tool {
+            ToolName::AgentsList => to_value(agents_list::run(ctx, args)),
+            ToolName::SessionsHistory => to_value(sessions_history::run(ctx, args)),
+            ToolName::SessionsList => to_value(sessions_list::run(ctx, args)),
+            ToolName::SessionsSend => to_value(sessions_send::run(ctx, args).await),
+            ToolName::SessionsSpawn => to_value(sessions_spawn::run(ctx, args).await),
+        },
+    };
+    Some(result(structured))
+}
+
+fn to_value<T: Serialize>(out: Output<T>) -> Value {
+    serde_json::to_value(out).unwrap_or_else(|e| serde_json::json!({"status": "error", "error": e.to_string()}))
+}
+
+/// The MCP result: structuredContent plus the same JSON as text; `isError` from the status.
+fn result(structured: Value) -> CallToolResult {
+    let is_error = matches!(
+        structured.get("status").and_then(Value::as_str),
+        Some("error" | "forbidden" | "not_found" | "invalid")
+    );
+    let text = structured.to_string();
+    let mut r = if is_error { CallToolResult::error(vec![ContentBlock::text(text)]) } else { CallToolResult::success(vec![ContentBlock::text(text)]) };
+    r.structured_content = Some(structured);
+    r
+}
+
+/// Parses arguments with the tool's schema names; maps the result into [`Output`].
+pub(crate) fn reader(tool: ToolName, args: Option<Map<String, Value>>) -> Result<args::ArgReader, ToolError> {
+    args::ArgReader::new(args, spec(tool).arg_names())
+}
+
+/// `{field: appliedValue}` for clamped arguments, or nothing.
+pub(crate) fn limit_applied(clamped: std::collections::BTreeMap<String, Value>) -> Option<Map<String, Value>> {
+    (!clamped.is_empty()).then(|| clamped.into_iter().collect())
+}

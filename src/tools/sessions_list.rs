@@ -1,0 +1,277 @@
+//! `sessions_list`: the sessions the caller may see, newest first, with optional last messages.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::args::Bounds;
+use super::{Ctx, OkStatus, Output, ToolError, ToolSpec};
+use crate::access::ListRequest;
+use crate::keys::{self, KeyScope, SessionKind};
+use crate::policy::ToolName;
+use crate::sanitize::{self, Flags};
+use crate::store::SessionRow;
+
+pub const DEFAULT_LIMIT: u64 = 50;
+pub const MAX_LIMIT: u64 = 200;
+pub const MAX_MESSAGE_LIMIT: u64 = 20;
+
+#[derive(JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct Params {
+    /// Only these kinds: main, group, cron, hook, node, other.
+    kinds: Option<Vec<SessionKind>>,
+    /// Rows per page (default 50, at most 200; larger values are clamped and reported in limitApplied).
+    #[schemars(range(min = 1))]
+    limit: Option<f64>,
+    /// Only sessions updated in the last N minutes (at least 1).
+    #[schemars(range(min = 1))]
+    active_minutes: Option<f64>,
+    /// Include each row's last N messages, tool results left out (0-20, default 0).
+    #[schemars(range(min = 0))]
+    message_limit: Option<f64>,
+    /// Also list archived sessions (default false).
+    include_archived: Option<bool>,
+    /// Opaque cursor from a previous answer's nextCursor, with the same filters.
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListOk {
+    pub status: OkStatus,
+    pub count: usize,
+    pub sessions: Vec<ListRow>,
+    /// The visibility that was applied (never how much it hid).
+    pub scope: Scope,
+    /// More visible rows matched than were returned; pass nextCursor to continue.
+    pub has_more: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    /// Arguments that were clamped to their maximum: name → applied value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_applied: Option<Map<String, Value>>,
+    /// Some rows' messages were left out to keep the answer under 80 KiB.
+    pub dropped_messages: bool,
+    pub content_truncated: bool,
+    pub content_redacted: bool,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Scope {
+    /// tools.sessions.visibility as configured.
+    pub visibility: String,
+    /// What applied to this caller (a sandboxed caller may be clamped to tree).
+    pub effective: String,
+    pub sandboxed: bool,
+    pub note: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListRow {
+    /// `main` for your own main session, else the canonical key.
+    pub key: String,
+    pub kind: SessionKind,
+    pub channel: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    /// Last update, ms since the epoch.
+    pub updated_at: i64,
+    pub session_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_tokens: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking_level: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verbose_level: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_sent: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aborted_last_run: Option<bool>,
+    /// The per-session send-policy override (allow | deny), when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub send_policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_channel: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_to: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_context: Option<Value>,
+    /// The exported transcript file, when it exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transcript_path: Option<String>,
+    /// Otherwise the transcript as an MCP resource.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transcript_uri: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<Value>>,
+}
+
+pub fn spec() -> ToolSpec {
+    ToolSpec::of::<Params, ListOk>(
+        ToolName::SessionsList,
+        "Sessions",
+        "List the sessions you may see (newest first) with optional filters and last messages. \
+         Your own session is always listed. Use nextCursor to page on; `scope` says which \
+         visibility applied.",
+        true,
+    )
+}
+
+pub fn run(ctx: &Ctx, args: Option<Map<String, Value>>) -> Output<ListOk> {
+    match list(ctx, args) {
+        Ok(ok) => Output::Ok(ok),
+        Err(e) => Output::Err(e),
+    }
+}
+
+fn parse_kinds(raw: Option<Vec<String>>) -> Result<Option<Vec<SessionKind>>, ToolError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let mut kinds = Vec::new();
+    for k in raw {
+        let lower = k.to_ascii_lowercase();
+        let kind = SessionKind::parse(&lower).ok_or_else(|| {
+            ToolError::invalid(format!("kinds: {k:?} is not a kind; allowed: main, group, cron, hook, node, other"))
+        })?;
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    if kinds.is_empty() {
+        return Err(ToolError::invalid("kinds must name at least one kind, or be omitted"));
+    }
+    Ok(Some(kinds))
+}
+
+fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<ListOk, ToolError> {
+    let mut a = super::reader(ToolName::SessionsList, args)?;
+    let kinds = parse_kinds(a.opt_string_list("kinds", 16)?)?;
+    let limit = a.opt_number("limit", Bounds { min: 1, max: MAX_LIMIT })?.unwrap_or(DEFAULT_LIMIT);
+    let active_minutes = a.opt_number("activeMinutes", Bounds { min: 1, max: 10_000_000 })?;
+    let message_limit = a.opt_number("messageLimit", Bounds { min: 0, max: MAX_MESSAGE_LIMIT })?.unwrap_or(0);
+    let include_archived = a.opt_bool("includeArchived")?.unwrap_or(false);
+    let cursor = a.opt_string("cursor", 1024)?;
+    let clamped = a.finish()?;
+
+    let req = ListRequest { kinds, limit: limit as usize, active_minutes, include_archived, cursor };
+    let page = ctx.access.list(ctx.caller, &req)?;
+    let scope = ctx.access.scope(ctx.caller);
+    let state_dir_export = ctx.access.store.path().parent().map(|d| d.join("export"));
+    let mut rows: Vec<ListRow> = page
+        .rows
+        .iter()
+        .map(|r| list_row(r, &scope, ctx.caller.sandboxed, state_dir_export.as_deref()))
+        .collect();
+    let mut flags = Flags::default();
+    let mut dropped_messages = false;
+    if message_limit > 0 {
+        let ids: Vec<i64> = page.rows.iter().map(|r| r.id).collect();
+        let all = ctx.access.store.last_messages(&ids, message_limit as usize)?;
+        for (row, msgs) in rows.iter_mut().zip(all) {
+            let mut out: Vec<Value> = msgs.iter().map(|m| m.to_json()).collect();
+            out.iter_mut().for_each(|m| sanitize::sanitize_message(m, &mut flags));
+            row.messages = Some(out);
+        }
+        dropped_messages = fit_rows(&mut rows);
+    }
+    let rules = ctx.access.rules(ctx.caller);
+    let note = scope_note(rules.effective, rules.configured, ctx.caller.sandboxed);
+    Ok(ListOk {
+        status: OkStatus::Ok,
+        count: rows.len(),
+        sessions: rows,
+        scope: Scope {
+            visibility: rules.configured.as_str().into(),
+            effective: rules.effective.as_str().into(),
+            sandboxed: ctx.caller.sandboxed,
+            note,
+        },
+        has_more: page.has_more,
+        next_cursor: page.next_cursor,
+        limit_applied: super::limit_applied(clamped),
+        dropped_messages,
+        content_truncated: flags.content_truncated,
+        content_redacted: flags.content_redacted,
+    })
+}
+
+fn scope_note(effective: crate::config::Visibility, configured: crate::config::Visibility, sandboxed: bool) -> String {
+    use crate::config::Visibility::*;
+    let what = match effective {
+        OwnSession => "only your own session",
+        Tree => "your session and the sessions it spawned",
+        Agent => "every session of your agent",
+        All => "every session of your agent, and other agents' sessions allowed by tools.agentToAgent",
+    };
+    if effective < configured && sandboxed {
+        format!("Showing {what}: a sandboxed session is limited to its tree (agents.defaults.sandbox.sessionToolsVisibility).")
+    } else {
+        format!("Showing {what} (tools.sessions.visibility={}).", configured.as_str())
+    }
+}
+
+/// Keeps the whole answer under the budget by dropping messages from the oldest rows first.
+fn fit_rows(rows: &mut [ListRow]) -> bool {
+    let mut total = serde_json::to_string(&*rows).map_or(0, |s| s.len());
+    let mut dropped = false;
+    for row in rows.iter_mut().rev() {
+        let Some(msgs) = row.messages.as_mut() else { continue };
+        while total > sanitize::BUDGET_BYTES && !msgs.is_empty() {
+            let m = msgs.remove(0);
+            total -= serde_json::to_string(&m).map_or(0, |s| s.len()) + usize::from(!msgs.is_empty());
+            dropped = true;
+        }
+        if total <= sanitize::BUDGET_BYTES {
+            break;
+        }
+    }
+    dropped
+}
+
+/// One row as the caller sees it. `lastTo` and `deliveryContext.to` are hidden from sandboxed callers.
+pub fn list_row(r: &SessionRow, scope: &KeyScope, sandboxed: bool, export_dir: Option<&std::path::Path>) -> ListRow {
+    let chat_type = keys::chat_type_of(&r.key, r.chat_type);
+    let channel = keys::channel_of(&r.key, r.kind, chat_type, r.channel.as_deref(), r.last_channel.as_deref());
+    let mut delivery_context = r.delivery_context.clone();
+    if sandboxed {
+        if let Some(Value::Object(dc)) = delivery_context.as_mut() {
+            dc.remove("to");
+        }
+    }
+    let transcript_path = r
+        .transcript_path
+        .as_ref()
+        .filter(|p| export_dir.is_some_and(|d| std::path::Path::new(p).starts_with(d)) && std::path::Path::new(p).exists())
+        .cloned();
+    ListRow {
+        key: scope.display(&r.key),
+        kind: r.kind,
+        channel,
+        label: r.label.clone(),
+        display_name: r.display_name.clone(),
+        updated_at: r.updated_at,
+        session_id: r.session_id.clone(),
+        model: r.model.clone(),
+        context_tokens: r.context_tokens,
+        total_tokens: (r.tokens_total > 0).then_some(r.tokens_total),
+        thinking_level: r.thinking_level.clone(),
+        verbose_level: r.verbose_level.clone(),
+        system_sent: r.system_sent,
+        aborted_last_run: r.aborted_last_run,
+        send_policy: r.send_policy.clone(),
+        last_channel: r.last_channel.clone(),
+        last_to: if sandboxed { None } else { r.last_to.clone() },
+        delivery_context,
+        transcript_uri: transcript_path.is_none().then(|| format!("sessions://history/{}", r.key)),
+        transcript_path,
+        messages: None,
+    }
+}
