@@ -66,6 +66,17 @@ impl Access {
         }
     }
 
+    /// Refuses send/spawn for an operator acting (`--as`) as a session its agent drives.
+    pub fn check_can_act(&self, caller: &Caller) -> Result<(), ToolError> {
+        if caller.read_only {
+            return Err(ToolError::forbidden(format!(
+                "session {} is driven by its agent; --as may act only as an external or main session (list, history and agents_list still work)",
+                caller.key
+            )));
+        }
+        Ok(())
+    }
+
     /// Is `target` inside the caller's spawn tree (the caller itself included)?
     fn in_tree(&self, caller: &Caller, target: &SessionKey) -> Result<bool, ToolError> {
         if *target == caller.key {

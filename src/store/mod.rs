@@ -139,8 +139,9 @@ impl Store {
             let mut hasher = Sha256::new();
             for table in tables {
                 hasher.update(table.as_bytes());
-                let mut stmt = conn.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY 1, 2"))?;
-                let cols = stmt.column_count();
+                let cols = conn.prepare(&format!("SELECT * FROM \"{table}\""))?.column_count();
+                let order: Vec<String> = (1..=cols).map(|i| i.to_string()).collect();
+                let mut stmt = conn.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY {}", order.join(", ")))?;
                 let mut rows = stmt.query([])?;
                 while let Some(row) = rows.next()? {
                     for i in 0..cols {

@@ -112,6 +112,7 @@ fn send(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SendOk, ToolError
         ctx.access.parse_ref(ctx.caller, "sessionKey", raw)?;
     }
     debug_assert!(!message.is_empty());
+    ctx.access.check_can_act(ctx.caller)?;
     Err(ToolError::error(
         "not available yet: sessions_send needs the agent runner, which this version of sessions-mcp does not include; nothing was sent",
     ))

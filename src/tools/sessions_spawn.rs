@@ -136,7 +136,7 @@ pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<Spaw
     }
 }
 
-fn spawn(_ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
+fn spawn(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
     if let Some(key) = args.as_ref().and_then(|a| DELIVERY_KEYS.iter().find(|k| a.contains_key(**k))) {
         return Err(ToolError::invalid(format!(
             "{key} is a channel-delivery argument; sessions_spawn does not deliver to channels (use sessions_send)"
@@ -170,6 +170,7 @@ fn spawn(_ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolEr
     a.opt_value("attachAs");
     a.opt_string("idempotencyKey", 256)?;
     a.finish()?;
+    ctx.access.check_can_act(ctx.caller)?;
     Err(ToolError::error(
         "not available yet: sessions_spawn needs the agent runner, which this version of sessions-mcp does not include; nothing was created",
     ))
