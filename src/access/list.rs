@@ -11,7 +11,7 @@ use super::Access;
 use crate::caller::Caller;
 use crate::config::Visibility;
 use crate::keys::SessionKind;
-use crate::store::{ListQuery, SessionRow, SessionState, now_ms};
+use crate::store::{ListQuery, SessionRow, SessionState, SliceScope, now_ms};
 use crate::tools::ToolError;
 
 /// What the caller asked for (already validated).
@@ -49,48 +49,40 @@ impl Access {
         let fingerprint = filter_fingerprint(caller, req, rules.effective);
         let after = req.cursor.as_deref().map(|c| decode_cursor(c, &fingerprint)).transpose()?;
         let since = req.active_minutes.map(|m| now_ms() - (m as i64).saturating_mul(60_000));
-        let passes = |row: &SessionRow| {
-            let state_ok = row.state == SessionState::Active || (req.include_archived && row.state == SessionState::Archived);
-            let kind_ok = req.kinds.as_ref().is_none_or(|ks| ks.contains(&row.kind));
-            state_ok && kind_ok && since.is_none_or(|s| row.updated_at >= s)
-        };
-        let after_ok = |row: &SessionRow| after.is_none_or(|(u, i)| (row.updated_at, row.id) < (u, i));
         let want = req.limit + 1;
-        let mut rows: Vec<SessionRow> = match rules.effective {
-            Visibility::OwnSession => Vec::new(),
-            Visibility::Tree => {
-                let keys = self.store.descendants(&caller.key)?;
-                let mut rows = self.store.sessions_by_keys(&keys)?;
-                rows.retain(|r| passes(r) && after_ok(r));
-                rows
-            }
+        let mut scopes: Vec<String> = Vec::new();
+        match rules.effective {
+            Visibility::OwnSession => {}
+            Visibility::Tree => scopes.push(caller.key.to_string()),
             Visibility::Agent | Visibility::All => {
-                let mut agents = vec![caller.agent.clone()];
+                scopes.push(caller.agent.to_string());
                 if rules.effective == Visibility::All && rules.a2a_enabled {
                     let others = self.store.agent_ids()?;
-                    agents.extend(others.into_iter().filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a)));
+                    scopes.extend(
+                        others.into_iter().filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a)).map(|a| a.to_string()),
+                    );
                 }
-                let kinds: Vec<Option<SessionKind>> = match &req.kinds {
-                    Some(ks) => ks.iter().copied().map(Some).collect(),
-                    None => vec![None],
-                };
-                let mut rows = Vec::new();
-                for agent in &agents {
-                    for kind in &kinds {
-                        rows.extend(self.store.list_slice(&ListQuery {
-                            agent: agent.as_str(),
-                            kind: *kind,
-                            include_archived: req.include_archived,
-                            updated_since: since,
-                            after,
-                            exclude_key: Some(caller.key.as_str()),
-                            limit: want,
-                        })?);
-                    }
-                }
-                rows
             }
+        }
+        let kinds: Vec<Option<SessionKind>> = match &req.kinds {
+            Some(ks) => ks.iter().copied().map(Some).collect(),
+            None => vec![None],
         };
+        let mut rows = Vec::new();
+        for scope in &scopes {
+            let scope = if rules.effective == Visibility::Tree { SliceScope::TreeOf(scope) } else { SliceScope::Agent(scope) };
+            for kind in &kinds {
+                rows.extend(self.store.list_slice(&ListQuery {
+                    scope,
+                    kind: *kind,
+                    include_archived: req.include_archived,
+                    updated_since: since,
+                    after,
+                    exclude_key: Some(caller.key.as_str()),
+                    limit: want,
+                })?);
+            }
+        }
         rows.retain(|r| r.key != caller.key);
         rows.sort_by(newest_first);
         rows.truncate(want);
@@ -111,10 +103,12 @@ impl Access {
                 }
             }
         }
-        let next_cursor = has_more
-            .then(|| rows.iter().rev().find(|r| r.key != caller.key))
-            .flatten()
-            .map(|r| encode_cursor(r, &fingerprint));
+        // Continue after the last other row; a page holding only the caller's own row continues
+        // from the top (the own row is excluded from every page after the first).
+        let next_cursor = has_more.then(|| {
+            let position = rows.iter().rev().find(|r| r.key != caller.key).map_or((i64::MAX, i64::MAX), |r| (r.updated_at, r.id));
+            encode_cursor(position, &fingerprint)
+        });
         Ok(ListPage { rows, has_more, next_cursor })
     }
 }
@@ -134,8 +128,8 @@ fn filter_fingerprint(caller: &Caller, req: &ListRequest, effective: Visibility)
     hex::encode(&Sha256::digest(text.as_bytes())[..8])
 }
 
-fn encode_cursor(row: &SessionRow, fingerprint: &str) -> String {
-    let c = Cursor { u: row.updated_at, i: row.id, f: fingerprint.to_string() };
+fn encode_cursor((u, i): (i64, i64), fingerprint: &str) -> String {
+    let c = Cursor { u, i, f: fingerprint.to_string() };
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(&c).expect("cursor serialises"))
 }
 

@@ -19,7 +19,7 @@ use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
 pub use messages::{HistoryPage, MessageRow, NewMessage};
-pub use sessions::{ListQuery, NewSession, SessionRow, SessionState};
+pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};
 pub use tokens::TokenRow;
 pub(crate) use messages::append_message;
 pub(crate) use sessions::insert_session;

@@ -60,6 +60,30 @@ CREATE INDEX sessions_spawned_by ON sessions (spawned_by) WHERE spawned_by IS NO
 CREATE INDEX sessions_session_id ON sessions (session_id COLLATE NOCASE);
 CREATE INDEX sessions_label ON sessions (label) WHERE label IS NOT NULL;
 
+-- The spawn tree as a closure table: one row per (ancestor, descendant), carrying the
+-- descendant's updated_at so that listing a caller's tree is an index scan (O(limit)), not a walk.
+-- Triggers keep it in step with sessions; lineage never changes once set.
+CREATE TABLE session_tree (
+    ancestor   INTEGER NOT NULL,
+    session    INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (ancestor, session)
+) WITHOUT ROWID;
+CREATE INDEX session_tree_ancestor_updated ON session_tree (ancestor, updated_at DESC, session DESC);
+CREATE INDEX session_tree_session ON session_tree (session);
+CREATE TRIGGER sessions_tree_insert AFTER INSERT ON sessions WHEN NEW.spawned_by IS NOT NULL
+BEGIN
+    INSERT OR IGNORE INTO session_tree (ancestor, session, updated_at)
+        SELECT id, NEW.id, NEW.updated_at FROM sessions WHERE key = NEW.spawned_by
+        UNION
+        SELECT t.ancestor, NEW.id, NEW.updated_at FROM session_tree t
+            WHERE t.session = (SELECT id FROM sessions WHERE key = NEW.spawned_by);
+END;
+CREATE TRIGGER sessions_tree_updated AFTER UPDATE OF updated_at ON sessions
+BEGIN
+    UPDATE session_tree SET updated_at = NEW.updated_at WHERE session = NEW.id;
+END;
+
 -- Every agent id that owns a session, so cross-agent listing never scans sessions.
 CREATE TABLE agent_ids (agent_id TEXT PRIMARY KEY) WITHOUT ROWID;
 

@@ -174,10 +174,19 @@ impl NewSession {
     }
 }
 
-/// One index-ordered slice of the session list: one agent, optionally one kind, some states.
+/// Which sessions a list slice draws from.
+#[derive(Debug, Clone, Copy)]
+pub enum SliceScope<'a> {
+    /// Every session of one agent (served by the agent/state/updated indexes: O(limit)).
+    Agent(&'a str),
+    /// Every session spawned by this key, transitively (O(tree)).
+    TreeOf(&'a str),
+}
+
+/// One ordered slice of the session list: one scope, optionally one kind, some states.
 #[derive(Debug, Clone)]
 pub struct ListQuery<'a> {
-    pub agent: &'a str,
+    pub scope: SliceScope<'a>,
     pub kind: Option<SessionKind>,
     pub include_archived: bool,
     pub updated_since: Option<i64>,
@@ -222,35 +231,6 @@ impl Store {
                         cur = p;
                     }
                     _ => break,
-                }
-            }
-            Ok(out)
-        })
-    }
-
-    /// Every session spawned by `key`, transitively.
-    pub fn descendants(&self, key: &SessionKey) -> Result<Vec<SessionKey>> {
-        self.read(|c| {
-            let mut stmt = c.prepare_cached(
-                "WITH RECURSIVE tree(k, depth) AS (
-                     SELECT key, 1 FROM sessions WHERE spawned_by = ?1
-                     UNION
-                     SELECT s.key, t.depth + 1 FROM sessions s JOIN tree t ON s.spawned_by = t.k WHERE t.depth < 16
-                 ) SELECT k FROM tree",
-            )?;
-            stmt.query_map([key.as_str()], |r| Ok(SessionKey::from_canonical(r.get::<_, String>(0)?)))?.collect()
-        })
-    }
-
-    /// Rows by key, in one read (for the tree listing); missing keys are skipped.
-    pub fn sessions_by_keys(&self, keys: &[SessionKey]) -> Result<Vec<SessionRow>> {
-        self.read(|c| {
-            let sql = format!("SELECT {COLUMNS} FROM sessions WHERE key = ?1");
-            let mut stmt = c.prepare_cached(&sql)?;
-            let mut out = Vec::with_capacity(keys.len());
-            for k in keys {
-                if let Some(row) = stmt.query_row([k.as_str()], SessionRow::from_row).optional()? {
-                    out.push(row);
                 }
             }
             Ok(out)
@@ -349,25 +329,48 @@ pub(crate) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Resu
 }
 
 fn list_slice(c: &Connection, q: &ListQuery) -> rusqlite::Result<Vec<SessionRow>> {
-    let mut sql = format!("SELECT {COLUMNS} FROM sessions WHERE agent_id = ?1");
+    // Both shapes order by (updated_at DESC, id DESC) straight off an index.
+    let (root, mut sql) = match q.scope {
+        SliceScope::Agent(agent) => (agent, format!("SELECT {COLUMNS} FROM sessions WHERE agent_id = ?1")),
+        SliceScope::TreeOf(key) => {
+            let cols: Vec<String> = COLUMNS.split(", ").map(|c| format!("s.{}", c.trim())).collect();
+            (
+                key,
+                format!(
+                    "SELECT {} FROM session_tree t JOIN sessions s ON s.id = t.session
+                     WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1)",
+                    cols.join(", ")
+                ),
+            )
+        }
+    };
+    let p = match q.scope {
+        SliceScope::Agent(_) => "",
+        SliceScope::TreeOf(_) => "s.",
+    };
+    let t = match q.scope {
+        SliceScope::Agent(_) => "",
+        SliceScope::TreeOf(_) => "t.",
+    };
+    let id = if t.is_empty() { "id" } else { "t.session" };
     if q.kind.is_some() {
-        sql.push_str(" AND kind = ?2");
+        sql.push_str(&format!(" AND {p}kind = ?2"));
     }
-    sql.push_str(if q.include_archived { " AND state IN (0, 1)" } else { " AND state = 0" });
+    sql.push_str(&if q.include_archived { format!(" AND {p}state IN (0, 1)") } else { format!(" AND {p}state = 0") });
     if q.updated_since.is_some() {
-        sql.push_str(" AND updated_at >= ?3");
+        sql.push_str(&format!(" AND {t}updated_at >= ?3"));
     }
     if q.after.is_some() {
-        sql.push_str(" AND (updated_at < ?4 OR (updated_at = ?4 AND id < ?5))");
+        sql.push_str(&format!(" AND ({t}updated_at < ?4 OR ({t}updated_at = ?4 AND {id} < ?5))"));
     }
     if q.exclude_key.is_some() {
-        sql.push_str(" AND key <> ?6");
+        sql.push_str(&format!(" AND {p}key <> ?6"));
     }
-    sql.push_str(" ORDER BY updated_at DESC, id DESC LIMIT ?7");
+    sql.push_str(&format!(" ORDER BY {t}updated_at DESC, {id} DESC LIMIT ?7"));
     let mut stmt = c.prepare_cached(&sql)?;
     let (after_u, after_id) = q.after.unwrap_or((0, 0));
     let mut bind = |i: usize, v: &dyn rusqlite::ToSql| stmt.raw_bind_parameter(i, v);
-    bind(1, &q.agent)?;
+    bind(1, &root)?;
     if let Some(kind) = q.kind {
         bind(2, &kind.as_str())?;
     }

@@ -83,6 +83,21 @@ impl ArgReader {
         }
     }
 
+    /// A required session reference, untrimmed, so that a control character at either end is
+    /// seen (and refused) by the key parser instead of being trimmed away.
+    pub fn req_key(&mut self, name: &str, max_bytes: usize) -> Result<String, ToolError> {
+        let raw = self.args.get(name).and_then(Value::as_str).map(String::from);
+        let trimmed = self.req_string(name, max_bytes)?;
+        Ok(raw.filter(|r| r.chars().any(char::is_control)).unwrap_or(trimmed))
+    }
+
+    /// An optional session reference, untrimmed like [`ArgReader::req_key`].
+    pub fn opt_key(&mut self, name: &str, max_bytes: usize) -> Result<Option<String>, ToolError> {
+        let raw = self.args.get(name).and_then(Value::as_str).map(String::from);
+        let trimmed = self.opt_string(name, max_bytes)?;
+        Ok(trimmed.map(|t| raw.filter(|r| r.chars().any(char::is_control)).unwrap_or(t)))
+    }
+
     /// A required, non-empty string.
     pub fn req_string(&mut self, name: &str, max_bytes: usize) -> Result<String, ToolError> {
         let present = self.has(name);

@@ -79,7 +79,7 @@ pub fn run(ctx: &Ctx, args: Option<Map<String, Value>>) -> Output<HistoryOk> {
 
 fn history(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<HistoryOk, ToolError> {
     let mut a = super::reader(ToolName::SessionsHistory, args)?;
-    let raw_key = a.req_string("sessionKey", 4096)?;
+    let raw_key = a.req_key("sessionKey", 4096)?;
     let limit = a.opt_number("limit", Bounds { min: 1, max: MAX_LIMIT })?.unwrap_or(DEFAULT_LIMIT) as usize;
     let include_tools = a.opt_bool("includeTools")?.unwrap_or(false);
     let after_seq = a.opt_seq("afterSeq")?;

@@ -90,7 +90,7 @@ pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<Send
 
 fn send(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SendOk, ToolError> {
     let mut a = super::reader(ToolName::SessionsSend, args)?;
-    let session_key = a.opt_string("sessionKey", 4096)?;
+    let session_key = a.opt_key("sessionKey", 4096)?;
     let label = a.opt_string("label", 256)?;
     let agent_id = a.opt_string("agentId", 128)?;
     let message = a.req_string("message", MAX_MESSAGE_BYTES)?;

@@ -136,6 +136,56 @@ pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<Spaw
     }
 }
 
+/// Thinking levels and the reference's aliases.
+pub fn thinking_level(raw: &str) -> Option<&'static str> {
+    Some(match raw.trim().to_ascii_lowercase().as_str() {
+        "off" | "none" | "disabled" => "off",
+        "minimal" | "min" => "minimal",
+        "low" => "low",
+        "medium" | "med" | "mid" => "medium",
+        "high" | "max" => "high",
+        "xhigh" | "x-high" | "extra-high" | "ultra" => "xhigh",
+        "adaptive" | "auto" => "adaptive",
+        _ => return None,
+    })
+}
+
+/// A model name is substituted into argv: never an option, and only safe characters (or the
+/// agent's allowlist when it has one).
+pub fn check_model(model: &str, allowlist: Option<&[String]>) -> Result<(), ToolError> {
+    if model.starts_with('-') {
+        return Err(ToolError::invalid(format!("model {model:?} must not start with '-'")));
+    }
+    match allowlist {
+        Some(list) if !list.iter().any(|m| m == model) => {
+            Err(ToolError::invalid(format!("model {model:?} is not allowed for this agent; allowed: {}", list.join(", "))))
+        }
+        Some(_) => Ok(()),
+        None => {
+            let b = model.as_bytes();
+            let ok = !b.is_empty()
+                && b.len() <= 128
+                && b[0].is_ascii_alphanumeric()
+                && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._:/@-".contains(c));
+            if ok {
+                Ok(())
+            } else {
+                Err(ToolError::invalid(format!(
+                    "model {model:?} is not a valid model name: use ^[A-Za-z0-9][A-Za-z0-9._:/@-]{{0,127}}$"
+                )))
+            }
+        }
+    }
+}
+
+fn one_of(a: &mut super::args::ArgReader, field: &str, allowed: &[&str]) -> Result<Option<String>, ToolError> {
+    match a.opt_string(field, 64)? {
+        Some(v) if allowed.contains(&v.to_ascii_lowercase().as_str()) => Ok(Some(v.to_ascii_lowercase())),
+        Some(v) => Err(ToolError::invalid(format!("{field} {v:?} is not allowed; allowed: {}", allowed.join(", ")))),
+        None => Ok(None),
+    }
+}
+
 fn spawn(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
     if let Some(key) = args.as_ref().and_then(|a| DELIVERY_KEYS.iter().find(|k| a.contains_key(**k))) {
         return Err(ToolError::invalid(format!(
@@ -145,31 +195,56 @@ fn spawn(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolErr
     let mut a = super::reader(ToolName::SessionsSpawn, args)?;
     a.req_string("task", MAX_TASK_BYTES)?;
     a.opt_string("label", 64)?;
-    if let Some(id) = a.opt_string("agentId", 128)? {
-        crate::keys::AgentId::parse(&id).map_err(|e| ToolError::invalid(format!("agentId: {e}")))?;
+    let agent = match a.opt_string("agentId", 128)? {
+        Some(id) => crate::keys::AgentId::parse(&id).map_err(|e| ToolError::invalid(format!("agentId: {e}")))?,
+        None => ctx.caller.agent.clone(),
+    };
+    if let Some(model) = a.opt_string("model", 256)? {
+        let allowlist = ctx.access.config.agent(&agent).and_then(|e| e.models.as_deref());
+        check_model(&model, allowlist)?;
     }
-    a.opt_string("model", 128)?;
-    a.opt_string("thinking", 32)?;
+    if let Some(t) = a.opt_string("thinking", 32)? {
+        thinking_level(&t).ok_or_else(|| {
+            ToolError::invalid(format!("thinking {t:?} is not a level; allowed: off, minimal, low, medium, high, xhigh, adaptive"))
+        })?;
+    }
     a.opt_number("runTimeoutSeconds", Bounds { min: 0, max: u32::MAX as u64 })?;
-    if a.opt_bool("thread")? == Some(true) {
+    let thread = a.opt_bool("thread")?.unwrap_or(false);
+    let mode = one_of(&mut a, "mode", &["run", "session"])?;
+    if thread {
         return Err(ToolError::invalid(
             "thread=true needs a deliverer for the requester's channel that declares thread support (channels.<ch>.threads: true)",
         ));
     }
-    for field in ["mode", "cleanup", "sandbox"] {
-        a.opt_string(field, 32)?;
+    if mode.as_deref() == Some("session") {
+        return Err(ToolError::invalid("mode=\"session\" requires thread=true, which is not available in this version; use mode \"run\""));
     }
-    if let Some(list) = a.opt_value("attachments") {
-        if !list.is_array() {
-            return Err(ToolError::invalid("attachments must be a list of {name, content, encoding?, mimeType?}"));
+    one_of(&mut a, "cleanup", &["delete", "keep"])?;
+    one_of(&mut a, "sandbox", &["inherit", "require"])?;
+    let attachments = match a.opt_value("attachments") {
+        None => 0,
+        Some(Value::Array(list)) if list.len() > MAX_ATTACHMENTS => {
+            return Err(ToolError::invalid(format!("attachments: at most {MAX_ATTACHMENTS} files, got {}", list.len())));
         }
-        if list.as_array().is_some_and(|l| l.len() > MAX_ATTACHMENTS) {
-            return Err(ToolError::invalid(format!("attachments: at most {MAX_ATTACHMENTS} files")));
+        Some(Value::Array(list)) => {
+            for (i, item) in list.iter().enumerate() {
+                let named = item.get("name").and_then(Value::as_str).is_some_and(|n| !n.trim().is_empty());
+                if !named || !item.get("content").is_some_and(Value::is_string) {
+                    return Err(ToolError::invalid(format!("attachments[{i}] needs a non-empty name and a string content")));
+                }
+            }
+            list.len()
         }
-    }
+        Some(_) => return Err(ToolError::invalid("attachments must be a list of {name, content, encoding?, mimeType?}")),
+    };
     a.opt_value("attachAs");
     a.opt_string("idempotencyKey", 256)?;
     a.finish()?;
+    if attachments > 0 && !ctx.access.config.tools.sessions_spawn.attachments.enabled {
+        return Err(ToolError::forbidden(
+            "attachments are disabled; the operator can enable them with tools.sessions_spawn.attachments.enabled=true",
+        ));
+    }
     ctx.access.check_can_act(ctx.caller)?;
     Err(ToolError::error(
         "not available yet: sessions_spawn needs the agent runner, which this version of sessions-mcp does not include; nothing was created",
