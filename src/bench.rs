@@ -29,7 +29,11 @@ pub async fn run(quick: bool) -> ExitCode {
             for r in &rows {
                 println!("{:<62} {:>10.3} {:>10.3}", r.what, r.p50_us / 1000.0, r.p99_us / 1000.0);
             }
-            println!("machine: {} cores; iterations per row: {}", std::thread::available_parallelism().map_or(0, |n| n.get()), iterations(quick));
+            println!(
+                "machine: {} cores; iterations per row: {}",
+                std::thread::available_parallelism().map_or(0, |n| n.get()),
+                iterations(quick)
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -50,19 +54,45 @@ async fn run_all(quick: bool) -> anyhow::Result<Vec<Row>> {
     for sessions in [100u64, 10_000] {
         let (access, caller, _dir) = world(Visibility::Agent, |store| seed_flat(store, sessions, 6))?;
         let args = json!({"limit": 50, "messageLimit": 5});
-        rows.push(measure(&access, &caller, "sessions_list", &args, n, format!("list limit 50 messageLimit 5, agent, {sessions} sessions")).await?);
+        rows.push(
+            measure(
+                &access,
+                &caller,
+                "sessions_list",
+                &args,
+                n,
+                format!("list limit 50 messageLimit 5, agent, {sessions} sessions"),
+            )
+            .await?,
+        );
     }
     let (access, caller, _dir) = world(Visibility::Tree, |store| seed_tree(store, 10_000))?;
-    rows.push(measure(&access, &caller, "sessions_list", &json!({"limit": 50}), n, "list limit 50, tree, caller with 10000 descendants".into()).await?);
+    rows.push(
+        measure(
+            &access,
+            &caller,
+            "sessions_list",
+            &json!({"limit": 50}),
+            n,
+            "list limit 50, tree, caller with 10000 descendants".into(),
+        )
+        .await?,
+    );
     for messages in [1_000u64, big] {
         let (access, caller, _dir) = world(Visibility::Agent, |store| seed_history(store, messages))?;
         let args = json!({"sessionKey": "agent:main:bench:history", "limit": 200});
-        rows.push(measure(&access, &caller, "sessions_history", &args, n, format!("history limit 200, {messages} messages")).await?);
+        rows.push(
+            measure(&access, &caller, "sessions_history", &args, n, format!("history limit 200, {messages} messages"))
+                .await?,
+        );
     }
     Ok(rows)
 }
 
-fn world(visibility: Visibility, seed: impl FnOnce(&Store) -> anyhow::Result<()>) -> anyhow::Result<(Access, Caller, tempfile_dir::TempDir)> {
+fn world(
+    visibility: Visibility,
+    seed: impl FnOnce(&Store) -> anyhow::Result<()>,
+) -> anyhow::Result<(Access, Caller, tempfile_dir::TempDir)> {
     let dir = tempfile_dir::TempDir::new()?;
     let store = Store::open(&Store::path_in(dir.path()))?;
     seed(&store)?;
@@ -80,7 +110,14 @@ fn world(visibility: Visibility, seed: impl FnOnce(&Store) -> anyhow::Result<()>
     Ok((Access::new(store, Arc::new(config)), caller, dir))
 }
 
-async fn measure(access: &Access, caller: &Caller, tool: &str, args: &Value, n: usize, what: String) -> anyhow::Result<Row> {
+async fn measure(
+    access: &Access,
+    caller: &Caller,
+    tool: &str,
+    args: &Value,
+    n: usize,
+    what: String,
+) -> anyhow::Result<Row> {
     let ctx = Ctx { access, caller };
     let args: Map<String, Value> = args.as_object().cloned().unwrap_or_default();
     let mut samples = Vec::with_capacity(n);
@@ -100,7 +137,7 @@ async fn measure(access: &Access, caller: &Caller, tool: &str, args: &Value, n: 
 
 fn text_message(i: u64) -> NewMessage {
     NewMessage {
-        role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+        role: if i.is_multiple_of(2) { "user" } else { "assistant" }.into(),
         content: json!([{"type": "text", "text": format!("message {i}: a short line of transcript text for the benchmark")}]),
         ..Default::default()
     }

@@ -111,7 +111,10 @@ impl Paths {
     /// (missing = defaults).
     pub fn resolve(&self) -> Result<Env, config::ConfigError> {
         let state_dir = self.state_dir();
-        let explicit = self.config.clone().or_else(|| std::env::var_os("SESSIONS_MCP_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+        let explicit = self
+            .config
+            .clone()
+            .or_else(|| std::env::var_os("SESSIONS_MCP_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
         let loaded = match explicit {
             Some(p) => config::load(&p, true)?,
             None => config::load(&state_dir.join("config.json5"), false)?,

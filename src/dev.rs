@@ -150,7 +150,8 @@ pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
 fn spec_message(m: &Map<String, Value>, default_ts: i64) -> NewMessage {
     let s = |k: &str| m.get(k).and_then(Value::as_str).map(String::from);
     let known = ["role", "content", "timestamp", "runId", "provenance", "usage", "model", "stopReason", "silent"];
-    let extra: Map<String, Value> = m.iter().filter(|(k, _)| !known.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let extra: Map<String, Value> =
+        m.iter().filter(|(k, _)| !known.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
     NewMessage {
         role: s("role").unwrap_or_else(|| "user".into()),
         content: m.get("content").cloned().unwrap_or(Value::String(String::new())),

@@ -56,9 +56,10 @@ impl AgentId {
         let lower = raw.trim().to_ascii_lowercase();
         let valid = !lower.is_empty()
             && lower.len() <= 64
-            && lower.bytes().enumerate().all(|(i, b)| {
-                b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && (b == b'_' || b == b'-'))
-            });
+            && lower
+                .bytes()
+                .enumerate()
+                .all(|(i, b)| b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && (b == b'_' || b == b'-')));
         if valid { Ok(Self(lower)) } else { Err(KeyError::BadAgentId(raw.to_string())) }
     }
 
@@ -150,11 +151,7 @@ impl KeyScope {
     }
 
     pub fn main_of(&self, agent: &AgentId) -> SessionKey {
-        if self.global {
-            SessionKey(GLOBAL_KEY.to_string())
-        } else {
-            SessionKey::for_agent(agent, &self.main_key)
-        }
+        if self.global { SessionKey(GLOBAL_KEY.to_string()) } else { SessionKey::for_agent(agent, &self.main_key) }
     }
 
     /// `main` for the caller's own main session, the canonical key otherwise.
@@ -196,11 +193,7 @@ pub fn parse_ref(input: &str, scope: &KeyScope) -> Result<SessionRef, KeyError> 
         return Ok(SessionRef::Key(scope.caller_main()));
     }
     if lower == GLOBAL_KEY {
-        return if scope.global {
-            Ok(SessionRef::Key(scope.caller_main()))
-        } else {
-            Err(KeyError::Reserved(lower))
-        };
+        return if scope.global { Ok(SessionRef::Key(scope.caller_main())) } else { Err(KeyError::Reserved(lower)) };
     }
     if let Some(after) = lower.strip_prefix("agent:") {
         return parse_agent_key(after, scope).map(SessionRef::Key);
@@ -242,11 +235,7 @@ fn is_bare_key_form(s: &str) -> Result<bool, KeyError> {
         if id.is_empty() { Err(KeyError::MissingId(prefix.to_string())) } else { Ok(true) }
     };
     if let Some(id) = s.strip_prefix("subagent:") {
-        return if uuid::Uuid::parse_str(id).is_ok() {
-            Ok(true)
-        } else {
-            Err(KeyError::BadSubagentId(id.to_string()))
-        };
+        return if uuid::Uuid::parse_str(id).is_ok() { Ok(true) } else { Err(KeyError::BadSubagentId(id.to_string())) };
     }
     for prefix in ["cron:", "hook:", "node:", "node-", "direct:"] {
         if s.starts_with(prefix) {
@@ -403,10 +392,10 @@ pub fn channel_of(
     if let Some(ch) = nonempty(stored_channel).filter(|c| !INTERNAL_CHANNELS.contains(&c.as_str())) {
         return ch;
     }
-    if kind == SessionKind::Main || chat_type == Some(ChatType::Direct) {
-        if let Some(ch) = nonempty(last_channel) {
-            return ch;
-        }
+    if (kind == SessionKind::Main || chat_type == Some(ChatType::Direct))
+        && let Some(ch) = nonempty(last_channel)
+    {
+        return ch;
     }
     if matches!(kind, SessionKind::Cron | SessionKind::Hook | SessionKind::Node) || key.is_subagent() {
         return "internal".to_string();

@@ -77,12 +77,12 @@ pub fn redact(text: &str) -> (String, bool) {
         if !p.re.is_match(&out) {
             continue;
         }
-        out = p
-            .re
-            .replace_all(&out, |c: &Captures| {
+        out =
+            p.re.replace_all(&out, |c: &Captures| {
                 let whole = c.get(0).expect("match").as_str();
                 let Some(secret) = c.get(p.group) else { return whole.to_string() };
-                if looks_like_session_key(secret.as_str()) || secret.as_str() == "***" || secret.as_str().contains('…') {
+                if looks_like_session_key(secret.as_str()) || secret.as_str() == "***" || secret.as_str().contains('…')
+                {
                     return whole.to_string();
                 }
                 changed = true;

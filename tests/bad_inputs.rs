@@ -49,7 +49,11 @@ fn seeded() -> TestEnv {
 /// A short, printable rendering of arguments (some are 100 KB).
 fn show(v: &Value) -> String {
     let s = v.to_string();
-    if s.len() > 160 { format!("{}… ({} bytes)", &s[..s.char_indices().nth(150).map_or(s.len(), |(i, _)| i)], s.len()) } else { s }
+    if s.len() > 160 {
+        format!("{}… ({} bytes)", &s[..s.char_indices().nth(150).map_or(s.len(), |(i, _)| i)], s.len())
+    } else {
+        s
+    }
 }
 
 /// Checks one tool answer against the expectation; returns a failure description or None.
@@ -83,7 +87,13 @@ fn run_table(class: &str, cases: Vec<Case>) {
     assert_still_serving(&mut client);
     client.close();
     assert_eq!(env.fingerprint(), before, "{class}: store changed by the end of the run");
-    assert!(failures.is_empty(), "{class}: {} of {} cases failed:\n  {}", failures.len(), cases.len(), failures.join("\n  "));
+    assert!(
+        failures.is_empty(),
+        "{class}: {} of {} cases failed:\n  {}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n  ")
+    );
     eprintln!("{class}: {} cases ok", cases.len());
 }
 
@@ -118,7 +128,8 @@ fn assert_still_serving(client: &mut Client) {
 
 const LIST_ARGS: &[&str] = &["allowed", "kinds", "limit", "activeMinutes", "messageLimit", "includeArchived", "cursor"];
 const HISTORY_ARGS: &[&str] = &["allowed", "sessionKey", "limit", "includeTools", "afterSeq", "includeRuns"];
-const SEND_ARGS: &[&str] = &["allowed", "sessionKey", "label", "agentId", "message", "timeoutSeconds", "idempotencyKey"];
+const SEND_ARGS: &[&str] =
+    &["allowed", "sessionKey", "label", "agentId", "message", "timeoutSeconds", "idempotencyKey"];
 const SPAWN_ARGS: &[&str] = &[
     "allowed",
     "task",
@@ -219,7 +230,12 @@ fn wrong_types_are_invalid_and_name_the_field() {
         ("sessions_history", json!({}), "invalid", &["sessionKey", "required"]),
         ("sessions_history", json!({"sessionKey": "main", "limit": "10"}), "invalid", &["limit", "number", "string"]),
         ("sessions_history", json!({"sessionKey": "main", "limit": [10]}), "invalid", &["limit", "number"]),
-        ("sessions_history", json!({"sessionKey": "main", "includeTools": "true"}), "invalid", &["includeTools", "true or false"]),
+        (
+            "sessions_history",
+            json!({"sessionKey": "main", "includeTools": "true"}),
+            "invalid",
+            &["includeTools", "true or false"],
+        ),
         ("sessions_history", json!({"sessionKey": "main", "includeTools": 1}), "invalid", &["includeTools"]),
         ("sessions_history", json!({"sessionKey": "main", "afterSeq": "0"}), "invalid", &["afterSeq", "number"]),
         ("sessions_history", json!({"sessionKey": "main", "afterSeq": true}), "invalid", &["afterSeq", "number"]),
@@ -237,13 +253,28 @@ fn wrong_types_are_invalid_and_name_the_field() {
         ("sessions_send", json!({"sessionKey": "main", "message": null}), "invalid", &["message", "required"]),
         ("sessions_send", json!({"sessionKey": "main", "message": ["hi"]}), "invalid", &["message", "string", "list"]),
         ("sessions_send", json!({"sessionKey": 7, "message": "hi"}), "invalid", &["sessionKey", "string"]),
-        ("sessions_send", json!({"sessionKey": "main", "message": "hi", "timeoutSeconds": "30"}), "invalid", &["timeoutSeconds", "number"]),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "message": "hi", "timeoutSeconds": "30"}),
+            "invalid",
+            &["timeoutSeconds", "number"],
+        ),
         ("sessions_send", json!({"label": 5, "message": "hi"}), "invalid", &["label", "string"]),
-        ("sessions_send", json!({"sessionKey": "main", "message": "hi", "idempotencyKey": {}}), "invalid", &["idempotencyKey", "string"]),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "message": "hi", "idempotencyKey": {}}),
+            "invalid",
+            &["idempotencyKey", "string"],
+        ),
         ("sessions_spawn", json!({"task": null}), "invalid", &["task", "required"]),
         ("sessions_spawn", json!({"task": 7}), "invalid", &["task", "string"]),
         ("sessions_spawn", json!({"task": "x", "thread": "true"}), "invalid", &["thread", "true or false"]),
-        ("sessions_spawn", json!({"task": "x", "runTimeoutSeconds": "60"}), "invalid", &["runTimeoutSeconds", "number"]),
+        (
+            "sessions_spawn",
+            json!({"task": "x", "runTimeoutSeconds": "60"}),
+            "invalid",
+            &["runTimeoutSeconds", "number"],
+        ),
         ("sessions_spawn", json!({"task": "x", "attachments": "file.txt"}), "invalid", &["attachments"]),
         ("sessions_spawn", json!({"task": "x", "agentId": 5}), "invalid", &["agentId", "string"]),
         ("sessions_spawn", json!({"task": "x", "label": ["a"]}), "invalid", &["label", "string"]),
@@ -267,8 +298,18 @@ fn negative_and_zero_numbers_are_invalid() {
         ("sessions_history", json!({"sessionKey": "main", "afterSeq": -1}), "invalid", &["afterSeq", "negative"]),
         ("sessions_history", json!({"sessionKey": "main", "afterSeq": -0.1}), "invalid", &["afterSeq", "negative"]),
         // -1 must never become 0 (fire-and-forget).
-        ("sessions_send", json!({"sessionKey": "main", "message": "hi", "timeoutSeconds": -1}), "invalid", &["timeoutSeconds", "negative"]),
-        ("sessions_spawn", json!({"task": "x", "runTimeoutSeconds": -1}), "invalid", &["runTimeoutSeconds", "negative"]),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "message": "hi", "timeoutSeconds": -1}),
+            "invalid",
+            &["timeoutSeconds", "negative"],
+        ),
+        (
+            "sessions_spawn",
+            json!({"task": "x", "runTimeoutSeconds": -1}),
+            "invalid",
+            &["runTimeoutSeconds", "negative"],
+        ),
     ];
     run_table("negative and zero numbers", cases);
 }
@@ -282,9 +323,19 @@ fn huge_strings_are_invalid_and_name_the_field() {
         ("sessions_history", history(key_100k.clone()), "invalid", &["sessionKey", "too long"]),
         ("sessions_history", history(format!("agent:main:{key_100k}")), "invalid", &["sessionKey", "too long"]),
         ("sessions_send", send_to(key_100k.clone()), "invalid", &["sessionKey", "too long"]),
-        ("sessions_send", json!({"sessionKey": "main", "message": msg_over}), "invalid", &["message", "too long", "65536"]),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "message": msg_over}),
+            "invalid",
+            &["message", "too long", "65536"],
+        ),
         ("sessions_send", json!({"label": "l".repeat(300), "message": "hi"}), "invalid", &["label", "too long"]),
-        ("sessions_send", json!({"sessionKey": "main", "message": "hi", "idempotencyKey": "k".repeat(300)}), "invalid", &["idempotencyKey", "too long"]),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "message": "hi", "idempotencyKey": "k".repeat(300)}),
+            "invalid",
+            &["idempotencyKey", "too long"],
+        ),
         ("sessions_spawn", json!({"task": task_over}), "invalid", &["task", "too long"]),
         ("sessions_spawn", json!({"task": "x", "label": "l".repeat(65)}), "invalid", &["label", "too long"]),
         ("sessions_list", json!({"cursor": key_100k}), "invalid", &["cursor", "too long"]),
@@ -315,13 +366,43 @@ fn unknown_arguments_are_rejected_listing_the_allowed_ones() {
 #[test]
 fn camel_case_and_its_snake_case_alias_together_are_invalid() {
     let cases: Vec<Case> = vec![
-        ("sessions_history", json!({"sessionKey": "main", "session_key": "main"}), "invalid", &["sessionKey", "session_key", "twice"]),
-        ("sessions_history", json!({"sessionKey": "main", "includeTools": true, "include_tools": true}), "invalid", &["includeTools", "include_tools", "twice"]),
-        ("sessions_history", json!({"sessionKey": "main", "afterSeq": 0, "after_seq": 0}), "invalid", &["afterSeq", "after_seq", "twice"]),
-        ("sessions_list", json!({"messageLimit": 1, "message_limit": 1}), "invalid", &["messageLimit", "message_limit", "twice"]),
+        (
+            "sessions_history",
+            json!({"sessionKey": "main", "session_key": "main"}),
+            "invalid",
+            &["sessionKey", "session_key", "twice"],
+        ),
+        (
+            "sessions_history",
+            json!({"sessionKey": "main", "includeTools": true, "include_tools": true}),
+            "invalid",
+            &["includeTools", "include_tools", "twice"],
+        ),
+        (
+            "sessions_history",
+            json!({"sessionKey": "main", "afterSeq": 0, "after_seq": 0}),
+            "invalid",
+            &["afterSeq", "after_seq", "twice"],
+        ),
+        (
+            "sessions_list",
+            json!({"messageLimit": 1, "message_limit": 1}),
+            "invalid",
+            &["messageLimit", "message_limit", "twice"],
+        ),
         ("sessions_list", json!({"activeMinutes": 5, "active_minutes": 5}), "invalid", &["activeMinutes", "twice"]),
-        ("sessions_send", json!({"sessionKey": "main", "session_key": "main", "message": "hi"}), "invalid", &["sessionKey", "twice"]),
-        ("sessions_spawn", json!({"task": "x", "agentId": "main", "agent_id": "main"}), "invalid", &["agentId", "twice"]),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "session_key": "main", "message": "hi"}),
+            "invalid",
+            &["sessionKey", "twice"],
+        ),
+        (
+            "sessions_spawn",
+            json!({"task": "x", "agentId": "main", "agent_id": "main"}),
+            "invalid",
+            &["agentId", "twice"],
+        ),
     ];
     run_table("alias and camelCase together", cases);
 }
@@ -330,8 +411,18 @@ fn camel_case_and_its_snake_case_alias_together_are_invalid() {
 fn unknown_kinds_are_invalid_listing_the_kinds() {
     let many: Vec<&str> = std::iter::repeat_n("main", 17).collect();
     let cases: Vec<Case> = vec![
-        ("sessions_list", json!({"kinds": ["bogus"]}), "invalid", &["kinds", "bogus", "main, group, cron, hook, node, other"]),
-        ("sessions_list", json!({"kinds": ["main", "chat"]}), "invalid", &["kinds", "chat", "main, group, cron, hook, node, other"]),
+        (
+            "sessions_list",
+            json!({"kinds": ["bogus"]}),
+            "invalid",
+            &["kinds", "bogus", "main, group, cron, hook, node, other"],
+        ),
+        (
+            "sessions_list",
+            json!({"kinds": ["main", "chat"]}),
+            "invalid",
+            &["kinds", "chat", "main, group, cron, hook, node, other"],
+        ),
         ("sessions_list", json!({"kinds": "weird"}), "invalid", &["kinds", "weird"]),
         ("sessions_list", json!({"kinds": ["subagent"]}), "invalid", &["kinds", "subagent"]),
         ("sessions_list", json!({"kinds": [""]}), "invalid", &["kinds"]),
@@ -355,7 +446,9 @@ fn bad_cursors_are_invalid() {
         let page = client.call("sessions_list", json!({"limit": limit}));
         assert_eq!(page["status"], "ok", "{page}");
         if page["hasMore"] == true && page["nextCursor"].as_str().is_none() {
-            failures.push(format!("sessions_list {{\"limit\":{limit}}} → {page}: hasMore is true but there is no nextCursor"));
+            failures.push(format!(
+                "sessions_list {{\"limit\":{limit}}} → {page}: hasMore is true but there is no nextCursor"
+            ));
         }
     }
     let page = client.call("sessions_list", json!({"limit": 2}));
@@ -387,9 +480,24 @@ fn spawn_rejects_threads_channel_delivery_and_too_many_attachments() {
     let cases: Vec<Case> = vec![
         ("sessions_spawn", json!({"task": "x", "thread": true}), "invalid", &["thread=true", "channels.<ch>.threads"]),
         ("sessions_spawn", json!({"task": "x", "thread": true, "mode": "session"}), "invalid", &["thread"]),
-        ("sessions_spawn", json!({"task": "x", "to": "user:42"}), "invalid", &["to is a channel-delivery argument", "sessions_send"]),
-        ("sessions_spawn", json!({"task": "x", "channel": "discord"}), "invalid", &["channel is a channel-delivery argument", "sessions_send"]),
-        ("sessions_spawn", json!({"task": "x", "target": "discord:group:dev"}), "invalid", &["target is a channel-delivery argument", "sessions_send"]),
+        (
+            "sessions_spawn",
+            json!({"task": "x", "to": "user:42"}),
+            "invalid",
+            &["to is a channel-delivery argument", "sessions_send"],
+        ),
+        (
+            "sessions_spawn",
+            json!({"task": "x", "channel": "discord"}),
+            "invalid",
+            &["channel is a channel-delivery argument", "sessions_send"],
+        ),
+        (
+            "sessions_spawn",
+            json!({"task": "x", "target": "discord:group:dev"}),
+            "invalid",
+            &["target is a channel-delivery argument", "sessions_send"],
+        ),
         ("sessions_spawn", json!({"task": "x", "threadId": "1"}), "invalid", &["threadId", "sessions_send"]),
         ("sessions_spawn", json!({"task": "x", "replyTo": "m1"}), "invalid", &["replyTo", "sessions_send"]),
         ("sessions_spawn", json!({"task": "x", "attachments": fifty_one}), "invalid", &["attachments", "50"]),
@@ -414,7 +522,12 @@ fn spawn_rejects_bad_enum_values_models_and_disabled_attachments() {
         ("sessions_spawn", json!({"task": "x", "thinking": "extreme"}), "invalid", &["thinking"]),
         ("sessions_spawn", json!({"task": "x", "model": "-rf"}), "invalid", &["model"]),
         // DECISIONS "Error statuses": attachments disabled (the default) is `forbidden`.
-        ("sessions_spawn", json!({"task": "x", "attachments": [attachment]}), "forbidden", &["attachments", "tools.sessions_spawn.attachments.enabled"]),
+        (
+            "sessions_spawn",
+            json!({"task": "x", "attachments": [attachment]}),
+            "forbidden",
+            &["attachments", "tools.sessions_spawn.attachments.enabled"],
+        ),
     ];
     run_table("sessions_spawn argument values", cases);
 }
@@ -425,8 +538,18 @@ fn send_argument_combinations_are_invalid() {
         ("sessions_send", json!({}), "invalid", &["message", "required"]),
         ("sessions_send", json!({"message": "hi"}), "invalid", &["sessionKey", "label"]),
         ("sessions_send", json!({"sessionKey": "", "message": "hi"}), "invalid", &["sessionKey"]),
-        ("sessions_send", json!({"sessionKey": "main", "label": "child", "message": "hi"}), "invalid", &["sessionKey", "label"]),
-        ("sessions_send", json!({"sessionKey": "main", "agentId": "main", "message": "hi"}), "invalid", &["agentId", "label"]),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "label": "child", "message": "hi"}),
+            "invalid",
+            &["sessionKey", "label"],
+        ),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "agentId": "main", "message": "hi"}),
+            "invalid",
+            &["agentId", "label"],
+        ),
         ("sessions_send", json!({"label": "child", "agentId": "Bad!", "message": "hi"}), "invalid", &["agentId"]),
         ("sessions_send", json!({"sessionKey": "main", "message": "   "}), "invalid", &["message", "empty"]),
     ];

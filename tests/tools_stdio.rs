@@ -119,7 +119,10 @@ fn tree_visibility_lists_the_transitive_tree_only() {
     let mut c = env.serve(None);
     let list = c.call("sessions_list", json!({}));
     assert_eq!(list["status"], "ok");
-    assert_eq!(keys_of(&list), ["main".to_string(), format!("agent:main:subagent:{U1}"), format!("agent:main:subagent:{U2}")]);
+    assert_eq!(
+        keys_of(&list),
+        ["main".to_string(), format!("agent:main:subagent:{U1}"), format!("agent:main:subagent:{U2}")]
+    );
     assert_eq!(list["scope"]["effective"], "tree");
     assert_eq!(list["scope"]["visibility"], "tree");
     assert_eq!(list["hasMore"], false);
@@ -142,7 +145,8 @@ fn list_filters_apply_before_the_limit() {
     assert!(!keys.iter().any(|k| k.contains(":run:")), "cron run keys are never listed");
     assert!(!keys.contains(&"agent:main:old".to_string()), "archived rows need includeArchived");
     assert!(!keys.iter().any(|k| k.starts_with("agent:ops:")), "other agents need visibility all + agentToAgent");
-    let updated: Vec<i64> = all["sessions"].as_array().unwrap().iter().map(|r| r["updatedAt"].as_i64().unwrap()).collect();
+    let updated: Vec<i64> =
+        all["sessions"].as_array().unwrap().iter().map(|r| r["updatedAt"].as_i64().unwrap()).collect();
     assert!(updated.windows(2).all(|w| w[0] >= w[1]), "newest first: {updated:?}");
 
     let groups = c.call("sessions_list", json!({"kinds": ["group"], "limit": 1}));
@@ -192,7 +196,8 @@ fn limit_is_clamped_and_the_cursor_pages_without_gaps() {
     unique.dedup();
     assert_eq!(unique.len(), seen.len(), "no row twice");
     assert_eq!(seen.len(), 46, "45 generated + main");
-    let other_filters = c.call("sessions_list", json!({"limit": 10, "kinds": ["other"], "cursor": cursor.unwrap_or_default()}));
+    let other_filters =
+        c.call("sessions_list", json!({"limit": 10, "kinds": ["other"], "cursor": cursor.unwrap_or_default()}));
     assert_eq!(other_filters["status"], "invalid");
 }
 
@@ -209,7 +214,8 @@ fn list_messages_skip_tool_results_and_are_sanitised() {
     assert_eq!(list["contentRedacted"], true);
     assert!(!msgs[2]["content"].as_str().unwrap().contains("sk-abcdefghijklmnopqrstuvwxyz123456"));
     // The sandbox-only hiding of lastTo does not apply to an unsandboxed caller.
-    let child = list["sessions"].as_array().unwrap().iter().find(|r| r["key"] == format!("agent:main:subagent:{U2}")).unwrap();
+    let child =
+        list["sessions"].as_array().unwrap().iter().find(|r| r["key"] == format!("agent:main:subagent:{U2}")).unwrap();
     assert_eq!(child["lastTo"], "secret-peer");
 }
 
@@ -247,7 +253,8 @@ fn history_by_key_session_id_after_seq_and_tools() {
 fn history_budget_and_cuts_set_honest_flags() {
     let env = TestEnv::new();
     let t = now();
-    let long: Vec<Value> = (0..50).map(|i| json!({"role": "user", "content": format!("{i} {}", "z".repeat(3000))})).collect();
+    let long: Vec<Value> =
+        (0..50).map(|i| json!({"role": "user", "content": format!("{i} {}", "z".repeat(3000))})).collect();
     env.seed(json!({"sessions": [
         {"key": "agent:main:main", "updatedAt": t, "messages": long},
         {"key": "agent:main:subagent:33333333-3333-4333-8333-333333333333", "spawnedBy": "agent:main:main",
@@ -344,7 +351,11 @@ fn invisible_sessions_look_the_same_whether_or_not_they_exist() {
             }
             let a = c.call_result(tool, args_a);
             let b = c.call_result(tool, args_b);
-            assert_eq!(echo_replaced(&a, exists, "K"), echo_replaced(&b, missing, "K"), "{tool}: {exists} vs {missing}");
+            assert_eq!(
+                echo_replaced(&a, exists, "K"),
+                echo_replaced(&b, missing, "K"),
+                "{tool}: {exists} vs {missing}"
+            );
         }
     }
     // By sessionId: an existing invisible id and an unknown one answer alike.
@@ -366,8 +377,11 @@ fn sandboxed_callers_are_clamped_to_their_tree() {
     ]}));
     let mut c = env.serve(Some("agent:main:box"));
     let l = c.call("sessions_list", json!({}));
-    assert_eq!(l["scope"], json!({"visibility": "all", "effective": "tree", "sandboxed": true,
-        "note": l["scope"]["note"].clone()}));
+    assert_eq!(
+        l["scope"],
+        json!({"visibility": "all", "effective": "tree", "sandboxed": true,
+        "note": l["scope"]["note"].clone()})
+    );
     assert!(l["scope"]["note"].as_str().unwrap().contains("sandboxed"));
     assert_eq!(keys_of(&l), ["agent:main:box".to_string(), format!("agent:main:subagent:{U1}")]);
     let child = &l["sessions"][1];
@@ -386,9 +400,17 @@ fn sandboxed_callers_are_clamped_to_their_tree() {
 #[test]
 fn cross_agent_access_needs_all_and_agent_to_agent() {
     let cases = [
-        ("{tools: {sessions: {visibility: 'agent'}, agentToAgent: {enabled: true}}}", "forbidden", "tools.sessions.visibility=all"),
+        (
+            "{tools: {sessions: {visibility: 'agent'}, agentToAgent: {enabled: true}}}",
+            "forbidden",
+            "tools.sessions.visibility=all",
+        ),
         ("{tools: {sessions: {visibility: 'all'}}}", "forbidden", "tools.agentToAgent.enabled=true"),
-        ("{tools: {sessions: {visibility: 'all'}, agentToAgent: {enabled: true, allow: ['main']}}}", "forbidden", "tools.agentToAgent.allow"),
+        (
+            "{tools: {sessions: {visibility: 'all'}, agentToAgent: {enabled: true, allow: ['main']}}}",
+            "forbidden",
+            "tools.agentToAgent.allow",
+        ),
         ("{tools: {sessions: {visibility: 'all'}, agentToAgent: {enabled: true, allow: ['main', 'op*']}}}", "ok", ""),
         ("{tools: {sessions: {visibility: 'all'}, agentToAgent: {enabled: true}}}", "ok", ""),
     ];
@@ -430,10 +452,14 @@ fn agents_list_follows_the_allowlist() {
     );
     let mut c = env.serve(None);
     let a = c.call("agents_list", json!({}));
-    assert_eq!(a, json!({"status": "ok", "requester": "main", "allowAny": false, "agents": [
-        {"id": "main", "configured": true}, {"id": "ops", "name": "Ops", "configured": true}, {"id": "zeta", "configured": false}
-    ]}));
-    let env = TestEnv::with_config("{agents: {list: [{id: 'main', subagents: {allowAgents: ['*']}}, {id: 'b'}, {id: 'a'}]}}");
+    assert_eq!(
+        a,
+        json!({"status": "ok", "requester": "main", "allowAny": false, "agents": [
+            {"id": "main", "configured": true}, {"id": "ops", "name": "Ops", "configured": true}, {"id": "zeta", "configured": false}
+        ]})
+    );
+    let env =
+        TestEnv::with_config("{agents: {list: [{id: 'main', subagents: {allowAgents: ['*']}}, {id: 'b'}, {id: 'a'}]}}");
     let mut c = env.serve(None);
     let a = c.call("agents_list", json!({}));
     assert_eq!(a["allowAny"], true);
@@ -480,10 +506,20 @@ fn as_on_a_driven_session_is_read_only() {
 #[test]
 fn identity_errors_exit_2_with_one_line() {
     let env = TestEnv::new();
-    let bad_token = env.command(&["serve"]).env("SESSIONS_MCP_TOKEN", "smcp_run_nope").stdin(std::process::Stdio::null()).output().unwrap();
+    let bad_token = env
+        .command(&["serve"])
+        .env("SESSIONS_MCP_TOKEN", "smcp_run_nope")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
     assert_eq!(bad_token.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad_token.stderr).contains("SESSIONS_MCP_TOKEN is not a valid token"));
-    let in_run = env.command(&["serve", "--as", "main"]).env("SESSIONS_MCP_RUN_ID", "r1").stdin(std::process::Stdio::null()).output().unwrap();
+    let in_run = env
+        .command(&["serve", "--as", "main"])
+        .env("SESSIONS_MCP_RUN_ID", "r1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
     assert_eq!(in_run.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&in_run.stderr).contains("only SESSIONS_MCP_TOKEN"));
     let env = TestEnv::with_config("{security: {requireToken: true}}");
@@ -499,7 +535,8 @@ fn a_static_token_acts_as_its_session() {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(token.as_bytes()))
     };
-    let env = TestEnv::with_config(&format!("{{server: {{tokens: [{{sha256: '{sha}', sessionKey: 'agent:main:desk'}}]}}}}"));
+    let env =
+        TestEnv::with_config(&format!("{{server: {{tokens: [{{sha256: '{sha}', sessionKey: 'agent:main:desk'}}]}}}}"));
     let mut c = env.serve_with(None, &[("SESSIONS_MCP_TOKEN", token)]);
     let l = c.call("sessions_list", json!({}));
     assert_eq!(keys_of(&l), ["agent:main:desk"]);

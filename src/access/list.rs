@@ -59,7 +59,10 @@ impl Access {
                 if rules.effective == Visibility::All && rules.a2a_enabled {
                     let others = self.store.agent_ids()?;
                     scopes.extend(
-                        others.into_iter().filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a)).map(|a| a.to_string()),
+                        others
+                            .into_iter()
+                            .filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a))
+                            .map(|a| a.to_string()),
                     );
                 }
             }
@@ -70,7 +73,8 @@ impl Access {
         };
         let mut rows = Vec::new();
         for scope in &scopes {
-            let scope = if rules.effective == Visibility::Tree { SliceScope::TreeOf(scope) } else { SliceScope::Agent(scope) };
+            let scope =
+                if rules.effective == Visibility::Tree { SliceScope::TreeOf(scope) } else { SliceScope::Agent(scope) };
             for kind in &kinds {
                 rows.extend(self.store.list_slice(&ListQuery {
                     scope,
@@ -90,23 +94,24 @@ impl Access {
         rows.truncate(req.limit);
         // The caller's own session is always on the first page (a model that sees `count: 0`
         // tends to loop); it never displaces the cursor position of the others.
-        if after.is_none() {
-            if let Some(own) = self.store.session_by_key(&caller.key)?.filter(|r| {
+        if after.is_none()
+            && let Some(own) = self.store.session_by_key(&caller.key)?.filter(|r| {
                 r.state != SessionState::Deleted && req.kinds.as_ref().is_none_or(|ks| ks.contains(&r.kind))
-            }) {
-                let pos = rows.partition_point(|r| newest_first(r, &own).is_lt());
-                rows.insert(pos, own);
-                if rows.len() > req.limit {
-                    let last_other = rows.iter().rposition(|r| r.key != caller.key).expect("more rows than one");
-                    rows.remove(last_other);
-                    has_more = true;
-                }
+            })
+        {
+            let pos = rows.partition_point(|r| newest_first(r, &own).is_lt());
+            rows.insert(pos, own);
+            if rows.len() > req.limit {
+                let last_other = rows.iter().rposition(|r| r.key != caller.key).expect("more rows than one");
+                rows.remove(last_other);
+                has_more = true;
             }
         }
         // Continue after the last other row; a page holding only the caller's own row continues
         // from the top (the own row is excluded from every page after the first).
         let next_cursor = has_more.then(|| {
-            let position = rows.iter().rev().find(|r| r.key != caller.key).map_or((i64::MAX, i64::MAX), |r| (r.updated_at, r.id));
+            let position =
+                rows.iter().rev().find(|r| r.key != caller.key).map_or((i64::MAX, i64::MAX), |r| (r.updated_at, r.id));
             encode_cursor(position, &fingerprint)
         });
         Ok(ListPage { rows, has_more, next_cursor })
@@ -134,7 +139,9 @@ fn encode_cursor((u, i): (i64, i64), fingerprint: &str) -> String {
 }
 
 fn decode_cursor(raw: &str, fingerprint: &str) -> Result<(i64, i64), ToolError> {
-    let bad = || ToolError::invalid("cursor is not a cursor from sessions_list nextCursor; omit it to start from the first page");
+    let bad = || {
+        ToolError::invalid("cursor is not a cursor from sessions_list nextCursor; omit it to start from the first page")
+    };
     let bytes = URL_SAFE_NO_PAD.decode(raw.trim()).map_err(|_| bad())?;
     let c: Cursor = serde_json::from_slice(&bytes).map_err(|_| bad())?;
     if c.f != fingerprint {

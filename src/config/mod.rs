@@ -676,10 +676,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         let sub = &self.agents.defaults.subagents;
         if !(1..=5).contains(&sub.max_spawn_depth) {
-            return Err(format!(
-                "agents.defaults.subagents.maxSpawnDepth must be 1-5, got {}",
-                sub.max_spawn_depth
-            ));
+            return Err(format!("agents.defaults.subagents.maxSpawnDepth must be 1-5, got {}", sub.max_spawn_depth));
         }
         if self.session.agent_to_agent.max_ping_pong_turns > 5 {
             return Err(format!(

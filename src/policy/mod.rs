@@ -8,4 +8,6 @@ mod visibility;
 
 pub use send_policy::{SendDecision, SendPolicySource, SendTarget, resolve_send_policy};
 pub use tool_set::{CallerRole, ToolName, tools_for};
-pub use visibility::{Action, Denial, VisibilityFacts, VisibilityRules, check_visibility, effective_visibility, glob_match};
+pub use visibility::{
+    Action, Denial, VisibilityFacts, VisibilityRules, check_visibility, effective_visibility, glob_match,
+};

@@ -82,7 +82,9 @@ pub fn resolve_send_policy(
             continue;
         }
         match rule.action {
-            PolicyAction::Deny => return SendDecision { action: PolicyAction::Deny, rule: Some(i), source: SendPolicySource::Rule },
+            PolicyAction::Deny => {
+                return SendDecision { action: PolicyAction::Deny, rule: Some(i), source: SendPolicySource::Rule };
+            }
             PolicyAction::Allow => {
                 first_allow.get_or_insert(i);
             }
@@ -112,9 +114,11 @@ mod tests {
     #[test]
     fn table_of_send_policy_decisions() {
         use PolicyAction::*;
-        let discord_deny = "{session:{sendPolicy:{rules:[{action:'deny',match:{channel:'discord',chatType:'group'}}]}}}";
+        let discord_deny =
+            "{session:{sendPolicy:{rules:[{action:'deny',match:{channel:'discord',chatType:'group'}}]}}}";
         let cron_deny = "{session:{sendPolicy:{rules:[{action:'deny',match:{keyPrefix:'cron:'}}]}}}";
-        let deny_default_allow_rule = "{session:{sendPolicy:{default:'deny',rules:[{action:'allow',match:{chatType:'dm'}}]}}}";
+        let deny_default_allow_rule =
+            "{session:{sendPolicy:{default:'deny',rules:[{action:'allow',match:{chatType:'dm'}}]}}}";
         let dev = "agent:main:discord:group:dev";
         let cases = [
             ("{}", None, dev, "discord", Some(ChatType::Group), Allow, None, SendPolicySource::Default),
@@ -124,8 +128,26 @@ mod tests {
             (cron_deny, None, "agent:main:cron:j", "internal", None, Deny, Some(0), SendPolicySource::Rule),
             (cron_deny, None, "agent:main:main", "webchat", None, Allow, None, SendPolicySource::Default),
             ("{}", Some(Deny), "agent:main:main", "webchat", None, Deny, None, SendPolicySource::Override),
-            (deny_default_allow_rule, None, "agent:main:t:direct:1", "t", Some(ChatType::Direct), Allow, Some(0), SendPolicySource::Rule),
-            (deny_default_allow_rule, None, dev, "discord", Some(ChatType::Group), Deny, None, SendPolicySource::Default),
+            (
+                deny_default_allow_rule,
+                None,
+                "agent:main:t:direct:1",
+                "t",
+                Some(ChatType::Direct),
+                Allow,
+                Some(0),
+                SendPolicySource::Rule,
+            ),
+            (
+                deny_default_allow_rule,
+                None,
+                dev,
+                "discord",
+                Some(ChatType::Group),
+                Deny,
+                None,
+                SendPolicySource::Default,
+            ),
         ];
         for (i, (cfg, over, key, ch, ct, action, rule, source)) in cases.into_iter().enumerate() {
             let d = decide(cfg, over, key, ch, ct);

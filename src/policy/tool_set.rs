@@ -36,7 +36,9 @@ impl ToolName {
 pub enum CallerRole {
     TopLevel,
     /// A spawned session at `depth` (1 = child of a top-level session).
-    Subagent { depth: u32 },
+    Subagent {
+        depth: u32,
+    },
 }
 
 /// The tools a caller gets. Sub-agents get none by default; orchestrators (depth below
@@ -95,7 +97,8 @@ mod tests {
             tools("{tools:{subagents:{tools:{alsoAllow:['sessions_history','agents_list']}}}}", 1),
             ["sessions_history"]
         );
-        let cfg = "{agents:{defaults:{subagents:{maxSpawnDepth:2}}},tools:{subagents:{tools:{deny:['sessions_spawn']}}}}";
+        let cfg =
+            "{agents:{defaults:{subagents:{maxSpawnDepth:2}}},tools:{subagents:{tools:{deny:['sessions_spawn']}}}}";
         assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list"]);
     }
 
@@ -108,7 +111,8 @@ mod tests {
 
     #[test]
     fn a_child_never_gets_what_its_parent_lacks() {
-        let cfg = "{agents:{defaults:{subagents:{maxSpawnDepth:3}}},tools:{subagents:{tools:{deny:['sessions_history']}}}}";
+        let cfg =
+            "{agents:{defaults:{subagents:{maxSpawnDepth:3}}},tools:{subagents:{tools:{deny:['sessions_history']}}}}";
         assert!(!tools(cfg, 2).contains(&"sessions_history"));
     }
 }

@@ -36,7 +36,11 @@ impl VisibilityRules {
         let configured = config.tools.sessions.visibility;
         VisibilityRules {
             configured,
-            effective: effective_visibility(configured, sandboxed, config.agents.defaults.sandbox.session_tools_visibility),
+            effective: effective_visibility(
+                configured,
+                sandboxed,
+                config.agents.defaults.sandbox.session_tools_visibility,
+            ),
             sandboxed,
             a2a_enabled: config.tools.agent_to_agent.enabled,
             a2a_allow: config.tools.agent_to_agent.allow.clone(),
@@ -49,7 +53,8 @@ impl VisibilityRules {
     }
 
     fn a2a_allows(&self, a: &AgentId, b: &AgentId) -> bool {
-        let matches = |id: &AgentId| self.a2a_allow.is_empty() || self.a2a_allow.iter().any(|p| glob_match(p, id.as_str()));
+        let matches =
+            |id: &AgentId| self.a2a_allow.is_empty() || self.a2a_allow.iter().any(|p| glob_match(p, id.as_str()));
         matches(a) && matches(b)
     }
 }
@@ -129,9 +134,15 @@ fn cross_agent_message(action: Action, rules: &VisibilityRules) -> String {
 
 fn a2a_disabled_message(action: Action) -> String {
     match action {
-        Action::List => "Agent-to-agent listing is disabled. Set tools.agentToAgent.enabled=true to allow cross-agent visibility.",
-        Action::History => "Agent-to-agent history is disabled. Set tools.agentToAgent.enabled=true to allow cross-agent access.",
-        Action::Send => "Agent-to-agent messaging is disabled. Set tools.agentToAgent.enabled=true to allow cross-agent sends.",
+        Action::List => {
+            "Agent-to-agent listing is disabled. Set tools.agentToAgent.enabled=true to allow cross-agent visibility."
+        }
+        Action::History => {
+            "Agent-to-agent history is disabled. Set tools.agentToAgent.enabled=true to allow cross-agent access."
+        }
+        Action::Send => {
+            "Agent-to-agent messaging is disabled. Set tools.agentToAgent.enabled=true to allow cross-agent sends."
+        }
     }
     .to_string()
 }
@@ -188,7 +199,13 @@ mod tests {
         let tk = SessionKey::from_canonical(target);
         let main = AgentId::main();
         let (ca, ta) = (ck.agent_id(&main), tk.agent_id(&main));
-        let f = VisibilityFacts { caller_key: &ck, caller_agent: &ca, target_key: &tk, target_agent: &ta, target_in_tree: in_tree };
+        let f = VisibilityFacts {
+            caller_key: &ck,
+            caller_agent: &ca,
+            target_key: &tk,
+            target_agent: &ta,
+            target_in_tree: in_tree,
+        };
         check_visibility(Action::History, &f, r)
     }
 

@@ -26,7 +26,11 @@ impl SessionsServer {
     }
 
     fn instructions(&self) -> String {
-        let me = if self.caller.external { self.access.scope(&self.caller).display(&self.caller.key) } else { self.caller.key.to_string() };
+        let me = if self.caller.external {
+            self.access.scope(&self.caller).display(&self.caller.key)
+        } else {
+            self.caller.key.to_string()
+        };
         format!(
             "sessions-mcp: session tools for agents. You act as session {me:?}. sessions_list shows \
              the sessions you may see; sessions_history reads one. Results of sessions_send and \

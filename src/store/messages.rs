@@ -89,6 +89,15 @@ pub struct NewMessage {
     pub extra: Option<Map<String, Value>>,
 }
 
+/// The input of a queued run, shown last in history until the run starts.
+#[derive(Debug, Clone)]
+pub struct PendingInput {
+    pub run_id: String,
+    pub input: Value,
+    pub provenance: Option<Value>,
+    pub created_at: i64,
+}
+
 /// A page of messages in ascending `seq`, and whether more lie beyond it.
 #[derive(Debug, Clone)]
 pub struct HistoryPage {
@@ -110,7 +119,13 @@ impl Store {
     }
 
     /// The first `limit` messages after `after_seq` (oldest first).
-    pub fn history_after(&self, session: i64, after_seq: i64, limit: usize, include_tools: bool) -> Result<HistoryPage> {
+    pub fn history_after(
+        &self,
+        session: i64,
+        after_seq: i64,
+        limit: usize,
+        include_tools: bool,
+    ) -> Result<HistoryPage> {
         self.read(|c| {
             let sql = format!(
                 "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq > ?2{} ORDER BY seq ASC LIMIT ?3",
@@ -133,11 +148,13 @@ impl Store {
 
     /// The highest `seq` a session has, 0 when empty.
     pub fn last_seq(&self, session: i64) -> Result<i64> {
-        self.read(|c| c.query_row("SELECT coalesce(max(seq), 0) FROM messages WHERE session = ?1", [session], |r| r.get(0)))
+        self.read(|c| {
+            c.query_row("SELECT coalesce(max(seq), 0) FROM messages WHERE session = ?1", [session], |r| r.get(0))
+        })
     }
 
     /// Runs of a session still waiting to start: their input shows in history as `pending`.
-    pub fn pending_inputs(&self, session: i64) -> Result<Vec<(String, Value, Option<Value>, i64)>> {
+    pub fn pending_inputs(&self, session: i64) -> Result<Vec<PendingInput>> {
         self.read(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT run_id, input, provenance, created_at FROM runs
@@ -146,12 +163,12 @@ impl Store {
             stmt.query_map([session], |r| {
                 let input: String = r.get(1)?;
                 let prov: Option<String> = r.get(2)?;
-                Ok((
-                    r.get(0)?,
-                    serde_json::from_str(&input).unwrap_or(Value::Null),
-                    prov.and_then(|p| serde_json::from_str(&p).ok()),
-                    r.get(3)?,
-                ))
+                Ok(PendingInput {
+                    run_id: r.get(0)?,
+                    input: serde_json::from_str(&input).unwrap_or(Value::Null),
+                    provenance: prov.and_then(|p| serde_json::from_str(&p).ok()),
+                    created_at: r.get(3)?,
+                })
             })?
             .collect()
         })

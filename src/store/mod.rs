@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
-pub use messages::{HistoryPage, MessageRow, NewMessage};
+pub(crate) use messages::append_message;
+pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
+pub(crate) use sessions::insert_session;
 pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};
 pub use tokens::TokenRow;
-pub(crate) use messages::append_message;
-pub(crate) use sessions::insert_session;
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
@@ -31,7 +31,9 @@ const READ_POOL: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("{path} is not a sessions-mcp database ({detail}); point --state-dir at another directory or move the file away")]
+    #[error(
+        "{path} is not a sessions-mcp database ({detail}); point --state-dir at another directory or move the file away"
+    )]
     NotADatabase { path: PathBuf, detail: String },
     #[error(
         "{path} has schema version {found}, newer than this sessions-mcp supports ({supported}); upgrade sessions-mcp"
@@ -81,7 +83,11 @@ impl Store {
         let writer = open_connection(path, false)?;
         migrate(&writer, path)?;
         Ok(Store {
-            inner: Arc::new(Inner { path: path.to_path_buf(), writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) }),
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                writer: Mutex::new(writer),
+                readers: Mutex::new(Vec::new()),
+            }),
         })
     }
 
@@ -132,7 +138,9 @@ impl Store {
     pub fn fingerprint(&self) -> Result<String> {
         self.read(|conn| {
             let mut tables: Vec<String> = conn
-                .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")?
+                .prepare(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+                )?
                 .query_map([], |r| r.get(0))?
                 .collect::<rusqlite::Result<_>>()?;
             tables.retain(|t| t != "schema_version");
@@ -230,10 +238,7 @@ fn backup(conn: &Connection, path: &Path, version: i64) -> Result<()> {
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -245,7 +250,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         let store = Store::open(&path).unwrap();
-        let v: i64 = store.read(|c| current_version(c)).unwrap();
+        let v: i64 = store.read(current_version).unwrap();
         assert_eq!(v, SCHEMA_VERSION);
         let mode: String = store.read(|c| c.query_row("PRAGMA journal_mode", [], |r| r.get(0))).unwrap();
         assert_eq!(mode, "wal");

@@ -16,13 +16,19 @@ impl Store {
             let mut deliveries_stmt = c.prepare_cached(
                 "SELECT kind, status, channel, attempts, last_error FROM deliveries WHERE run_id = ?1 ORDER BY id",
             )?;
-            let runs: Vec<(String, String, String, Option<i64>, Option<i64>, Option<String>)> = runs_stmt
+            let mut runs: Vec<Value> = runs_stmt
                 .query_map(params![session, limit as i64], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                    let mut run = json!({"runId": r.get::<_, String>(0)?, "mode": r.get::<_, String>(1)?,
+                                         "status": r.get::<_, String>(2)?, "startedAt": r.get::<_, Option<i64>>(3)?,
+                                         "endedAt": r.get::<_, Option<i64>>(4)?});
+                    if let Some(e) = r.get::<_, Option<String>>(5)? {
+                        run["error"] = e.into();
+                    }
+                    Ok(run)
                 })?
                 .collect::<rusqlite::Result<_>>()?;
-            let mut out = Vec::with_capacity(runs.len());
-            for (run_id, mode, status, started, ended, error) in runs {
+            for run in &mut runs {
+                let run_id = run["runId"].as_str().unwrap_or_default().to_string();
                 let deliveries: Vec<Value> = deliveries_stmt
                     .query_map([&run_id], |r| {
                         let mut d = json!({"kind": r.get::<_, String>(0)?, "status": r.get::<_, String>(1)?,
@@ -36,14 +42,9 @@ impl Store {
                         Ok(d)
                     })?
                     .collect::<rusqlite::Result<_>>()?;
-                let mut run = json!({"runId": run_id, "mode": mode, "status": status,
-                                     "startedAt": started, "endedAt": ended, "deliveries": deliveries});
-                if let Some(e) = error {
-                    run["error"] = e.into();
-                }
-                out.push(run);
+                run["deliveries"] = deliveries.into();
             }
-            Ok(out)
+            Ok(runs)
         })
     }
 }

@@ -291,37 +291,38 @@ pub(crate) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Resu
         SessionState::Active
     };
     let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
-    let created = tx.prepare_cached(
-        "INSERT INTO sessions (key, session_id, agent_id, kind, state, driver, chat_type, channel, last_channel,
+    let created =
+        tx.prepare_cached(
+            "INSERT INTO sessions (key, session_id, agent_id, kind, state, driver, chat_type, channel, last_channel,
              last_to, delivery_context, label, display_name, spawned_by, spawn_depth, subagent_role, sandboxed,
              model, origin, created_at, updated_at, archived_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)
          ON CONFLICT (key) DO NOTHING",
-    )?
-    .execute(params![
-        s.key.as_str(),
-        s.session_id,
-        s.agent_id.as_str(),
-        s.kind.as_str(),
-        state as i64,
-        if s.external { "external" } else { "driven" },
-        s.chat_type.map(ChatType::as_str),
-        s.channel,
-        s.last_channel,
-        s.last_to,
-        json(&s.delivery_context),
-        s.label,
-        s.display_name,
-        s.spawned_by.as_ref().map(SessionKey::as_str),
-        s.spawn_depth,
-        s.subagent_role,
-        s.sandboxed,
-        s.model,
-        json(&s.origin),
-        s.created_at,
-        s.updated_at,
-        s.archived_at,
-    ])? > 0;
+        )?
+        .execute(params![
+            s.key.as_str(),
+            s.session_id,
+            s.agent_id.as_str(),
+            s.kind.as_str(),
+            state as i64,
+            if s.external { "external" } else { "driven" },
+            s.chat_type.map(ChatType::as_str),
+            s.channel,
+            s.last_channel,
+            s.last_to,
+            json(&s.delivery_context),
+            s.label,
+            s.display_name,
+            s.spawned_by.as_ref().map(SessionKey::as_str),
+            s.spawn_depth,
+            s.subagent_role,
+            s.sandboxed,
+            s.model,
+            json(&s.origin),
+            s.created_at,
+            s.updated_at,
+            s.archived_at,
+        ])? > 0;
     if created {
         tx.prepare_cached("INSERT OR IGNORE INTO agent_ids (agent_id) VALUES (?1)")?.execute([s.agent_id.as_str()])?;
     }

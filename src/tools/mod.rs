@@ -100,7 +100,12 @@ pub struct ToolSpec {
 }
 
 impl ToolSpec {
-    fn of<I: JsonSchema, O: JsonSchema>(name: ToolName, title: &'static str, description: &'static str, read_only: bool) -> Self {
+    fn of<I: JsonSchema, O: JsonSchema>(
+        name: ToolName,
+        title: &'static str,
+        description: &'static str,
+        read_only: bool,
+    ) -> Self {
         let mut input = schema::<I>();
         // Some clients need `properties` even when a tool takes no arguments.
         if let Some(o) = input.as_object_mut() {
@@ -183,7 +188,11 @@ fn result(structured: Value) -> CallToolResult {
         Some("error" | "forbidden" | "not_found" | "invalid")
     );
     let text = structured.to_string();
-    let mut r = if is_error { CallToolResult::error(vec![ContentBlock::text(text)]) } else { CallToolResult::success(vec![ContentBlock::text(text)]) };
+    let mut r = if is_error {
+        CallToolResult::error(vec![ContentBlock::text(text)])
+    } else {
+        CallToolResult::success(vec![ContentBlock::text(text)])
+    };
     r.structured_content = Some(structured);
     r
 }

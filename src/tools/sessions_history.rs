@@ -101,7 +101,8 @@ fn history(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<HistoryOk, Too
     };
     let mut flags = Flags::default();
     let mut messages: Vec<Value> = rows.iter().map(|m| m.to_json()).collect();
-    messages.extend(pending.into_iter().map(|(run_id, input, provenance, created)| {
+    messages.extend(pending.into_iter().map(|p| {
+        let (run_id, input, provenance, created) = (p.run_id, p.input, p.provenance, p.created_at);
         let mut m = json!({"role": "user", "pending": true, "runId": run_id, "timestamp": created,
                            "content": input.get("content").cloned().unwrap_or(Value::Null)});
         if let Some(p) = provenance {

@@ -165,11 +165,8 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<ListOk, ToolError
     let page = ctx.access.list(ctx.caller, &req)?;
     let scope = ctx.access.scope(ctx.caller);
     let state_dir_export = ctx.access.store.path().parent().map(|d| d.join("export"));
-    let mut rows: Vec<ListRow> = page
-        .rows
-        .iter()
-        .map(|r| list_row(r, &scope, ctx.caller.sandboxed, state_dir_export.as_deref()))
-        .collect();
+    let mut rows: Vec<ListRow> =
+        page.rows.iter().map(|r| list_row(r, &scope, ctx.caller.sandboxed, state_dir_export.as_deref())).collect();
     let mut flags = Flags::default();
     let mut dropped_messages = false;
     if message_limit > 0 {
@@ -212,7 +209,9 @@ fn scope_note(effective: crate::config::Visibility, configured: crate::config::V
         All => "every session of your agent, and other agents' sessions allowed by tools.agentToAgent",
     };
     if effective < configured && sandboxed {
-        format!("Showing {what}: a sandboxed session is limited to its tree (agents.defaults.sandbox.sessionToolsVisibility).")
+        format!(
+            "Showing {what}: a sandboxed session is limited to its tree (agents.defaults.sandbox.sessionToolsVisibility)."
+        )
     } else {
         format!("Showing {what} (tools.sessions.visibility={}).", configured.as_str())
     }
@@ -241,15 +240,15 @@ pub fn list_row(r: &SessionRow, scope: &KeyScope, sandboxed: bool, export_dir: O
     let chat_type = keys::chat_type_of(&r.key, r.chat_type);
     let channel = keys::channel_of(&r.key, r.kind, chat_type, r.channel.as_deref(), r.last_channel.as_deref());
     let mut delivery_context = r.delivery_context.clone();
-    if sandboxed {
-        if let Some(Value::Object(dc)) = delivery_context.as_mut() {
-            dc.remove("to");
-        }
+    if sandboxed && let Some(Value::Object(dc)) = delivery_context.as_mut() {
+        dc.remove("to");
     }
     let transcript_path = r
         .transcript_path
         .as_ref()
-        .filter(|p| export_dir.is_some_and(|d| std::path::Path::new(p).starts_with(d)) && std::path::Path::new(p).exists())
+        .filter(|p| {
+            export_dir.is_some_and(|d| std::path::Path::new(p).starts_with(d)) && std::path::Path::new(p).exists()
+        })
         .cloned();
     ListRow {
         key: scope.display(&r.key),

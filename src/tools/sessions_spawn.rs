@@ -157,9 +157,10 @@ pub fn check_model(model: &str, allowlist: Option<&[String]>) -> Result<(), Tool
         return Err(ToolError::invalid(format!("model {model:?} must not start with '-'")));
     }
     match allowlist {
-        Some(list) if !list.iter().any(|m| m == model) => {
-            Err(ToolError::invalid(format!("model {model:?} is not allowed for this agent; allowed: {}", list.join(", "))))
-        }
+        Some(list) if !list.iter().any(|m| m == model) => Err(ToolError::invalid(format!(
+            "model {model:?} is not allowed for this agent; allowed: {}",
+            list.join(", ")
+        ))),
         Some(_) => Ok(()),
         None => {
             let b = model.as_bytes();
@@ -205,7 +206,9 @@ fn spawn(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolErr
     }
     if let Some(t) = a.opt_string("thinking", 32)? {
         thinking_level(&t).ok_or_else(|| {
-            ToolError::invalid(format!("thinking {t:?} is not a level; allowed: off, minimal, low, medium, high, xhigh, adaptive"))
+            ToolError::invalid(format!(
+                "thinking {t:?} is not a level; allowed: off, minimal, low, medium, high, xhigh, adaptive"
+            ))
         })?;
     }
     a.opt_number("runTimeoutSeconds", Bounds { min: 0, max: u32::MAX as u64 })?;
@@ -217,25 +220,34 @@ fn spawn(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolErr
         ));
     }
     if mode.as_deref() == Some("session") {
-        return Err(ToolError::invalid("mode=\"session\" requires thread=true, which is not available in this version; use mode \"run\""));
+        return Err(ToolError::invalid(
+            "mode=\"session\" requires thread=true, which is not available in this version; use mode \"run\"",
+        ));
     }
     one_of(&mut a, "cleanup", &["delete", "keep"])?;
     one_of(&mut a, "sandbox", &["inherit", "require"])?;
     let attachments = match a.opt_value("attachments") {
         None => 0,
         Some(Value::Array(list)) if list.len() > MAX_ATTACHMENTS => {
-            return Err(ToolError::invalid(format!("attachments: at most {MAX_ATTACHMENTS} files, got {}", list.len())));
+            return Err(ToolError::invalid(format!(
+                "attachments: at most {MAX_ATTACHMENTS} files, got {}",
+                list.len()
+            )));
         }
         Some(Value::Array(list)) => {
             for (i, item) in list.iter().enumerate() {
                 let named = item.get("name").and_then(Value::as_str).is_some_and(|n| !n.trim().is_empty());
                 if !named || !item.get("content").is_some_and(Value::is_string) {
-                    return Err(ToolError::invalid(format!("attachments[{i}] needs a non-empty name and a string content")));
+                    return Err(ToolError::invalid(format!(
+                        "attachments[{i}] needs a non-empty name and a string content"
+                    )));
                 }
             }
             list.len()
         }
-        Some(_) => return Err(ToolError::invalid("attachments must be a list of {name, content, encoding?, mimeType?}")),
+        Some(_) => {
+            return Err(ToolError::invalid("attachments must be a list of {name, content, encoding?, mimeType?}"));
+        }
     };
     a.opt_value("attachAs");
     a.opt_string("idempotencyKey", 256)?;

@@ -48,7 +48,13 @@ impl TestEnv {
         if let Some(cfg) = &self.config {
             c.arg("--config").arg(cfg);
         }
-        for var in ["SESSIONS_MCP_TOKEN", "SESSIONS_MCP_SESSION", "SESSIONS_MCP_RUN_ID", "SESSIONS_MCP_CONFIG", "SESSIONS_MCP_STATE_DIR"] {
+        for var in [
+            "SESSIONS_MCP_TOKEN",
+            "SESSIONS_MCP_SESSION",
+            "SESSIONS_MCP_RUN_ID",
+            "SESSIONS_MCP_CONFIG",
+            "SESSIONS_MCP_STATE_DIR",
+        ] {
             c.env_remove(var);
         }
         c.env("RUST_LOG", "warn");
@@ -114,7 +120,8 @@ pub struct Client {
 
 impl Client {
     pub fn start(mut cmd: Command) -> Client {
-        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn serve");
+        let mut child =
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn serve");
         let stdout: ChildStdout = child.stdout.take().unwrap();
         let (tx, rx) = channel();
         std::thread::spawn(move || {
@@ -160,8 +167,12 @@ impl Client {
             return self.pending.remove(pos);
         }
         loop {
-            let line = self.lines.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("no response to request {id}"));
-            let msg: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no response to request {id}"));
+            let msg: Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
             if msg.get("id") == Some(&json!(id)) {
                 return msg;
             }
