@@ -41,6 +41,8 @@ pub struct SeedArgs {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SessionSpec {
     pub key: String,
+    /// The agent whose prefix a bare key gets (default main).
+    pub agent_id: Option<String>,
     pub session_id: Option<String>,
     #[serde(default)]
     pub driver: Option<String>,
@@ -66,9 +68,28 @@ pub struct SessionSpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorldSpec {
     pub sessions: Vec<SessionSpec>,
+    /// Run tokens to store (as sha256), so tests can act as a driven session.
+    #[serde(default)]
+    pub run_tokens: Vec<RunTokenSpec>,
+}
+
+/// A run token: the plain token (hashed before storing) and what it is bound to.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunTokenSpec {
+    pub token: String,
+    pub session_key: String,
+    pub run_id: String,
+    pub chain_id: Option<String>,
+    #[serde(default)]
+    pub hop: i64,
+    #[serde(default)]
+    pub sandboxed: bool,
+    /// Expiry in ms since the epoch (None = valid while its run lasts).
+    pub expires_at: Option<i64>,
 }
 
 pub fn seed(args: &SeedArgs) -> ExitCode {
@@ -97,7 +118,11 @@ pub fn seed(args: &SeedArgs) -> ExitCode {
 }
 
 fn canonical(raw: &str) -> Result<SessionKey, String> {
-    let scope = key_scope(&crate::config::Config::default(), &AgentId::main());
+    canonical_for(raw, &AgentId::main())
+}
+
+fn canonical_for(raw: &str, agent: &AgentId) -> Result<SessionKey, String> {
+    let scope = key_scope(&crate::config::Config::default(), agent);
     match keys::parse_ref(raw, &scope) {
         Ok(SessionRef::Key(k)) => Ok(k),
         _ => Err(format!("{raw:?} is not a session key")),
@@ -108,7 +133,8 @@ fn canonical(raw: &str) -> Result<SessionKey, String> {
 pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
     store.write(|tx| -> anyhow::Result<u64> {
         for s in &world.sessions {
-            let key = canonical(&s.key).map_err(anyhow::Error::msg)?;
+            let prefix = s.agent_id.as_deref().map(AgentId::parse).transpose()?.unwrap_or_else(AgentId::main);
+            let key = canonical_for(&s.key, &prefix).map_err(anyhow::Error::msg)?;
             let agent = key.agent_id(&AgentId::main());
             let chat_type = s.chat_type.as_deref().and_then(ChatType::parse);
             let scope = key_scope(&crate::config::Config::default(), &agent);
@@ -142,6 +168,23 @@ pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
             }
             // Appending moves updated_at; a spec that names it wins.
             tx.execute("UPDATE sessions SET updated_at = ?2 WHERE id = ?1", rusqlite::params![id, updated])?;
+        }
+        for t in &world.run_tokens {
+            let key = canonical(&t.session_key).map_err(anyhow::Error::msg)?;
+            tx.execute(
+                "INSERT INTO tokens (hash, kind, session_key, run_id, chain_id, hop, sandboxed, expires_at, created_at)
+                 VALUES (?1, 'run', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                rusqlite::params![
+                    crate::caller::sha256_hex(&t.token),
+                    key.as_str(),
+                    t.run_id,
+                    t.chain_id,
+                    t.hop,
+                    t.sandboxed,
+                    t.expires_at,
+                    now_ms()
+                ],
+            )?;
         }
         Ok(world.sessions.len() as u64)
     })

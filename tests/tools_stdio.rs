@@ -543,3 +543,45 @@ fn a_static_token_acts_as_its_session() {
     let text = l.to_string();
     assert!(!text.contains(token));
 }
+
+#[test]
+fn sub_agents_get_no_session_tools_unless_allowed() {
+    let world = |env: &TestEnv, expires: Option<i64>| {
+        env.seed(json!({"sessions": [
+            {"key": "agent:main:main"},
+            {"key": format!("agent:main:subagent:{U1}"), "spawnedBy": "agent:main:main"}
+        ], "runTokens": [
+            {"token": "smcp_run_child", "sessionKey": format!("agent:main:subagent:{U1}"), "runId": "r1", "expiresAt": expires}
+        ]}));
+    };
+    let env = TestEnv::new();
+    world(&env, None);
+    let mut c = env.serve_with(None, &[("SESSIONS_MCP_TOKEN", "smcp_run_child")]);
+    assert_eq!(c.request("tools/list", json!({}))["result"]["tools"], json!([]));
+    let denied = c.call("sessions_list", json!({}));
+    assert_eq!(denied["status"], "forbidden");
+    assert!(denied["error"].as_str().unwrap().contains("tools.subagents.tools.allow"));
+
+    let env = TestEnv::with_config("{tools: {subagents: {tools: {allow: ['sessions_list']}}}}");
+    world(&env, None);
+    let mut c =
+        env.serve_with(Some("main"), &[("SESSIONS_MCP_TOKEN", "smcp_run_child"), ("SESSIONS_MCP_RUN_ID", "r1")]);
+    let tools = c.request("tools/list", json!({}));
+    let names: Vec<&str> =
+        tools["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["sessions_list"]);
+    let l = c.call("sessions_list", json!({}));
+    assert_eq!(keys_of(&l), [format!("agent:main:subagent:{U1}")], "the token's session, not --as");
+    assert_eq!(c.call("sessions_history", json!({"sessionKey": "main"}))["status"], "forbidden");
+
+    // A token whose run ended (expired) is refused at start: exit 2, no fallback to the operator.
+    let env = TestEnv::new();
+    world(&env, Some(1));
+    let out = env
+        .command(&["serve"])
+        .env("SESSIONS_MCP_TOKEN", "smcp_run_child")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
