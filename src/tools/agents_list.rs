@@ -44,10 +44,7 @@ pub fn spec() -> ToolSpec {
 }
 
 pub fn run(ctx: &Ctx, args: Option<Map<String, Value>>) -> Output<AgentsListOk> {
-    match list(ctx, args) {
-        Ok(ok) => Output::Ok(ok),
-        Err(e) => Output::Err(e),
-    }
+    list(ctx, args).into()
 }
 
 /// The agent ids `requester` may spawn, itself included: DESIGN §5.4's allowlist.

@@ -76,6 +76,15 @@ pub enum Output<T> {
     Err(ToolError),
 }
 
+impl<T> From<Result<T, ToolError>> for Output<T> {
+    fn from(r: Result<T, ToolError>) -> Self {
+        match r {
+            Ok(v) => Output::Ok(v),
+            Err(e) => Output::Err(e),
+        }
+    }
+}
+
 /// The one success status of read tools.
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

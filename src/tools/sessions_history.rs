@@ -71,10 +71,7 @@ pub fn spec() -> ToolSpec {
 }
 
 pub fn run(ctx: &Ctx, args: Option<Map<String, Value>>) -> Output<HistoryOk> {
-    match history(ctx, args) {
-        Ok(ok) => Output::Ok(ok),
-        Err(e) => Output::Err(e),
-    }
+    history(ctx, args).into()
 }
 
 fn history(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<HistoryOk, ToolError> {

@@ -127,10 +127,7 @@ pub fn spec() -> ToolSpec {
 }
 
 pub fn run(ctx: &Ctx, args: Option<Map<String, Value>>) -> Output<ListOk> {
-    match list(ctx, args) {
-        Ok(ok) => Output::Ok(ok),
-        Err(e) => Output::Err(e),
-    }
+    list(ctx, args).into()
 }
 
 fn parse_kinds(raw: Option<Vec<String>>) -> Result<Option<Vec<SessionKind>>, ToolError> {

@@ -82,10 +82,7 @@ pub fn spec() -> ToolSpec {
 }
 
 pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<SendOk> {
-    match send(ctx, args) {
-        Ok(ok) => Output::Ok(ok),
-        Err(e) => Output::Err(e),
-    }
+    send(ctx, args).into()
 }
 
 fn send(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SendOk, ToolError> {

@@ -130,10 +130,7 @@ pub fn spec() -> ToolSpec {
 }
 
 pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<SpawnOk> {
-    match spawn(ctx, args) {
-        Ok(ok) => Output::Ok(ok),
-        Err(e) => Output::Err(e),
-    }
+    spawn(ctx, args).into()
 }
 
 /// Thinking levels and the reference's aliases.
