@@ -45,6 +45,60 @@ enum Command {
         #[command(flatten)]
         paths: Paths,
     },
+    /// Import an OpenClaw state directory (agents/*/sessions/sessions.json and transcripts).
+    Import {
+        /// The OpenClaw state directory (e.g. ~/.openclaw).
+        dir: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Export every session in OpenClaw's layout under <state-dir>/export/.
+    Export {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// List every session (as sessions_list with visibility all, plus driver and archived).
+    Ls {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Show one session: its row, effective send policy, messages and runs.
+    Show {
+        /// A session key (any accepted form) or sessionId.
+        key: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Set a session's send-policy override: on (allow), off (deny) or inherit.
+    Policy {
+        key: String,
+        /// on|off|inherit (aliases allow|deny, default|reset)
+        mode: String,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Permanently remove deleted and archived sessions.
+    Prune {
+        /// Only those deleted/archived longer ago than this (30d, 12h, 90m, 45s, 2w).
+        #[arg(long)]
+        older_than: Option<String>,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Check the setup: resolved paths, config (one line per problem), store, runtime.
+    Doctor {
+        #[command(flatten)]
+        paths: Paths,
+    },
     /// Measure tool latency on generated stores (in-process).
     Bench {
         /// Small sizes, for CI.
@@ -83,6 +137,11 @@ struct ServeArgs {
 enum DevCommand {
     /// Write sessions and messages straight through the store (a JSON spec, or generated).
     Seed(crate::dev::SeedArgs),
+    /// Print every session and message as normalised JSON (for comparing stores).
+    Dump {
+        #[command(flatten)]
+        paths: Paths,
+    },
     /// Print the store fingerprint (an ordered content hash of all tables).
     Fingerprint {
         #[command(flatten)]
@@ -98,27 +157,33 @@ pub struct Env {
 
 impl Paths {
     pub fn state_dir(&self) -> PathBuf {
-        if let Some(d) = &self.state_dir {
-            return d.clone();
-        }
-        if let Some(d) = std::env::var_os("SESSIONS_MCP_STATE_DIR").filter(|v| !v.is_empty()) {
-            return PathBuf::from(d);
-        }
-        default_state_dir()
+        let dir = match (&self.state_dir, std::env::var_os("SESSIONS_MCP_STATE_DIR").filter(|v| !v.is_empty())) {
+            (Some(d), _) => d.clone(),
+            (None, Some(d)) => PathBuf::from(d),
+            (None, None) => default_state_dir(),
+        };
+        // Absolute, so that paths stored or printed (transcriptPath) mean the same from anywhere.
+        std::path::absolute(&dir).unwrap_or(dir)
     }
 
-    /// Loads the config: `--config`, else `SESSIONS_MCP_CONFIG`, else `<stateDir>/config.json5`
-    /// (missing = defaults).
-    pub fn resolve(&self) -> Result<Env, config::ConfigError> {
-        let state_dir = self.state_dir();
+    /// The config file and whether it was named explicitly: `--config`, else
+    /// `SESSIONS_MCP_CONFIG`, else `<stateDir>/config.json5` (missing = defaults).
+    pub fn config_path(&self, state_dir: &Path) -> (PathBuf, bool) {
         let explicit = self
             .config
             .clone()
             .or_else(|| std::env::var_os("SESSIONS_MCP_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
-        let loaded = match explicit {
-            Some(p) => config::load(&p, true)?,
-            None => config::load(&state_dir.join("config.json5"), false)?,
-        };
+        match explicit {
+            Some(p) => (p, true),
+            None => (state_dir.join("config.json5"), false),
+        }
+    }
+
+    /// Loads the config (see [`Paths::config_path`]).
+    pub fn resolve(&self) -> Result<Env, config::ConfigError> {
+        let state_dir = self.state_dir();
+        let (path, explicit) = self.config_path(&state_dir);
+        let loaded = config::load(&path, explicit)?;
         for path in &loaded.ignored_reference_paths {
             tracing::warn!(path, "config: reference key accepted but not implemented by sessions-mcp");
         }
@@ -150,8 +215,22 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Schemas { check, dir, .. } => crate::schemas::run(&dir, check),
+        Command::Import { dir, json, paths } => {
+            with_store(&paths, |env, store| crate::ops::import(env, store, &dir, json))
+        }
+        Command::Export { json, paths } => with_store(&paths, |env, store| crate::ops::export(env, store, json)),
+        Command::Ls { json, paths } => with_store(&paths, |env, store| crate::ops::ls(env, store, json)),
+        Command::Show { key, json, paths } => with_store(&paths, |env, store| crate::ops::show(env, store, &key, json)),
+        Command::Policy { key, mode, paths } => {
+            with_store(&paths, |env, store| crate::ops::policy(env, store, &key, &mode))
+        }
+        Command::Prune { older_than, paths } => {
+            with_store(&paths, |_, store| crate::ops::prune(store, older_than.as_deref()))
+        }
+        Command::Doctor { paths } => crate::ops::doctor(&paths),
         Command::Bench { quick, .. } => runtime.block_on(crate::bench::run(quick)),
         Command::Dev(DevCommand::Seed(args)) => crate::dev::seed(&args),
+        Command::Dev(DevCommand::Dump { paths }) => with_store(&paths, crate::ops::dump),
         Command::Dev(DevCommand::Fingerprint { paths }) => match open_store(&paths.state_dir()) {
             Ok(store) => match store.fingerprint() {
                 Ok(f) => {
@@ -168,6 +247,18 @@ pub fn main() -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
+}
+
+/// Loads the config and opens the store, then runs `f`; problems exit 2 with one line.
+fn with_store(paths: &Paths, f: impl FnOnce(&Env, &Store) -> ExitCode) -> ExitCode {
+    let env = match paths.resolve() {
+        Ok(env) => env,
+        Err(e) => return fail(format!("{e} (run `sessions-mcp doctor` for details)")),
+    };
+    match open_store(&env.state_dir) {
+        Ok(store) => f(&env, &store),
+        Err(code) => code,
+    }
 }
 
 pub fn open_store(state_dir: &Path) -> Result<Store, ExitCode> {

@@ -7,7 +7,7 @@
 //!
 //! | module      | job |
 //! |-------------|-----|
-//! | [`cli`]     | the command line (`serve`, `schemas`, `bench`, hidden `dev`) |
+//! | [`cli`]     | the command line (`serve`, the operator's commands, `schemas`, `bench`, hidden `dev`) |
 //! | [`server`]  | the rmcp `ServerHandler`: per-caller `tools/list`, routing of `tools/call` |
 //! | [`caller`]  | who is calling: a [`caller::Caller`] from the transport credential, never from arguments |
 //! | [`tools`]   | one file per tool; each parses its raw arguments and returns `{status, …}` |
@@ -18,6 +18,8 @@
 //! | [`sanitize`]| what transcripts look like on the way out: redaction, cuts, the 80 KiB budget |
 //! | [`config`]  | the JSON5 config with the reference's key paths; every default in one place |
 //! | [`schemas`] | the checked-in JSON schemas of the tools and the config |
+//! | [`import`], [`export`] | OpenClaw's store layout in and out |
+//! | [`ops`]     | the operator's commands: import, export, ls, show, policy, prune, doctor |
 //!
 //! ## One tool call, end to end
 //!
@@ -39,7 +41,10 @@ pub mod caller;
 pub mod cli;
 pub mod config;
 pub mod dev;
+pub mod export;
+pub mod import;
 pub mod keys;
+pub mod ops;
 pub mod policy;
 pub mod sanitize;
 pub mod schemas;

@@ -163,6 +163,29 @@ pub fn sanitize_message(msg: &mut Value, flags: &mut Flags) {
     }
 }
 
+/// A one-line preview of a message's content (for the operator's `show`).
+pub fn preview(content: &Value, max_chars: usize) -> String {
+    let text = match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .map(|b| match b.get("type").and_then(Value::as_str) {
+                Some("text") => b.get("text").and_then(Value::as_str).unwrap_or("").to_string(),
+                Some(other) => format!("[{other}]"),
+                None => String::new(),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => other.to_string(),
+    };
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() > max_chars {
+        one_line.chars().take(max_chars).collect::<String>() + "…"
+    } else {
+        one_line
+    }
+}
+
 /// The result of fitting messages into the budget.
 #[derive(Debug)]
 pub struct Fitted {

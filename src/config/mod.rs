@@ -671,6 +671,24 @@ pub fn parse(text: &str) -> Result<(Config, Vec<String>), ParseError> {
     Ok((config, reference))
 }
 
+/// Every problem of a config text, one line each (for `doctor`); empty when it loads.
+pub fn problems(text: &str) -> Vec<String> {
+    let raw: serde_json::Value = match json5::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return vec![format!("not valid JSON5: {e}")],
+    };
+    if !raw.is_object() {
+        return vec!["the top level must be an object".into()];
+    }
+    let Classified { ours, unknown, .. } = paths::classify(raw);
+    let mut out = unknown;
+    match serde_path_to_error::deserialize::<_, Config>(ours) {
+        Err(e) => out.push(format!("{}: {}", e.path(), e.inner())),
+        Ok(config) => out.extend(config.validate().err()),
+    }
+    out
+}
+
 impl Config {
     /// Range and cross-field checks serde cannot express. One message per problem, naming the key.
     pub fn validate(&self) -> Result<(), String> {

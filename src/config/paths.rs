@@ -159,6 +159,7 @@ fn walk(value: &mut Value, ours: Option<&Shape>, reference: Option<&Trie>, path:
                     map.remove(&key);
                     out.reference.push(child_path);
                 } else {
+                    map.remove(&key);
                     out.unknown.push(unknown_message(&child_path, &key, ours, reference));
                 }
             }

@@ -22,8 +22,13 @@ pub struct MessageRow {
     pub extra: Map<String, Value>,
 }
 
+/// The column list `MessageRow::from_row` reads.
+pub(super) fn message_columns() -> &'static str {
+    COLUMNS
+}
+
 impl MessageRow {
-    fn from_row(r: &Row) -> rusqlite::Result<Self> {
+    pub(super) fn from_row(r: &Row) -> rusqlite::Result<Self> {
         let json = |i: usize| -> rusqlite::Result<Option<Value>> {
             Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
         };

@@ -7,6 +7,7 @@
 //! existing store is migrated, and a store written by a newer version is refused.
 
 mod messages;
+mod operator;
 mod runs;
 mod schema;
 mod sessions;
@@ -20,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 pub(crate) use messages::append_message;
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
+pub use operator::Pruned;
 pub(crate) use sessions::insert_session;
 pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};
 pub use tokens::TokenRow;

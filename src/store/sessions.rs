@@ -73,8 +73,13 @@ const COLUMNS: &str = "id, key, session_id, agent_id, kind, state, driver, chat_
     aborted_last_run, tokens_in, tokens_out, tokens_total, cost, transcript_path, created_at, updated_at, \
     archived_at, deleted_at";
 
+/// The column list `SessionRow::from_row` reads.
+pub(super) fn session_columns() -> &'static str {
+    COLUMNS
+}
+
 impl SessionRow {
-    fn from_row(r: &Row) -> rusqlite::Result<Self> {
+    pub(super) fn from_row(r: &Row) -> rusqlite::Result<Self> {
         let json = |i: usize| -> rusqlite::Result<Option<Value>> {
             Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
         };

@@ -1,0 +1,302 @@
+//! The operator's commands: `import`, `export`, `ls`, `show`, `policy`, `prune`, `doctor`.
+//! Each prints a human-readable table, or with `--json` the pinned JSON (DECISIONS "Operator CLI
+//! output"), and exits 0 on success, 1 when something failed, 2 on a usage or config problem.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::{Map, Value, json};
+
+use crate::access::Access;
+use crate::caller::key_scope;
+use crate::cli::Env;
+use crate::config::Config;
+use crate::keys::{self, SessionRef};
+use crate::store::{SessionRow, SessionState, Store, now_ms};
+use crate::tools::sessions_list::list_row;
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).expect("JSON serialises"));
+}
+
+fn failed(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("sessions-mcp: {message}");
+    ExitCode::FAILURE
+}
+
+pub fn import(env: &Env, store: &Store, dir: &Path, as_json: bool) -> ExitCode {
+    let started = std::time::Instant::now();
+    let report = match crate::import::import(dir, store, &env.loaded.config) {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let secs = started.elapsed().as_secs_f64();
+    if as_json {
+        let mut v = serde_json::to_value(&report).expect("report serialises");
+        v["seconds"] = json!(secs);
+        print_json(&v);
+    } else {
+        println!(
+            "imported {} sessions ({} new), {} messages ({} already present) in {secs:.2}s",
+            report.sessions_seen, report.sessions_created, report.messages_imported, report.messages_already_present
+        );
+        for note in &report.notes {
+            println!("  {note}");
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn export(env: &Env, store: &Store, as_json: bool) -> ExitCode {
+    match crate::export::export(store, &env.state_dir) {
+        Ok(report) if as_json => {
+            print_json(&serde_json::to_value(&report).expect("report serialises"));
+            ExitCode::SUCCESS
+        }
+        Ok(report) => {
+            println!("exported {} sessions, {} messages to {}", report.sessions, report.messages, report.directory);
+            for r in &report.refused {
+                println!("  {r}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => failed(e),
+    }
+}
+
+/// A session row as `sessions_list` shows it (visibility all, canonical key) plus driver and archived.
+fn operator_row(row: &SessionRow, config: &Config, state_dir: &Path) -> Value {
+    let scope = key_scope(config, &row.agent_id);
+    let mut v = serde_json::to_value(list_row(row, &scope, false, Some(&state_dir.join("export")))).expect("row");
+    v["key"] = json!(row.key.as_str());
+    v["driver"] = json!(if row.external { "external" } else { "driven" });
+    v["archived"] = json!(row.state == SessionState::Archived);
+    if row.state == SessionState::Deleted {
+        v["deleted"] = json!(true);
+    }
+    v
+}
+
+pub fn ls(env: &Env, store: &Store, as_json: bool) -> ExitCode {
+    let (sessions, runs) = match (store.all_sessions(), store.run_counts()) {
+        (Ok(s), Ok(r)) => (s, r),
+        (Err(e), _) | (_, Err(e)) => return failed(e),
+    };
+    let mut sessions: Vec<&SessionRow> = sessions.iter().filter(|s| s.state != SessionState::Deleted).collect();
+    sessions.sort_by_key(|s| std::cmp::Reverse((s.updated_at, s.id)));
+    let rows: Vec<Value> = sessions.iter().map(|s| operator_row(s, &env.loaded.config, &env.state_dir)).collect();
+    if as_json {
+        let mut counts = Map::new();
+        for status in ["queued", "running", "ok", "error", "timeout", "cancelled", "interrupted"] {
+            counts.insert(status.into(), json!(runs.iter().find(|(s, _)| s == status).map_or(0, |(_, n)| *n)));
+        }
+        print_json(&json!({"sessions": rows, "runs": counts}));
+        return ExitCode::SUCCESS;
+    }
+    println!("{:<58} {:<6} {:<9} {:<8} {:<24} LABEL", "KEY", "KIND", "CHANNEL", "DRIVER", "UPDATED");
+    for r in &rows {
+        let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+        let archived = if r["archived"] == true { " (archived)" } else { "" };
+        println!(
+            "{:<58} {:<6} {:<9} {:<8} {:<24} {}{archived}",
+            s("key"),
+            s("kind"),
+            s("channel"),
+            s("driver"),
+            crate::export::iso(r["updatedAt"].as_i64().unwrap_or(0)),
+            s("label")
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// Resolves an operator's KEY (any key form, or a sessionId) to a stored row.
+fn find(store: &Store, config: &Config, raw: &str) -> Result<SessionRow, String> {
+    let scope = key_scope(config, &config.default_agent());
+    let found = match keys::parse_ref(raw, &scope).map_err(|e| format!("{raw:?} {e}"))? {
+        SessionRef::Key(k) => store.session_by_key(&k).map_err(|e| e.to_string())?,
+        SessionRef::SessionId(id) => store.sessions_by_session_id(&id).map_err(|e| e.to_string())?.into_iter().next(),
+    };
+    found.ok_or_else(|| format!("no session {raw:?} in this store (see `sessions-mcp ls`)"))
+}
+
+pub fn show(env: &Env, store: &Store, raw: &str, as_json: bool) -> ExitCode {
+    let config = &env.loaded.config;
+    let row = match find(store, config, raw) {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let (messages, runs) = match (store.all_messages(row.id), store.recent_runs(row.id, 1000)) {
+        (Ok(m), Ok(r)) => (m, r),
+        (Err(e), _) | (_, Err(e)) => return failed(e),
+    };
+    let access = Access::new(store.clone(), std::sync::Arc::new(config.clone()));
+    let decision = access.send_decision(&row.key, Some(&row));
+    if as_json {
+        print_json(&json!({
+            "session": operator_row(&row, config, &env.state_dir),
+            "sendPolicyEffective": {"action": decision.action.as_str(), "rule": decision.rule, "source": decision.source},
+            "messages": messages.iter().map(|m| m.to_json()).collect::<Vec<_>>(),
+            "runs": runs,
+        }));
+        return ExitCode::SUCCESS;
+    }
+    let r = operator_row(&row, config, &env.state_dir);
+    println!("session   {}", row.key);
+    println!("sessionId {}", row.session_id);
+    println!(
+        "kind      {}   channel {}   driver {}",
+        r["kind"].as_str().unwrap_or(""),
+        r["channel"].as_str().unwrap_or(""),
+        r["driver"].as_str().unwrap_or("")
+    );
+    let rule = decision.rule.map(|i| format!(" (rule {i})")).unwrap_or_default();
+    println!("send      {}{rule} from {:?}", decision.action.as_str(), decision.source);
+    println!("messages  {}   runs {}", messages.len(), runs.len());
+    for m in &messages {
+        let text = crate::sanitize::preview(&m.content, 200);
+        let silent = if m.silent { " (silent)" } else { "" };
+        println!("  #{:<5} {:<10} {text}{silent}", m.seq, m.role);
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn policy(env: &Env, store: &Store, raw: &str, mode: &str) -> ExitCode {
+    let value = match mode.to_ascii_lowercase().as_str() {
+        "on" | "allow" => Some("allow"),
+        "off" | "deny" => Some("deny"),
+        "inherit" | "default" | "reset" => None,
+        other => {
+            eprintln!(
+                "sessions-mcp: policy mode {other:?} is not one of on|off|inherit (aliases allow|deny, default|reset)"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let row = match find(store, &env.loaded.config, raw) {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    match store.set_send_policy(row.key.as_str(), value) {
+        Ok(_) => {
+            println!("send policy of {} set to {}", row.key, value.unwrap_or("inherit"));
+            ExitCode::SUCCESS
+        }
+        Err(e) => failed(e),
+    }
+}
+
+/// `30d`, `12h`, `90m`, `45s`, `2w` → milliseconds.
+pub fn parse_duration_ms(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+    let (n, unit) = s.split_at(split);
+    let n: f64 = n.parse().ok()?;
+    let unit_ms = match unit {
+        "s" => 1_000.0,
+        "m" => 60_000.0,
+        "h" => 3_600_000.0,
+        "d" => 86_400_000.0,
+        "w" => 604_800_000.0,
+        _ => return None,
+    };
+    (n >= 0.0).then_some((n * unit_ms) as i64)
+}
+
+pub fn prune(store: &Store, older_than: Option<&str>) -> ExitCode {
+    let age = match older_than.map(parse_duration_ms) {
+        None => 0,
+        Some(Some(ms)) => ms,
+        Some(None) => {
+            eprintln!("sessions-mcp: --older-than wants a duration like 30d, 12h, 90m, 45s or 2w");
+            return ExitCode::from(2);
+        }
+    };
+    match store.prune(now_ms() - age) {
+        Ok(p) => {
+            println!("pruned {} sessions ({} messages, {} runs)", p.sessions, p.messages, p.runs);
+            ExitCode::SUCCESS
+        }
+        Err(e) => failed(e),
+    }
+}
+
+/// Resolved paths, config problems (one line each), the store, the runtime.
+pub fn doctor(paths: &crate::cli::Paths) -> ExitCode {
+    let mut problems = 0;
+    let state_dir = paths.state_dir();
+    println!("state dir: {}{}", state_dir.display(), if state_dir.is_dir() { "" } else { " (does not exist yet)" });
+    let (config_path, explicit) = paths.config_path(&state_dir);
+    match std::fs::read_to_string(&config_path) {
+        Ok(text) => {
+            println!("config: {}", config_path.display());
+            let found = crate::config::problems(&text);
+            for p in &found {
+                println!("config problem: {p}");
+            }
+            problems += found.len();
+            if found.is_empty()
+                && let Ok((_, ignored)) = crate::config::parse(&text)
+            {
+                for path in ignored {
+                    println!("config note: {path} is an OpenClaw key that sessions-mcp accepts but does not implement");
+                }
+            }
+        }
+        Err(_) if !explicit => println!("config: {} (not present: all defaults)", config_path.display()),
+        Err(e) => {
+            println!("config problem: {}: {e}", config_path.display());
+            problems += 1;
+        }
+    }
+    let store_path = Store::path_in(&state_dir);
+    if store_path.exists() {
+        match Store::open(&store_path).and_then(|s| Ok((s.all_sessions()?.len(), s.run_counts()?))) {
+            Ok((n, runs)) => println!(
+                "store: {} ({n} sessions, {} runs)",
+                store_path.display(),
+                runs.iter().map(|r| r.1).sum::<i64>()
+            ),
+            Err(e) => {
+                println!("store problem: {e}");
+                problems += 1;
+            }
+        }
+    } else {
+        println!("store: {} (created on first use)", store_path.display());
+    }
+    println!(
+        "runtime: no agent runner in this version (sessions_send and sessions_spawn answer \"not available yet\"); no daemon"
+    );
+    if problems == 0 {
+        println!("ok");
+        ExitCode::SUCCESS
+    } else {
+        println!("{problems} problem(s)");
+        ExitCode::FAILURE
+    }
+}
+
+/// Every session (operator row without store-local fields) and its messages, one JSON per line,
+/// sorted by key: two stores with the same sessions and messages dump the same text.
+pub fn dump(env: &Env, store: &Store) -> ExitCode {
+    let mut sessions = match store.all_sessions() {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    sessions.sort_by(|a, b| a.key.cmp(&b.key));
+    for s in &sessions {
+        let mut row = operator_row(s, &env.loaded.config, &env.state_dir);
+        if let Some(o) = row.as_object_mut() {
+            o.remove("transcriptPath");
+            o.remove("transcriptUri");
+        }
+        let messages = match store.all_messages(s.id) {
+            Ok(m) => m,
+            Err(e) => return failed(e),
+        };
+        row["messages"] = messages.iter().map(|m| m.to_json()).collect();
+        println!("{row}");
+    }
+    ExitCode::SUCCESS
+}

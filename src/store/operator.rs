@@ -1,0 +1,89 @@
+//! Whole-store reads and maintenance for the operator CLI (ls, show, policy, export, prune).
+
+use rusqlite::params;
+
+use super::messages::message_columns;
+use super::sessions::session_columns;
+use super::{MessageRow, Result, SessionRow, Store};
+
+/// What `prune` removed.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Pruned {
+    pub sessions: usize,
+    pub messages: usize,
+    pub runs: usize,
+}
+
+impl Store {
+    /// Every session, deleted and archived ones included, in creation order.
+    pub fn all_sessions(&self) -> Result<Vec<SessionRow>> {
+        self.read(|c| {
+            let sql = format!("SELECT {} FROM sessions ORDER BY id", session_columns());
+            c.prepare(&sql)?.query_map([], SessionRow::from_row)?.collect()
+        })
+    }
+
+    /// Every message of a session, in seq order.
+    pub fn all_messages(&self, session: i64) -> Result<Vec<MessageRow>> {
+        self.read(|c| {
+            let sql = format!("SELECT {} FROM messages WHERE session = ?1 ORDER BY seq", message_columns());
+            c.prepare_cached(&sql)?.query_map([session], MessageRow::from_row)?.collect()
+        })
+    }
+
+    /// Records where `export` wrote each session's transcript.
+    pub fn set_transcript_paths(&self, paths: &[(i64, String)]) -> Result<()> {
+        self.write(|tx| -> Result<()> {
+            let mut stmt = tx.prepare_cached("UPDATE sessions SET transcript_path = ?2 WHERE id = ?1")?;
+            for (id, path) in paths {
+                stmt.execute(params![id, path])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Sets (allow/deny) or clears (None) a session's send-policy override. False if no such session.
+    pub fn set_send_policy(&self, key: &str, policy: Option<&str>) -> Result<bool> {
+        self.write(|tx| -> Result<bool> {
+            Ok(tx.execute("UPDATE sessions SET send_policy = ?2 WHERE key = ?1", params![key, policy])? > 0)
+        })
+    }
+
+    /// Run counts per status.
+    pub fn run_counts(&self) -> Result<Vec<(String, i64)>> {
+        self.read(|c| {
+            c.prepare("SELECT status, count(*) FROM runs GROUP BY status ORDER BY status")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
+    }
+
+    /// Permanently removes deleted and archived sessions whose deletedAt/archivedAt is before
+    /// `before` (ms), with their messages, runs, deliveries and tree links.
+    pub fn prune(&self, before: i64) -> Result<Pruned> {
+        self.write(|tx| -> Result<Pruned> {
+            let ids: Vec<i64> = tx
+                .prepare(
+                    "SELECT id FROM sessions WHERE (state = 2 AND deleted_at < ?1) OR (state = 1 AND archived_at < ?1)",
+                )?
+                .query_map([before], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut out = Pruned::default();
+            for id in ids {
+                out.messages += tx.execute("DELETE FROM messages WHERE session = ?1", [id])?;
+                tx.execute(
+                    "DELETE FROM deliveries WHERE run_id IN (SELECT run_id FROM runs WHERE session = ?1)",
+                    [id],
+                )?;
+                tx.execute(
+                    "DELETE FROM attachments WHERE run_id IN (SELECT run_id FROM runs WHERE session = ?1)",
+                    [id],
+                )?;
+                out.runs += tx.execute("DELETE FROM runs WHERE session = ?1", [id])?;
+                tx.execute("DELETE FROM session_tree WHERE session = ?1 OR ancestor = ?1", [id])?;
+                out.sessions += tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+            }
+            Ok(out)
+        })
+    }
+}
