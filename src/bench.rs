@@ -118,7 +118,7 @@ async fn measure(
     n: usize,
     what: String,
 ) -> anyhow::Result<Row> {
-    let ctx = Ctx { access, caller };
+    let ctx = Ctx::plain(access, caller);
     let args: Map<String, Value> = args.as_object().cloned().unwrap_or_default();
     let mut samples = Vec::with_capacity(n);
     for i in 0..n + n / 10 {

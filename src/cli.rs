@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::access::Access;
 use crate::caller::{self, Credentials};
 use crate::config::{self, Loaded};
+use crate::runtime::{Role, Runtime};
 use crate::server::{self, SessionsServer};
 use crate::store::Store;
 
@@ -99,6 +100,34 @@ enum Command {
         #[command(flatten)]
         paths: Paths,
     },
+    /// Own the runtime (runs, deliveries, sweeps) without serving a client; outlives editors.
+    Daemon {
+        /// Run even if the state directory holds an OpenClaw store.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Send TEXT into session KEY as its owner (a new chain), run it, and print the reply.
+    /// `/send on|off|inherit` sets the session's send-policy override instead.
+    Inject {
+        key: String,
+        text: String,
+        /// Seconds to wait for the reply (0 = just queue it).
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// The built-in scripted jsonl/1 agent (echoes without a script).
+    Agent {
+        /// A JSON script of rules (see the README).
+        #[arg(long)]
+        script: Option<PathBuf>,
+    },
+    /// Internal: supervises one run's process group.
+    #[command(hide = true)]
+    Supervise(crate::supervise::SuperviseArgs),
     /// Measure tool latency on generated stores (in-process).
     Bench {
         /// Small sizes, for CI.
@@ -203,14 +232,17 @@ fn default_state_dir() -> PathBuf {
 }
 
 /// A usage or configuration problem: one line on stderr, exit code 2.
-fn fail(message: impl std::fmt::Display) -> ExitCode {
+pub fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("sessions-mcp: {message}");
     ExitCode::from(2)
 }
 
 pub fn main() -> ExitCode {
-    init_tracing();
     let cli = Cli::parse();
+    // The agent and the supervisor log nothing of their own: stderr belongs to the run.
+    if !matches!(cli.command, Command::Agent { .. } | Command::Supervise(_)) {
+        init_tracing();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
@@ -228,6 +260,10 @@ pub fn main() -> ExitCode {
             with_store(&paths, |_, store| crate::ops::prune(store, older_than.as_deref()))
         }
         Command::Doctor { paths } => crate::ops::doctor(&paths),
+        Command::Daemon { force, paths } => runtime.block_on(daemon(paths, force)),
+        Command::Inject { key, text, timeout, paths } => runtime.block_on(crate::ops::inject(paths, key, text, timeout)),
+        Command::Agent { script } => crate::agent::run(script.as_deref()),
+        Command::Supervise(args) => crate::supervise::run(&args),
         Command::Bench { quick, .. } => runtime.block_on(crate::bench::run(quick)),
         Command::Dev(DevCommand::Seed(args)) => crate::dev::seed(&args),
         Command::Dev(DevCommand::Dump { paths }) => with_store(&paths, crate::ops::dump),
@@ -266,7 +302,7 @@ pub fn open_store(state_dir: &Path) -> Result<Store, ExitCode> {
 }
 
 /// An OpenClaw state dir (agents/*/sessions/sessions.json) is not ours to serve.
-fn holds_reference_store(dir: &Path) -> bool {
+pub fn holds_reference_store(dir: &Path) -> bool {
     let Ok(agents) = std::fs::read_dir(dir.join("agents")) else { return false };
     agents.flatten().any(|a| a.path().join("sessions/sessions.json").is_file())
 }
@@ -299,13 +335,60 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    let access = Access::new(store, config);
+    let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve) {
+        Ok(rt) => rt,
+        Err(e) => return fail(e),
+    };
     tracing::info!(session = %caller.key, "serving over stdio");
-    let server = SessionsServer::new(Access::new(store, config), caller);
-    match server::serve_stdio(server).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "stdio transport failed");
-            ExitCode::FAILURE
+    let server = SessionsServer::new(access, caller, Some(runtime.clone()));
+    tokio::select! {
+        result = server::serve_stdio(server) => {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "stdio transport failed");
+            }
+            // The client is gone; an owner finishes what is queued or running first.
+            runtime.drain().await;
+            ExitCode::SUCCESS
+        }
+        _ = terminate_signal() => {
+            runtime.shutdown(true).await;
+            ExitCode::SUCCESS
         }
     }
+}
+
+/// SIGTERM or SIGINT.
+pub async fn terminate_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+async fn daemon(paths: Paths, force: bool) -> ExitCode {
+    let env = match paths.resolve() {
+        Ok(env) => env,
+        Err(e) => return fail(format!("{e} (run `sessions-mcp doctor` for details)")),
+    };
+    if holds_reference_store(&env.state_dir) && !force {
+        return fail(format!("{} holds an OpenClaw store; pass --force to use it anyway", env.state_dir.display()));
+    }
+    let store = match open_store(&env.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let access = Access::new(store, Arc::new(env.loaded.config));
+    let runtime = match Runtime::start(access, &env.state_dir, Role::Daemon) {
+        Ok(rt) => rt,
+        Err(e) => return fail(e),
+    };
+    eprintln!("sessions-mcp daemon: running for {}", env.state_dir.display());
+    terminate_signal().await;
+    runtime.shutdown(true).await;
+    ExitCode::SUCCESS
 }

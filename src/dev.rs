@@ -74,6 +74,27 @@ pub struct WorldSpec {
     /// Run tokens to store (as sha256), so tests can act as a driven session.
     #[serde(default)]
     pub run_tokens: Vec<RunTokenSpec>,
+    /// Runs to store as they are (e.g. a `running` run a token is bound to).
+    #[serde(default)]
+    pub runs: Vec<RunSpec>,
+}
+
+/// A run row: its id, session, status (queued | running | ok | …) and what it waits on.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunSpec {
+    pub run_id: String,
+    pub session_key: String,
+    #[serde(default = "default_run_status")]
+    pub status: String,
+    pub waiting_on: Option<String>,
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub input: Option<String>,
+}
+
+fn default_run_status() -> String {
+    "running".into()
 }
 
 /// A run token: the plain token (hashed before storing) and what it is bound to.
@@ -186,6 +207,23 @@ pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
                 ],
             )?;
         }
+        for r in &world.runs {
+            let key = canonical(&r.session_key).map_err(anyhow::Error::msg)?;
+            let session: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |x| x.get(0))?;
+            tx.execute(
+                "INSERT INTO runs (run_id, session, mode, status, input, waiting_on, owner, created_at, started_at)
+                 VALUES (?1, ?2, 'send', ?3, ?4, ?5, ?6, ?7, ?7)",
+                rusqlite::params![
+                    r.run_id,
+                    session,
+                    r.status,
+                    json!({"role": "user", "content": r.input.clone().unwrap_or_default()}).to_string(),
+                    r.waiting_on,
+                    r.owner,
+                    now_ms()
+                ],
+            )?;
+        }
         Ok(world.sessions.len() as u64)
     })
 }
@@ -205,6 +243,7 @@ fn spec_message(m: &Map<String, Value>, default_ts: i64) -> NewMessage {
         model: s("model"),
         stop_reason: s("stopReason"),
         silent: m.get("silent").and_then(Value::as_bool).unwrap_or(false),
+        chain_id: None,
         extra: (!extra.is_empty()).then_some(extra),
     }
 }

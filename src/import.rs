@@ -309,6 +309,7 @@ fn message(m: &Map<String, Value>, id: &str, line_ts: Option<i64>) -> Result<New
         model: m.get("model").and_then(Value::as_str).map(String::from),
         stop_reason: m.get("stopReason").and_then(Value::as_str).map(String::from),
         silent,
+        chain_id: None,
         extra: Some(extra),
     })
 }

@@ -36,18 +36,23 @@
 //!    `structuredContent` plus the same JSON as text, with `isError` set from the status.
 
 pub mod access;
+pub mod agent;
 pub mod bench;
 pub mod caller;
 pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod export;
+pub mod flows;
 pub mod import;
 pub mod keys;
 pub mod ops;
 pub mod policy;
+pub mod runner;
+pub mod runtime;
 pub mod sanitize;
 pub mod schemas;
 pub mod server;
+pub mod supervise;
 pub mod store;
 pub mod tools;

@@ -300,3 +300,77 @@ pub fn dump(env: &Env, store: &Store) -> ExitCode {
     }
     ExitCode::SUCCESS
 }
+
+/// `/send on|off|inherit` (aliases allow|deny, default|reset): the owner's policy command.
+fn send_command(text: &str) -> Option<Option<&'static str>> {
+    let t = text.trim();
+    let rest = t.strip_prefix("/send").or_else(|| t.strip_prefix("/SEND"))?;
+    if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+        return None;
+    }
+    Some(match rest.trim().to_ascii_lowercase().as_str() {
+        "on" | "allow" => Some("allow"),
+        "off" | "deny" => Some("deny"),
+        "inherit" | "default" | "reset" => Some("inherit"),
+        _ => None,
+    })
+}
+
+/// `sessions-mcp inject KEY TEXT`: the owner's message into a session (a new chain). An external
+/// session gets it in its inbox; a driven one runs it, and the reply is printed.
+pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, timeout: u64) -> ExitCode {
+    let env = match paths.resolve() {
+        Ok(env) => env,
+        Err(e) => return crate::cli::fail(e),
+    };
+    let store = match crate::cli::open_store(&env.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let config = std::sync::Arc::new(env.loaded.config.clone());
+    let key = match keys::parse_ref(&raw_key, &key_scope(&config, &config.default_agent())) {
+        Ok(SessionRef::Key(k)) => k,
+        _ => return crate::cli::fail(format!("{raw_key:?} is not a session key")),
+    };
+    if let Some(mode) = send_command(&text) {
+        return match mode {
+            Some(m) => policy(&env, &store, key.as_str(), m),
+            None => {
+                eprintln!("Usage: /send on|off|inherit");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let access = Access::new(store.clone(), config.clone());
+    match crate::flows::inject::start(&access, &env.state_dir, &key, &text) {
+        Err(e) => failed(e),
+        Ok(None) => {
+            println!("appended to the external session {key}'s inbox");
+            ExitCode::SUCCESS
+        }
+        Ok(Some(run_id)) if timeout == 0 => {
+            println!("queued run {run_id}");
+            ExitCode::SUCCESS
+        }
+        Ok(Some(run_id)) => {
+            let rt = match crate::runtime::Runtime::start(access, &env.state_dir, crate::runtime::Role::Serve) {
+                Ok(rt) => rt,
+                Err(e) => return crate::cli::fail(e),
+            };
+            rt.wake();
+            let waited = rt.wait(&run_id, std::time::Duration::from_secs(timeout), &Default::default()).await;
+            rt.shutdown(false).await;
+            match waited {
+                Ok(crate::runtime::Waited::Finished(run)) if run.status == "ok" => {
+                    println!("{}", run.reply.unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Ok(crate::runtime::Waited::Finished(run)) => {
+                    failed(format!("run {run_id} ended {}: {}", run.status, run.error.unwrap_or_default()))
+                }
+                Ok(_) => failed(format!("run {run_id} did not finish within {timeout}s; it goes on")),
+                Err(e) => failed(e),
+            }
+        }
+    }
+}

@@ -159,6 +159,33 @@ impl Access {
         }
     }
 
+    /// Resolves a label among the sessions the caller may see (labels are not unique).
+    pub fn resolve_label(
+        &self,
+        caller: &Caller,
+        label: &str,
+        agent: Option<&crate::keys::AgentId>,
+    ) -> Result<Target, ToolError> {
+        let mut visible = Vec::new();
+        for row in self.store.sessions_by_label(label)? {
+            if agent.is_none_or(|a| *a == row.agent_id) && self.row_visible(caller, &row)? {
+                visible.push(row);
+            }
+        }
+        let scope = self.scope(caller);
+        match visible.len() {
+            0 => Err(ToolError::not_found(format!("no visible session with label {label}"))),
+            1 => {
+                let row = visible.remove(0);
+                Ok(Target { key: row.key.clone(), display: scope.display(&row.key), row: Some(row) })
+            }
+            _ => Err(ToolError::invalid(format!(
+                "label {label:?} matches several sessions you can see ({}); pass sessionKey instead",
+                visible.iter().map(|r| scope.display(&r.key)).collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
+
     /// The send policy for a session (override, rules, default).
     pub fn send_decision(&self, key: &SessionKey, row: Option<&SessionRow>) -> SendDecision {
         let scope = key_scope(&self.config, &key.agent_id(&self.config.default_agent()));

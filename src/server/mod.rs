@@ -4,25 +4,29 @@
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 
+use std::sync::Arc;
+
 use crate::access::Access;
 use crate::caller::Caller;
-use crate::tools::{self, Ctx};
+use crate::runtime::Runtime;
+use crate::tools::{self, Ctx, Progress};
 
 /// One MCP server instance for one caller.
 #[derive(Clone)]
 pub struct SessionsServer {
     access: Access,
     caller: Caller,
+    runtime: Option<Arc<Runtime>>,
 }
 
 impl SessionsServer {
-    pub fn new(access: Access, caller: Caller) -> Self {
-        SessionsServer { access, caller }
+    pub fn new(access: Access, caller: Caller, runtime: Option<Arc<Runtime>>) -> Self {
+        SessionsServer { access, caller, runtime }
     }
 
     fn instructions(&self) -> String {
@@ -64,9 +68,29 @@ impl ServerHandler for SessionsServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let ctx = Ctx { access: &self.access, caller: &self.caller };
+        // One forwarder per call keeps progress notifications in order.
+        let progress: Option<Progress> = context.meta.get_progress_token().map(|token| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(f64, String)>();
+            let peer = context.peer.clone();
+            tokio::spawn(async move {
+                while let Some((n, text)) = rx.recv().await {
+                    let _ = peer.notify_progress(ProgressNotificationParam::new(token.clone(), n).with_message(text)).await;
+                }
+            });
+            let p: Progress = Arc::new(move |n: f64, text: String| {
+                let _ = tx.send((n, text));
+            });
+            p
+        });
+        let ctx = Ctx {
+            access: &self.access,
+            caller: &self.caller,
+            runtime: self.runtime.as_ref(),
+            cancel: context.ct.clone(),
+            progress,
+        };
         match tools::call(&ctx, &request.name, request.arguments).await {
             Some(result) => Ok(CallToolResponse::Complete(result)),
             None => Err(McpError::invalid_params(

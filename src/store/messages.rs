@@ -91,6 +91,8 @@ pub struct NewMessage {
     pub model: Option<String>,
     pub stop_reason: Option<String>,
     pub silent: bool,
+    /// The chain this message belongs to (the loop guard counts them), if any.
+    pub chain_id: Option<String>,
     pub extra: Option<Map<String, Value>>,
 }
 
@@ -151,10 +153,14 @@ impl Store {
         self.read(|c| sessions.iter().map(|s| Ok(history_tail(c, *s, limit, false)?.messages)).collect())
     }
 
-    /// The highest `seq` a session has, 0 when empty.
-    pub fn last_seq(&self, session: i64) -> Result<i64> {
+    /// The highest `seq` of a session by key, 0 when it has none (or does not exist).
+    pub fn last_seq_of(&self, key: &crate::keys::SessionKey) -> Result<i64> {
         self.read(|c| {
-            c.query_row("SELECT coalesce(max(seq), 0) FROM messages WHERE session = ?1", [session], |r| r.get(0))
+            c.query_row(
+                "SELECT coalesce(max(m.seq), 0) FROM messages m JOIN sessions s ON s.id = m.session WHERE s.key = ?1",
+                [key.as_str()],
+                |r| r.get(0),
+            )
         })
     }
 
@@ -202,8 +208,8 @@ pub fn append_message(tx: &Transaction, session: i64, m: &NewMessage) -> rusqlit
         .query_row(params![session, m.timestamp.unwrap_or_else(now_ms)], |r| r.get(0))?;
     let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
     tx.prepare_cached(
-        "INSERT INTO messages (session, seq, role, content, timestamp, run_id, provenance, usage, model, stop_reason, silent, extra)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        "INSERT INTO messages (session, seq, role, content, timestamp, run_id, provenance, usage, model, stop_reason, silent, extra, chain_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
         session,
@@ -218,6 +224,24 @@ pub fn append_message(tx: &Transaction, session: i64, m: &NewMessage) -> rusqlit
         m.stop_reason,
         m.silent,
         m.extra.as_ref().map(|e| Value::Object(e.clone()).to_string()),
+        m.chain_id,
     ])?;
     Ok(seq)
+}
+
+impl Store {
+    /// The last `limit` visible messages before `seq` (a run's context, oldest first).
+    pub fn context_before(&self, session: i64, seq: i64, limit: usize) -> Result<Vec<MessageRow>> {
+        self.read(|c| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq < ?2 AND silent = 0 ORDER BY seq DESC LIMIT ?3"
+            );
+            let mut rows: Vec<MessageRow> = c
+                .prepare_cached(&sql)?
+                .query_map(params![session, seq, limit as i64], MessageRow::from_row)?
+                .collect::<rusqlite::Result<_>>()?;
+            rows.reverse();
+            Ok(rows)
+        })
+    }
 }

@@ -6,8 +6,10 @@
 //! transactions. Schema changes are embedded, versioned migrations; a backup is taken before an
 //! existing store is migrated, and a store written by a newer version is refused.
 
+mod ledger;
 mod messages;
 mod operator;
+mod run_queue;
 mod runs;
 mod schema;
 mod sessions;
@@ -19,9 +21,13 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
+pub(crate) use ledger::{add_delivery, remember_key, set_delivery_status};
 pub(crate) use messages::append_message;
+pub(crate) use run_queue::enqueue;
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
+pub use ledger::{DeliveryKind, DeliveryMode, IdempotencyHit, NewDelivery};
 pub use operator::Pruned;
+pub use run_queue::{Caps, Finished, NewRun, RunMode, RunRow};
 pub(crate) use sessions::insert_session;
 pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};
 pub use tokens::TokenRow;

@@ -100,9 +100,12 @@ CREATE TABLE messages (
     model       TEXT,
     stop_reason TEXT,
     silent      INTEGER NOT NULL DEFAULT 0,
+    chain_id    TEXT,
     extra       TEXT,
     UNIQUE (session, seq)
 );
+-- The loop guard counts every message appended on a chain.
+CREATE INDEX messages_chain ON messages (chain_id) WHERE chain_id IS NOT NULL;
 -- What history shows without includeTools: O(limit) in both directions.
 CREATE INDEX messages_visible ON messages (session, seq) WHERE role <> 'toolResult' AND silent = 0;
 
@@ -139,6 +142,7 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_session_status ON runs (session, status);
 CREATE INDEX runs_status_created ON runs (status, created_at);
+CREATE INDEX runs_waiting_on ON runs (waiting_on) WHERE waiting_on IS NOT NULL;
 
 CREATE TABLE deliveries (
     id              INTEGER PRIMARY KEY,

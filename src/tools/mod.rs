@@ -92,10 +92,26 @@ pub enum OkStatus {
     Ok,
 }
 
+/// Streams progress to the MCP client (progress count, message).
+pub type Progress = std::sync::Arc<dyn Fn(f64, String) + Send + Sync>;
+
 /// What a tool call runs with.
 pub struct Ctx<'a> {
     pub access: &'a Access,
     pub caller: &'a Caller,
+    /// The runtime (runs, waits); None where a tool call cannot start runs (benchmarks).
+    pub runtime: Option<&'a std::sync::Arc<crate::runtime::Runtime>>,
+    /// Fires when the client cancels the request (stops a wait, never the run).
+    pub cancel: tokio_util::sync::CancellationToken,
+    /// Set when the client asked for progress.
+    pub progress: Option<Progress>,
+}
+
+impl<'a> Ctx<'a> {
+    /// A context without runtime, cancellation or progress (in-process calls).
+    pub fn plain(access: &'a Access, caller: &'a Caller) -> Self {
+        Ctx { access, caller, runtime: None, cancel: tokio_util::sync::CancellationToken::new(), progress: None }
+    }
 }
 
 /// One tool's static description.

@@ -1,16 +1,24 @@
 //! `sessions_send`: send a message into another session and (optionally) wait for its reply.
 //!
-//! This build registers the tool with its full schema and validates its arguments; delivering
-//! the message needs the agent runner, which has not landed yet, so a valid call answers
-//! `{status: "error", error: "not available yet: …"}` and changes nothing.
+//! Checks in the documented order (DESIGN §5.3): parse and canonicalise → visibility → existence
+//! → idempotency replay → send policy → loop guard → deadlock guard → enqueue. The reply-back,
+//! announce step and deliveries happen in the runtime after the run, for late replies too.
+
+use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 
 use super::args::Bounds;
 use super::{Ctx, Output, ToolError, ToolSpec};
-use crate::policy::ToolName;
+use crate::access::Target;
+use crate::flows::context::is_skip;
+use crate::flows::send::{SendPlan, Started};
+use crate::policy::{Action, ToolName};
+use crate::runtime::Waited;
+use crate::store::RunRow;
 
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 30;
@@ -41,13 +49,17 @@ pub enum SendStatus {
     Accepted,
     Ok,
     Timeout,
+    /// The run failed (isError: true).
+    Error,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SendOk {
     pub status: SendStatus,
-    pub run_id: String,
+    /// The run in the target (absent for a send to an external session's inbox).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
     pub session_key: String,
     /// The target's final reply (ok only); null when it answered with a skip token.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -57,7 +69,7 @@ pub struct SendOk {
     /// The delivery as the ledger records it: {status, mode}.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivery: Option<Value>,
-    /// With timeout: the run goes on.
+    /// With timeout or error: what happened.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// How to get the reply later.
@@ -81,36 +93,269 @@ pub fn spec() -> ToolSpec {
     )
 }
 
-pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<SendOk> {
-    send(ctx, args).into()
+/// Validated arguments.
+struct Args {
+    session_key: Option<String>,
+    label: Option<String>,
+    agent_id: Option<crate::keys::AgentId>,
+    message: String,
+    timeout: u64,
+    idempotency_key: Option<String>,
 }
 
-fn send(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SendOk, ToolError> {
+fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError> {
     let mut a = super::reader(ToolName::SessionsSend, args)?;
     let session_key = a.opt_key("sessionKey", 4096)?;
     let label = a.opt_string("label", 256)?;
     let agent_id = a.opt_string("agentId", 128)?;
     let message = a.req_string("message", MAX_MESSAGE_BYTES)?;
-    let _timeout = a.opt_number("timeoutSeconds", Bounds { min: 0, max: MAX_TIMEOUT_SECONDS })?;
-    let _idempotency = a.opt_string("idempotencyKey", 256)?;
+    let timeout = a.opt_number("timeoutSeconds", Bounds { min: 0, max: MAX_TIMEOUT_SECONDS })?.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+    let idempotency_key = a.opt_string("idempotencyKey", 256)?;
     a.finish()?;
     match (&session_key, &label) {
         (None, None) => return Err(ToolError::invalid("sessionKey or label required")),
         (Some(_), Some(_)) => return Err(ToolError::invalid("give sessionKey or label, not both")),
         _ => {}
     }
-    if let Some(id) = &agent_id {
-        crate::keys::AgentId::parse(id).map_err(|e| ToolError::invalid(format!("agentId: {e}")))?;
-        if label.is_none() {
+    let agent_id = match agent_id {
+        Some(id) if label.is_none() => {
+            let _ = id;
             return Err(ToolError::invalid("agentId is only used with label"));
         }
-    }
+        Some(id) => Some(crate::keys::AgentId::parse(&id).map_err(|e| ToolError::invalid(format!("agentId: {e}")))?),
+        None => None,
+    };
     if let Some(raw) = &session_key {
         ctx.access.parse_ref(ctx.caller, "sessionKey", raw)?;
     }
-    debug_assert!(!message.is_empty());
-    ctx.access.check_can_act(ctx.caller)?;
-    Err(ToolError::error(
-        "not available yet: sessions_send needs the agent runner, which this version of sessions-mcp does not include; nothing was sent",
-    ))
+    Ok(Args { session_key, label, agent_id, message, timeout, idempotency_key })
+}
+
+pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<SendOk> {
+    send(ctx, args).await.into()
+}
+
+async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk, ToolError> {
+    let args = parse(ctx, args)?;
+    let Some(rt) = ctx.runtime else {
+        return Err(ToolError::error("sessions_send needs the runtime, which this server was started without"));
+    };
+    let access = ctx.access;
+    let caller = ctx.caller;
+    let target: Target = match (&args.session_key, &args.label) {
+        (Some(raw), _) => access.resolve(caller, Action::Send, "sessionKey", raw)?,
+        (_, Some(label)) => access.resolve_label(caller, label, args.agent_id.as_ref())?,
+        _ => unreachable!("parse requires one"),
+    };
+    access.check_can_act(caller)?;
+    let inbox_after = if caller.external { Some(access.store.last_seq_of(&caller.key)?) } else { None };
+    let args_hash = args_hash(&target, &args.message);
+    if let Some(key) = &args.idempotency_key {
+        if let Some(hit) = access.store.idempotency(caller.key.as_str(), key)? {
+            if hit.args_hash != args_hash {
+                return Err(ToolError::invalid(format!(
+                    "idempotencyKey {key:?} reused with different arguments; use a new key for a new message"
+                )));
+            }
+            let replay = Replay { run_id: hit.run_id, inbox: hit.result.and_then(|r| r.get("inbox").and_then(Value::as_bool)).unwrap_or(false) };
+            return finish(ctx, rt, &target, &args, replay, inbox_after).await;
+        }
+    }
+    let decision = access.send_decision(&target.key, target.row.as_ref());
+    if !decision.allowed() {
+        return Err(ToolError::forbidden(decision.refusal(access.config.session.send_policy.as_ref())));
+    }
+    let (chain_id, hop) = match &caller.run {
+        Some(run) => (run.chain_id.clone().unwrap_or_else(|| run.run_id.clone()), run.hop + 1),
+        None => (uuid::Uuid::new_v4().to_string(), 0),
+    };
+    let a2a = &access.config.session.agent_to_agent;
+    if hop > i64::from(a2a.max_hops) {
+        return Err(ToolError::forbidden(format!(
+            "chain limit reached: maxHops={} (session.agentToAgent.maxHops)",
+            a2a.max_hops
+        )));
+    }
+    if caller.run.is_some() && access.store.chain_messages(&chain_id)? >= i64::from(a2a.max_chain_messages) {
+        return Err(ToolError::forbidden(format!(
+            "chain limit reached: maxChainMessages={} (session.agentToAgent.maxChainMessages)",
+            a2a.max_chain_messages
+        )));
+    }
+    let target_external = target.row.as_ref().is_some_and(|r| r.external);
+    if args.timeout > 0 && !target_external {
+        check_deadlock(ctx, &target)?;
+    }
+    if !target_external {
+        let agent = target.key.agent_id(&access.config.default_agent());
+        crate::runner::resolve_runner(&access.config, &agent, &rt.state_dir, &rt.runner.exe).map_err(ToolError::invalid)?;
+    }
+    let plan = SendPlan {
+        caller,
+        caller_channel: caller_channel(ctx),
+        target: &target.key,
+        target_channel: crate::flows::channel_of_row(&target.key, target.row.as_ref(), rt),
+        target_external,
+        message: &args.message,
+        chain_id,
+        hop,
+        max_turns: a2a.max_ping_pong_turns,
+        idempotency: args.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
+    };
+    let started = crate::flows::send::start(&access.store, &access.config, &plan)?;
+    rt.wake();
+    let replay = match started {
+        Started::Run { run_id } => Replay { run_id: Some(run_id), inbox: false },
+        Started::Inbox => Replay { run_id: None, inbox: true },
+    };
+    finish(ctx, rt, &target, &args, replay, inbox_after).await
+}
+
+/// The run a call attaches to (a new one, or the first one for a replayed idempotency key).
+struct Replay {
+    run_id: Option<String>,
+    inbox: bool,
+}
+
+fn caller_channel(ctx: &Ctx) -> String {
+    if ctx.caller.external {
+        return "webchat".into();
+    }
+    let row = ctx.access.store.session_by_key(&ctx.caller.key).ok().flatten();
+    ctx.runtime.map_or_else(|| "unknown".into(), |rt| crate::flows::channel_of_row(&ctx.caller.key, row.as_ref(), rt))
+}
+
+/// A wait is refused at once when it would close a cycle (DESIGN §7.1).
+fn check_deadlock(ctx: &Ctx, target: &Target) -> Result<(), ToolError> {
+    let Some(run) = &ctx.caller.run else { return Ok(()) };
+    let refuse = || {
+        ToolError::invalid(format!(
+            "would deadlock: {} cannot answer while run {} waits on it; send with timeoutSeconds: 0",
+            target.display, run.run_id
+        ))
+    };
+    if target.key == ctx.caller.key {
+        return Err(refuse());
+    }
+    let store = &ctx.access.store;
+    let (Some(caller_row), Some(target_row)) = (store.session_by_key(&ctx.caller.key)?, target.row.as_ref()) else {
+        return Ok(());
+    };
+    if store.wait_would_deadlock(caller_row.id, target_row.id)? { Err(refuse()) } else { Ok(()) }
+}
+
+fn args_hash(target: &Target, message: &str) -> String {
+    hex::encode(Sha256::digest(format!("{}\u{0}{message}", target.key).as_bytes()))
+}
+
+/// Waits (if asked) and shapes the answer.
+async fn finish(
+    ctx: &Ctx<'_>,
+    rt: &std::sync::Arc<crate::runtime::Runtime>,
+    target: &Target,
+    args: &Args,
+    replay: Replay,
+    inbox_after: Option<i64>,
+) -> Result<SendOk, ToolError> {
+    let inbox = inbox_after.map(|seq| {
+        json!({"sessionKey": ctx.access.scope(ctx.caller).display(&ctx.caller.key), "afterSeq": seq})
+    });
+    let base = |status, run_id: Option<String>| SendOk {
+        status,
+        run_id,
+        session_key: target.display.clone(),
+        reply: None,
+        silent: None,
+        delivery: None,
+        error: None,
+        note: None,
+        inbox: inbox.clone(),
+    };
+    let Some(run_id) = replay.run_id.filter(|_| !replay.inbox) else {
+        let mut ok = base(SendStatus::Accepted, None);
+        ok.delivery = Some(json!({"status": "delivered", "mode": "inbox"}));
+        ok.note = Some(format!(
+            "{} is an external session (an MCP client, not an agent this server runs): the message was appended to its session; no reply will come from this send.",
+            target.display
+        ));
+        return Ok(ok);
+    };
+    let delivery = || ctx.access.store.delivery_of(&run_id).ok().flatten();
+    let later = later_note(ctx, target);
+    if args.timeout == 0 {
+        let mut ok = base(SendStatus::Accepted, Some(run_id.clone()));
+        ok.delivery = delivery();
+        ok.note = Some(later);
+        return Ok(ok);
+    }
+    if let Some(own) = &ctx.caller.run {
+        let _ = ctx.access.store.set_waiting(&own.run_id, Some(&run_id));
+    }
+    let forward = forward_progress(ctx, rt, &run_id);
+    let waited = rt.wait(&run_id, Duration::from_secs(args.timeout), &ctx.cancel).await;
+    forward.abort();
+    if let Some(own) = &ctx.caller.run {
+        let _ = ctx.access.store.set_waiting(&own.run_id, None);
+    }
+    match waited? {
+        Waited::Finished(run) => Ok(finished(base(SendStatus::Ok, Some(run_id.clone())), &run, delivery())),
+        Waited::TimedOut => {
+            let mut t = base(SendStatus::Timeout, Some(run_id.clone()));
+            t.error = Some(format!("timed out waiting {}s for the reply; the run goes on", args.timeout));
+            t.note = Some(later);
+            t.delivery = delivery();
+            Ok(t)
+        }
+        Waited::Cancelled => {
+            let mut t = base(SendStatus::Timeout, Some(run_id.clone()));
+            t.error = Some("the wait was cancelled by the client; the run goes on".into());
+            t.note = Some(later);
+            Ok(t)
+        }
+    }
+}
+
+fn finished(mut out: SendOk, run: &RunRow, delivery: Option<Value>) -> SendOk {
+    out.delivery = delivery;
+    if run.status == "ok" {
+        let silent = run.reply.as_deref().is_some_and(is_skip);
+        out.reply = Some(if silent { None } else { run.reply.clone() });
+        if silent {
+            out.silent = Some(true);
+        }
+    } else {
+        out.status = SendStatus::Error;
+        out.error = Some(match run.status.as_str() {
+            "interrupted" => "interrupted: the run was interrupted before it finished".to_string(),
+            s => run.error.clone().unwrap_or_else(|| format!("the run ended {s}")),
+        });
+    }
+    out
+}
+
+/// How a caller gets a reply that comes after the call returned.
+fn later_note(ctx: &Ctx, target: &Target) -> String {
+    if ctx.caller.external {
+        let me = ctx.access.scope(ctx.caller).display(&ctx.caller.key);
+        format!(
+            "The reply of {} will be appended to your session {me}; read it with sessions_history {{sessionKey: \"{me}\", afterSeq: <inbox.afterSeq>}}.",
+            target.display
+        )
+    } else {
+        "The reply will come back to your session as a reply step; do not poll.".to_string()
+    }
+}
+
+/// Forwards the run's streamed text as MCP progress while the caller waits (this process only).
+fn forward_progress(ctx: &Ctx, rt: &crate::runtime::Runtime, run_id: &str) -> tokio::task::JoinHandle<()> {
+    let (Some(progress), Some(mut rx)) = (ctx.progress.clone(), rt.subscribe(run_id)) else {
+        return tokio::spawn(async {});
+    };
+    tokio::spawn(async move {
+        let mut n = 0.0;
+        while let Ok(text) = rx.recv().await {
+            n += 1.0;
+            progress(n, text);
+        }
+    })
 }

@@ -1,0 +1,274 @@
+//! The built-in scripted agent: `sessions-mcp agent --script FILE` speaks `jsonl/1` and answers
+//! from rules in a JSON script. Tests and demos use it; it needs no model and no network. With no
+//! script it echoes (`ECHO: <input>`): the zero-config agent `main` runs it so that `serve` works
+//! out of the box.
+//!
+//! Script: `{"rules": [{"match": {...}, ...actions}], "default": {...actions}}`. The first rule
+//! whose `match` fits the request wins. Match keys (all optional): `mode`, `input` (substring),
+//! `inputRegex`, `session` (exact key), `sessionPrefix`, `turn` (1-based count of user messages
+//! including this one). Actions: `reply` (text; `{input}` is replaced), `messages` (assistant
+//! texts emitted as `message` events before the final), `toolCalls` (`[{name, arguments, result}]`
+//! emitted as `tool_call` + `tool_result`), `usage`, `sleepMs`, `deltas` (emit the reply as
+//! `text_delta`s), `error` (`{code, message}`), `exitCode`, `ignoreCancel`, `noFinal`,
+//! `invalidJson`, `floodBytes`.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Script {
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub default: Option<Actions>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rule {
+    #[serde(default, rename = "match")]
+    pub when: Match,
+    #[serde(flatten)]
+    pub actions: Actions,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Match {
+    pub mode: Option<String>,
+    pub input: Option<String>,
+    pub input_regex: Option<String>,
+    pub session: Option<String>,
+    pub session_prefix: Option<String>,
+    pub turn: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Actions {
+    pub reply: Option<String>,
+    #[serde(default)]
+    pub messages: Vec<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: Option<Value>,
+    pub sleep_ms: Option<u64>,
+    #[serde(default)]
+    pub deltas: bool,
+    pub error: Option<Value>,
+    pub exit_code: Option<u8>,
+    #[serde(default)]
+    pub ignore_cancel: bool,
+    #[serde(default)]
+    pub no_final: bool,
+    #[serde(default)]
+    pub invalid_json: bool,
+    pub flood_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCall {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Value,
+    #[serde(default)]
+    pub result: Value,
+}
+
+/// The text of a message's content (string or text blocks).
+pub fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// The input without the server's inter-session marker line (rules match what the peer wrote).
+fn strip_marker(text: &str) -> String {
+    match text.strip_prefix("[Inter-session message]") {
+        Some(rest) => rest.split_once('\n').map_or("", |(_, body)| body).to_string(),
+        None => text.to_string(),
+    }
+}
+
+impl Match {
+    fn fits(&self, req: &Value, input: &str) -> bool {
+        let s = |k: &str| req.get(k).and_then(Value::as_str).unwrap_or("");
+        let turn = req.get("messages").and_then(Value::as_array).map_or(0, |m| {
+            m.iter().filter(|x| x.get("role").and_then(Value::as_str) == Some("user")).count()
+        }) as u64
+            + 1;
+        self.mode.as_deref().is_none_or(|m| m == s("mode"))
+            && self.input.as_deref().is_none_or(|i| input.contains(i))
+            && self.input_regex.as_deref().is_none_or(|r| regex::Regex::new(r).is_ok_and(|re| re.is_match(input)))
+            && self.session.as_deref().is_none_or(|k| k == s("sessionKey"))
+            && self.session_prefix.as_deref().is_none_or(|p| s("sessionKey").starts_with(p))
+            && self.turn.is_none_or(|t| t == turn)
+    }
+}
+
+impl Script {
+    pub fn load(path: &Path) -> Result<Script, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn actions_for(&self, req: &Value, input: &str) -> Actions {
+        self.rules
+            .iter()
+            .find(|r| r.when.fits(req, input))
+            .map(|r| r.actions.clone())
+            .or_else(|| self.default.clone())
+            .unwrap_or_else(|| Actions { reply: Some("ECHO: {input}".into()), ..Default::default() })
+    }
+}
+
+fn emit(out: &mut impl Write, event: Value) {
+    let _ = writeln!(out, "{event}");
+    let _ = out.flush();
+}
+
+/// Runs one turn: reads the request line from stdin, answers on stdout.
+pub fn run(script: Option<&Path>) -> ExitCode {
+    let script = match script.map(Script::load).transpose() {
+        Ok(s) => s.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("sessions-mcp agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    if stdin.lock().read_line(&mut line).is_err() || line.trim().is_empty() {
+        eprintln!("sessions-mcp agent: no request line on stdin");
+        return ExitCode::from(2);
+    }
+    let req: Value = match serde_json::from_str(&line) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("sessions-mcp agent: request is not JSON: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let input = strip_marker(&content_text(req.get("input").and_then(|i| i.get("content")).unwrap_or(&Value::Null)));
+    let a = script.actions_for(&req, &input);
+    let cancelled = watch_for_cancel(a.ignore_cancel);
+    let mut out = std::io::stdout().lock();
+    emit(&mut out, json!({"type": "start", "model": req.get("model")}));
+    if a.invalid_json {
+        let _ = writeln!(out, "this is not json");
+        let _ = out.flush();
+    }
+    if let Some(n) = a.flood_bytes {
+        let chunk = json!({"type": "text_delta", "text": "x".repeat(1000)}).to_string();
+        let mut sent = 0;
+        while sent < n {
+            if writeln!(out, "{chunk}").is_err() {
+                break;
+            }
+            sent += chunk.len() as u64 + 1;
+        }
+    }
+    if let Some(ms) = a.sleep_ms {
+        let deadline = std::time::Instant::now() + Duration::from_millis(ms);
+        while std::time::Instant::now() < deadline {
+            if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                emit(&mut out, json!({"type": "final", "text": "", "stopReason": "cancelled"}));
+                return ExitCode::SUCCESS;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    for (i, call) in a.tool_calls.iter().enumerate() {
+        let id = format!("call{}", i + 1);
+        emit(&mut out, json!({"type": "tool_call", "id": id, "name": call.name, "arguments": call.arguments}));
+        emit(&mut out, json!({"type": "tool_result", "id": id, "name": call.name, "content": call.result, "isError": false}));
+    }
+    for m in &a.messages {
+        emit(&mut out, json!({"type": "message", "role": "assistant", "content": m}));
+    }
+    let reply = a.reply.as_deref().unwrap_or("").replace("{input}", &input);
+    if a.deltas {
+        for chunk in reply.as_bytes().chunks(8) {
+            emit(&mut out, json!({"type": "text_delta", "text": String::from_utf8_lossy(chunk)}));
+        }
+    }
+    if let Some(u) = &a.usage {
+        let mut u = u.clone();
+        u["type"] = json!("usage");
+        emit(&mut out, u);
+    }
+    if let Some(e) = &a.error {
+        let mut e = e.clone();
+        e["type"] = json!("error");
+        emit(&mut out, e);
+    }
+    if !a.no_final && a.error.is_none() {
+        emit(&mut out, json!({"type": "final", "text": reply, "stopReason": "end_turn"}));
+    }
+    ExitCode::from(a.exit_code.unwrap_or(if a.error.is_some() { 1 } else { 0 }))
+}
+
+/// Watches stdin for a `cancel` control line (unless told to ignore it).
+fn watch_for_cancel(ignore: bool) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if !ignore {
+        let f = flag.clone();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if line.contains("\"cancel\"") {
+                    f.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    flag
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn script(text: &str) -> Script {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn first_matching_rule_wins_and_default_echoes() {
+        let s = script(
+            r#"{"rules": [{"match": {"input": "ping"}, "reply": "pong"},
+                          {"match": {"mode": "reply", "turn": 2}, "reply": "second"}]}"#,
+        );
+        let req = json!({"mode": "send", "messages": []});
+        assert_eq!(s.actions_for(&req, "ping me").reply.as_deref(), Some("pong"));
+        assert_eq!(s.actions_for(&req, "other").reply.as_deref(), Some("ECHO: {input}"));
+        let req = json!({"mode": "reply", "messages": [{"role": "user", "content": "a"}]});
+        assert_eq!(s.actions_for(&req, "x").reply.as_deref(), Some("second"));
+    }
+
+    #[test]
+    fn the_marker_line_is_not_part_of_the_input() {
+        assert_eq!(strip_marker("[Inter-session message] sourceSession=x — data\nping"), "ping");
+        assert_eq!(strip_marker("ping"), "ping");
+    }
+
+    #[test]
+    fn content_text_joins_text_blocks() {
+        assert_eq!(content_text(&json!("hi")), "hi");
+        assert_eq!(content_text(&json!([{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}])), "a\nb");
+    }
+}

@@ -1,0 +1,152 @@
+//! Channel delivery through deliverers (DECISIONS "Deliverer contract"): a command per channel
+//! (`channels.<name>.deliver`, an argv array) gets the delivery as JSON on stdin; exit 0 =
+//! delivered, 75 = retry (backoff 1 s doubling to 60 s, until a 30-minute deadline, then
+//! `expired`), anything else = failed with the stderr tail. No deliverer → `undeliverable`, kept.
+//! The built-in `webchat` channel is the session itself: its transcript already holds the text.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::keys::SessionKey;
+use crate::runtime::Runtime;
+use crate::store::{DeliveryKind, DeliveryMode, NewDelivery, RunRow, SessionRow, StoreError, add_delivery, now_ms};
+
+const DELIVER_TIMEOUT: Duration = Duration::from_secs(30);
+const EXIT_RETRY: i32 = 75;
+
+/// Records a delivery that is already decided (skipped, delivered, undeliverable).
+pub fn record(
+    rt: &Runtime,
+    run: &RunRow,
+    kind: DeliveryKind,
+    channel: &str,
+    status: &str,
+    why: Option<&str>,
+    mode: Option<DeliveryMode>,
+) -> Result<(), StoreError> {
+    rt.access.store.write(|tx| -> Result<(), StoreError> {
+        add_delivery(
+            tx,
+            &NewDelivery {
+                run_id: &run.run_id,
+                kind,
+                mode: mode.unwrap_or(DeliveryMode::Channel),
+                status,
+                target_key: run.session_key.as_str(),
+                channel: Some(channel),
+                last_error: why,
+            },
+        )?;
+        Ok(())
+    })
+}
+
+/// Where a key's channel delivers: `to` and `threadId` from the key, else the delivery context.
+fn address(key: &SessionKey, row: Option<&SessionRow>) -> (Option<String>, Option<String>) {
+    let parts: Vec<&str> = key.rest().split(':').collect();
+    let thread = parts.windows(2).find(|w| w[0] == "thread" || w[0] == "topic").map(|w| w[1].to_string());
+    if parts.len() >= 3 && matches!(parts[1], "group" | "channel") {
+        let kind = if matches!(parts[0], "discord" | "slack") { "channel" } else { parts[1] };
+        return (Some(format!("{kind}:{}", parts[2])), thread);
+    }
+    let dc_to = row.and_then(|r| r.delivery_context.as_ref()).and_then(|d| d.get("to")).and_then(Value::as_str);
+    (dc_to.map(String::from).or_else(|| row.and_then(|r| r.last_to.clone())), thread)
+}
+
+/// Delivers an announce reply to the target's channel.
+pub fn channel_delivery(
+    rt: &Runtime,
+    run: &RunRow,
+    row: Option<&SessionRow>,
+    channel: &str,
+    text: &str,
+) -> Result<(), StoreError> {
+    let deliverer = rt.access.config.channels.get(channel).and_then(|c| c.deliver.clone()).filter(|a| !a.is_empty());
+    if deliverer.is_none() {
+        if matches!(channel, "internal" | "unknown") {
+            let why = "no channel to deliver to (the session has no external channel)";
+            return record(rt, run, DeliveryKind::Announce, channel, "skipped", Some(why), None);
+        }
+        if channel == "webchat" {
+            return record(rt, run, DeliveryKind::Announce, channel, "delivered", None, Some(DeliveryMode::Inbox));
+        }
+        let why = format!("no deliverer for channel {channel:?} (channels.{channel}.deliver)");
+        return record(rt, run, DeliveryKind::Announce, channel, "undeliverable", Some(&why), None);
+    }
+    let (to, thread_id) = address(&run.session_key, row);
+    let account = row.and_then(|r| r.last_account_id.clone());
+    let payload = json!({
+        "kind": "announce", "channel": channel, "to": to, "accountId": account, "threadId": thread_id,
+        "text": text, "sessionKey": run.session_key.as_str(), "runId": run.run_id, "chainId": run.chain_id,
+        "idempotencyKey": format!("{}:announce", run.run_id),
+    });
+    rt.access.store.queue_channel_delivery(&run.run_id, run.session_key.as_str(), channel, &payload)?;
+    rt.wake();
+    Ok(())
+}
+
+/// Attempts every channel delivery that is due (the owner calls this from its loop).
+pub async fn deliver_due(rt: &Runtime) {
+    let due = match rt.access.store.claim_due_deliveries(8) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "reading due deliveries failed");
+            return;
+        }
+    };
+    for d in due {
+        let argv = rt.access.config.channels.get(&d.channel).and_then(|c| c.deliver.clone()).unwrap_or_default();
+        let (status, error, next) = match attempt(&argv, &d.payload).await {
+            Ok(()) => ("delivered", None, None),
+            Err(Attempt::Retry(e)) => {
+                let backoff = 1000i64.saturating_mul(1 << d.attempts.clamp(0, 6)).min(60_000);
+                if now_ms() + backoff > d.deadline_at {
+                    ("expired", Some(format!("gave up at the deadline; last error: {e}")), None)
+                } else {
+                    ("queued", Some(e), Some(now_ms() + backoff))
+                }
+            }
+            Err(Attempt::Failed(e)) => ("failed", Some(e), None),
+        };
+        if let Err(e) = rt.access.store.delivery_attempted(d.id, status, error.as_deref(), next) {
+            tracing::error!(error = %e, "recording a delivery attempt failed");
+        }
+    }
+}
+
+enum Attempt {
+    Retry(String),
+    Failed(String),
+}
+
+/// Runs the deliverer once. The text is data on stdin, never interpolated into argv.
+async fn attempt(argv: &[String], payload: &Value) -> Result<(), Attempt> {
+    use tokio::io::AsyncWriteExt;
+    let Some((program, args)) = argv.split_first() else {
+        return Err(Attempt::Failed("no deliverer configured".into()));
+    };
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Attempt::Retry(format!("cannot start the deliverer {program:?}: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(payload.to_string().as_bytes()).await;
+    }
+    match tokio::time::timeout(DELIVER_TIMEOUT, child.wait_with_output()).await {
+        Err(_) => Err(Attempt::Retry("the deliverer timed out after 30 s".into())),
+        Ok(Err(e)) => Err(Attempt::Retry(format!("the deliverer failed: {e}"))),
+        Ok(Ok(out)) => {
+            let tail: String = String::from_utf8_lossy(&out.stderr).chars().rev().take(500).collect::<String>().chars().rev().collect();
+            match out.status.code() {
+                Some(0) => Ok(()),
+                Some(EXIT_RETRY) => Err(Attempt::Retry(format!("the deliverer asked to retry: {}", tail.trim()))),
+                code => Err(Attempt::Failed(format!("the deliverer exited with {code:?}: {}", tail.trim()))),
+            }
+        }
+    }
+}

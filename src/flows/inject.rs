@@ -1,0 +1,68 @@
+//! `sessions-mcp inject`: the owner's message into a session, starting a new chain (hop 0).
+
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::access::Access;
+use crate::caller::key_scope;
+use crate::keys::{self, SessionKey};
+use crate::store::{NewMessage, NewRun, NewSession, RunMode, append_message, enqueue, insert_session};
+
+/// Appends to an external session (returns None) or queues an `inject` run (returns its id).
+/// The send policy gates it; the session is created (driven) when it does not exist.
+pub fn start(access: &Access, state_dir: &Path, key: &SessionKey, text: &str) -> Result<Option<String>, String> {
+    let config = &access.config;
+    let agent = key.agent_id(&config.default_agent());
+    let row = access.store.session_by_key(key).map_err(|e| e.to_string())?;
+    let decision = access.send_decision(key, row.as_ref());
+    if !decision.allowed() {
+        return Err(decision.refusal(config.session.send_policy.as_ref()));
+    }
+    let external = row.as_ref().is_some_and(|r| r.external);
+    if !external {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        crate::runner::resolve_runner(config, &agent, state_dir, &exe)?;
+    }
+    let chain = uuid::Uuid::new_v4().to_string();
+    let provenance = json!({"kind": "external_user", "sourceTool": "inject", "chainId": chain});
+    let scope = key_scope(config, &agent);
+    let run_id = uuid::Uuid::new_v4().to_string();
+    access
+        .store
+        .write(|tx| -> Result<Option<String>, crate::store::StoreError> {
+            insert_session(tx, &NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
+            let id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get(0))?;
+            if external {
+                let m = NewMessage {
+                    role: "user".into(),
+                    content: json!(text),
+                    provenance: Some(provenance.clone()),
+                    chain_id: Some(chain.clone()),
+                    ..Default::default()
+                };
+                append_message(tx, id, &m)?;
+                return Ok(None);
+            }
+            enqueue(
+                tx,
+                &NewRun {
+                    run_id: run_id.clone(),
+                    session: id,
+                    mode: RunMode::Inject,
+                    input: json!({"role": "user", "content": text}),
+                    provenance: Some(provenance.clone()),
+                    requester_key: None,
+                    chain_id: Some(chain.clone()),
+                    hop: 0,
+                    announce_kind: None,
+                    model: None,
+                    thinking: None,
+                    timeout_ms: None,
+                    extra: None,
+                },
+            )?;
+            Ok(Some(run_id.clone()))
+        })
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,442 @@
+//! Flows: what happens around runs. `run_turn` executes one claimed run and commits its outcome;
+//! `after_run` takes the next step of its flow (DESIGN §7.2): the reply to an external requester's
+//! inbox, the reply-back ping-pong between driven sessions, the announce step and its delivery to
+//! the target's channel. Steps are queued runs: nothing blocks inside a run, and late replies get
+//! the same steps as prompt ones (**Fix**). Every cross-session effect is a ledger row.
+
+pub mod context;
+mod deliver;
+pub mod inject;
+pub mod send;
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::caller::{configured_sandbox, key_scope, sha256_hex};
+use crate::keys::{self, SessionKey};
+use crate::runner::{Hooks, RunStatus, resolve_runner};
+use crate::runtime::Runtime;
+use crate::store::{
+    DeliveryKind, DeliveryMode, Finished, NewDelivery, NewMessage, NewRun, RunMode, RunRow, SessionRow, StoreError,
+    TokenRow, add_delivery, append_message, enqueue, now_ms, set_delivery_status,
+};
+use context::{ANNOUNCE_INPUT, Parties, is_skip};
+
+pub use deliver::deliver_due;
+
+/// How a turn ended, as the flows need it.
+#[derive(Debug, Clone)]
+pub struct TurnResult {
+    pub status: String,
+    pub reply: Option<String>,
+    pub silent: bool,
+}
+
+impl TurnResult {
+    fn ok_reply(&self) -> Option<&str> {
+        (self.status == "ok" && !self.silent).then_some(self.reply.as_deref()).flatten().filter(|r| !r.trim().is_empty())
+    }
+}
+
+/// The channel of a session by the one channel rule.
+pub fn channel_of_row(key: &SessionKey, row: Option<&SessionRow>, rt: &Runtime) -> String {
+    let scope = key_scope(&rt.access.config, &key.agent_id(&rt.access.config.default_agent()));
+    let stored_chat = row.and_then(|r| r.chat_type);
+    let kind = row.map_or_else(|| keys::kind_of(key, &scope, stored_chat), |r| r.kind);
+    keys::channel_of(
+        key,
+        kind,
+        keys::chat_type_of(key, stored_chat),
+        row.and_then(|r| r.channel.as_deref()),
+        row.and_then(|r| r.last_channel.as_deref()),
+    )
+}
+
+fn env_for(rt: &Runtime, run: &RunRow, spec: &crate::runner::RunnerSpec, token: &str) -> Vec<(String, String)> {
+    let workdir = spec.workdir.display().to_string();
+    let home = if spec.home_inherit {
+        std::env::var("HOME").unwrap_or_else(|_| workdir.clone())
+    } else {
+        format!("{workdir}/.sessions-home")
+    };
+    let mut env = vec![
+        ("PATH".to_string(), std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into())),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("LC_ALL".into(), "C.UTF-8".into()),
+        ("TZ".into(), "UTC".into()),
+        ("HOME".into(), home),
+        ("TMPDIR".into(), format!("{workdir}/.tmp")),
+        ("SESSIONS_MCP_RUN_ID".into(), run.run_id.clone()),
+        ("SESSIONS_MCP_SESSION_KEY".into(), run.session_key.to_string()),
+        ("SESSIONS_MCP_TOKEN".into(), token.to_string()),
+        ("SESSIONS_MCP_SOCKET".into(), rt.state_dir.join("run/mcp.sock").display().to_string()),
+    ];
+    for name in &spec.passthrough {
+        if let Ok(v) = std::env::var(name) {
+            if !name.starts_with("SESSIONS_MCP_") && name != "CLAUDECODE" && name != "CLAUDE_CODE_ENTRYPOINT" {
+                env.push((name.clone(), v));
+            }
+        }
+    }
+    env
+}
+
+/// The `system` text of a run, from its mode and flow state.
+fn system_for(rt: &Runtime, run: &RunRow) -> Option<String> {
+    let flow = run.extra.as_ref()?;
+    let parties = parties_of(flow)?;
+    match run.mode {
+        RunMode::Send => Some(context::send_context(&parties)),
+        RunMode::Reply => {
+            let turn = flow.get("turn").and_then(Value::as_u64).unwrap_or(1) as u32;
+            let max = flow.get("max").and_then(Value::as_u64).unwrap_or(1) as u32;
+            let you_are_requester = run.session_key.as_str() == parties.requester;
+            Some(context::reply_context(&parties, you_are_requester, turn, max))
+        }
+        RunMode::Announce => {
+            let s = |k: &str| flow.get(k).and_then(Value::as_str);
+            Some(context::announce_context(&parties, s("request").unwrap_or(""), s("roundOne"), s("latest")))
+        }
+        _ => {
+            let _ = rt;
+            None
+        }
+    }
+}
+
+fn parties_of(flow: &Value) -> Option<Parties> {
+    let p = flow.get("parties")?;
+    let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("unknown").to_string();
+    Some(Parties {
+        requester: s("requester"),
+        requester_channel: s("requesterChannel"),
+        target: s("target"),
+        target_channel: s("targetChannel"),
+    })
+}
+
+/// Executes one claimed run and commits its outcome.
+pub async fn run_turn(
+    rt: &Arc<Runtime>,
+    run: &RunRow,
+    input_seq: i64,
+    cancel: CancellationToken,
+    on_delta: &(dyn Fn(&str) + Send + Sync),
+) -> Result<TurnResult, StoreError> {
+    let store = &rt.access.store;
+    let config = &rt.access.config;
+    let fail = |error: String| -> Result<TurnResult, StoreError> {
+        let f = Finished {
+            status: "error".into(),
+            reply: None,
+            messages: vec![],
+            usage: None,
+            cost: None,
+            model: None,
+            error: Some(error),
+            exit_status: None,
+        };
+        store.finish_run(&run.run_id, &f)?;
+        Ok(TurnResult { status: "error".into(), reply: None, silent: false })
+    };
+    let Some(session) = store.session_by_key(&run.session_key)? else {
+        return fail(format!("session {} no longer exists", run.session_key));
+    };
+    let mut spec = match resolve_runner(config, &run.agent_id, &rt.state_dir, &rt.runner.exe) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    if let Some(ms) = run.timeout_ms.filter(|ms| *ms > 0) {
+        spec.timeout = spec.timeout.min(std::time::Duration::from_millis(ms as u64));
+    }
+    for dir in [spec.workdir.clone(), spec.workdir.join(".tmp"), spec.workdir.join(".sessions-home")] {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return fail(format!("cannot create the workdir {}: {e}", dir.display()));
+        }
+    }
+    let history = store.context_before(session.id, input_seq, 2000)?;
+    let messages = context::fit_context(&history, spec.context_budget_bytes);
+    let token = format!("smcp_run_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    store.insert_run_token(
+        &sha256_hex(&token),
+        &TokenRow {
+            session_key: run.session_key.to_string(),
+            run_id: Some(run.run_id.clone()),
+            chain_id: run.chain_id.clone(),
+            hop: run.hop,
+            sandboxed: session.sandboxed || configured_sandbox(config, &run.session_key),
+        },
+    )?;
+    let env = env_for(rt, run, &spec, &token);
+    let workdir = spec.workdir.display().to_string();
+    let socket = rt.state_dir.join("run/mcp.sock").display().to_string();
+    let request = context::request(context::RequestParts {
+        run,
+        session_id: &session.session_id,
+        system: system_for(rt, run),
+        messages,
+        workdir: &workdir,
+        socket: &socket,
+        timeout_ms: spec.timeout.as_millis() as u64,
+    });
+    let argv = spec.argv(&[
+        ("sessionKey", run.session_key.as_str()),
+        ("sessionId", &session.session_id),
+        ("runId", &run.run_id),
+        ("model", run.model.as_deref().unwrap_or("")),
+        ("thinking", run.thinking.as_deref().unwrap_or("")),
+        ("workdir", &workdir),
+        ("externalSessionId", ""),
+    ]);
+    let store_for_spawn = store.clone();
+    let run_id = run.run_id.clone();
+    let on_spawn = move |pid: i32| {
+        let start = crate::runtime::process_start_time(i64::from(pid));
+        let _ = store_for_spawn.set_supervisor(&run_id, i64::from(pid), start);
+    };
+    let outcome = rt.runner.execute(&spec, &argv, &request, &env, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
+    let status = match outcome.status {
+        RunStatus::Cancelled if rt.shutting_down() => "interrupted".to_string(),
+        s => s.as_str().to_string(),
+    };
+    let silent = outcome.reply.as_deref().is_some_and(is_skip);
+    let mut messages = outcome.messages;
+    for m in &mut messages {
+        m.chain_id = run.chain_id.clone();
+        m.model = m.model.clone().or(outcome.model.clone());
+        if m.role == "assistant" && is_skip(&crate::agent::content_text(&m.content)) {
+            m.silent = true;
+        }
+    }
+    if let (Some(last), Some(usage)) = (messages.iter_mut().rev().find(|m| m.role == "assistant"), &outcome.usage) {
+        last.usage = Some(usage.clone());
+        last.stop_reason = outcome.stop_reason.clone();
+    }
+    let error = match (&outcome.error, outcome.stderr_tail.is_empty()) {
+        (Some(e), _) => Some(e.clone()),
+        (None, _) => None,
+    };
+    let finished = Finished {
+        status: status.clone(),
+        reply: outcome.reply.clone(),
+        messages,
+        cost: outcome.usage.as_ref().and_then(|u| u.get("costUsd")).and_then(Value::as_f64),
+        usage: outcome.usage,
+        model: outcome.model,
+        error,
+        exit_status: outcome.exit_status,
+    };
+    store.finish_run(&run.run_id, &finished)?;
+    Ok(TurnResult { status, reply: outcome.reply, silent })
+}
+
+/// The next step after a run ended.
+pub fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) {
+    let outcome = match run.mode {
+        RunMode::Send | RunMode::Reply => reply_back(rt, run, result),
+        RunMode::Announce => announce_delivery(rt, run, result),
+        _ => Ok(()),
+    };
+    if let Err(e) = outcome {
+        tracing::error!(run = %run.run_id, error = %e, "a flow step failed");
+    }
+}
+
+/// A run whose owner died: its pending deliveries fail with `interrupted`.
+pub fn after_interrupted(rt: &Runtime, run: &RunRow) {
+    let result = rt.access.store.write(|tx| -> Result<(), StoreError> {
+        tx.execute(
+            "UPDATE deliveries SET status = 'failed', last_error = 'interrupted: the run was interrupted', updated_at = ?2
+             WHERE run_id = ?1 AND status IN ('queued', 'running')",
+            rusqlite::params![run.run_id, now_ms()],
+        )?;
+        Ok(())
+    });
+    if let Err(e) = result {
+        tracing::error!(error = %e, "marking an interrupted run's deliveries failed");
+    }
+}
+
+/// The flow state a step carries from run to run.
+fn flow_of(run: &RunRow) -> Value {
+    run.extra.clone().unwrap_or_else(|| json!({}))
+}
+
+/// After a send's primary run or a reply step: hand the reply to the other side.
+fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    let store = &rt.access.store;
+    let mut flow = flow_of(run);
+    let Some(requester) = run.requester_key.clone() else { return Ok(()) };
+    let target = SessionKey::from_canonical(flow.get("target").and_then(Value::as_str).unwrap_or(run.session_key.as_str()));
+    let reply = result.ok_reply().map(String::from);
+    let turn = flow.get("turn").and_then(Value::as_u64).unwrap_or(0);
+    let max = u64::from(rt.access.config.session.agent_to_agent.max_ping_pong_turns);
+    if run.mode == RunMode::Send {
+        flow["roundOne"] = json!(reply);
+    }
+    flow["latest"] = json!(reply.clone().or(flow.get("latest").and_then(Value::as_str).map(String::from)));
+    // The reply goes to the other side of the exchange: a run's requester is always the side
+    // whose message was its input.
+    let other = requester.clone();
+    let other_row = store.session_by_key(&other)?;
+    let delivery_id: Option<i64> = store.pending_delivery(&run.run_id)?;
+    let Some(text) = reply else {
+        if let Some(id) = delivery_id {
+            let (status, why) = if result.silent {
+                ("skipped", "silent: the reply was a skip token".to_string())
+            } else {
+                ("failed", format!("the run ended {}", result.status))
+            };
+            store.write(|tx| set_delivery_status(tx, id, status, Some(&why)).map_err(StoreError::from))?;
+        }
+        if result.status == "ok" && run.session_key != requester {
+            return queue_announce(rt, run, &target, &flow);
+        }
+        return Ok(());
+    };
+    let external = other_row.as_ref().is_some_and(|r| r.external);
+    if other == run.session_key {
+        // A send to oneself: no ping-pong, only the announce step.
+        return queue_announce(rt, run, &target, &flow);
+    }
+    if external {
+        append_inbox(rt, &other, run, &text, delivery_id)?;
+        return queue_announce(rt, run, &target, &flow);
+    }
+    if turn >= max || !rt.access.send_decision(&other, other_row.as_ref()).allowed() {
+        if let Some(id) = delivery_id {
+            let why = if turn >= max { "ping-pong limit reached (session.agentToAgent.maxPingPongTurns)" } else { "policy" };
+            store.write(|tx| set_delivery_status(tx, id, "skipped", Some(why)).map_err(StoreError::from))?;
+        }
+        return queue_announce(rt, run, &target, &flow);
+    }
+    if chain_full(rt, run)? {
+        return Ok(());
+    }
+    // The other side answers in its own session: turn k+1.
+    let mut next = flow.clone();
+    next["turn"] = json!(turn + 1);
+    next["max"] = json!(max);
+    let other_id = other_row.as_ref().map(|r| r.id).ok_or_else(|| StoreError::Corrupt(format!("{other} vanished")))?;
+    let provenance = json!({"kind": "inter_session", "sourceSessionKey": run.session_key.as_str(),
+        "sourceChannel": channel_of_row(&run.session_key, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
+    let step = NewRun {
+        run_id: uuid::Uuid::new_v4().to_string(),
+        session: other_id,
+        mode: RunMode::Reply,
+        input: json!({"role": "user", "content": text}),
+        provenance: Some(provenance),
+        requester_key: Some(run.session_key.clone()),
+        chain_id: run.chain_id.clone(),
+        hop: run.hop,
+        announce_kind: None,
+        model: None,
+        thinking: None,
+        timeout_ms: None,
+        extra: Some(next),
+    };
+    store.write(|tx| -> Result<(), StoreError> {
+        enqueue(tx, &step)?;
+        if let Some(id) = delivery_id {
+            set_delivery_status(tx, id, "delivered", None)?;
+        }
+        add_delivery(
+            tx,
+            &NewDelivery {
+                run_id: &step.run_id,
+                kind: DeliveryKind::Reply,
+                mode: DeliveryMode::Inbox,
+                status: "queued",
+                target_key: run.session_key.as_str(),
+                channel: None,
+                last_error: None,
+            },
+        )?;
+        Ok(())
+    })?;
+    rt.wake();
+    Ok(())
+}
+
+/// Whether the chain has reached `session.agentToAgent.maxChainMessages` (steps stop there).
+fn chain_full(rt: &Runtime, run: &RunRow) -> Result<bool, StoreError> {
+    let Some(chain) = &run.chain_id else { return Ok(false) };
+    let n = rt.access.store.chain_messages(chain)?;
+    Ok(n >= i64::from(rt.access.config.session.agent_to_agent.max_chain_messages))
+}
+
+/// Appends `text` to an external session (its inbox) as an inter-session message.
+fn append_inbox(rt: &Runtime, to: &SessionKey, run: &RunRow, text: &str, delivery: Option<i64>) -> Result<(), StoreError> {
+    let from = &run.session_key;
+    let provenance = json!({"kind": "inter_session", "sourceSessionKey": from.as_str(),
+        "sourceChannel": channel_of_row(from, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
+    rt.access.store.write(|tx| -> Result<(), StoreError> {
+        let id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [to.as_str()], |r| r.get(0))?;
+        append_message(
+            tx,
+            id,
+            &NewMessage {
+                role: "user".into(),
+                content: json!([{"type": "text", "text": text}]),
+                run_id: Some(run.run_id.clone()),
+                provenance: Some(provenance),
+                chain_id: run.chain_id.clone(),
+                ..Default::default()
+            },
+        )?;
+        if let Some(d) = delivery {
+            set_delivery_status(tx, d, "delivered", None)?;
+        }
+        Ok(())
+    })
+}
+
+/// Queues the announce step in the target, once per exchange.
+fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Value) -> Result<(), StoreError> {
+    let store = &rt.access.store;
+    let Some(row) = store.session_by_key(target)? else { return Ok(()) };
+    if row.external || !rt.access.send_decision(target, Some(&row)).allowed() || chain_full(rt, run)? {
+        return Ok(());
+    }
+    let requester = flow.get("requester").and_then(Value::as_str).map(SessionKey::from_canonical);
+    let step = NewRun {
+        run_id: uuid::Uuid::new_v4().to_string(),
+        session: row.id,
+        mode: RunMode::Announce,
+        input: json!({"role": "user", "content": ANNOUNCE_INPUT}),
+        provenance: Some(json!({"kind": "inter_session", "sourceSessionKey": requester.as_ref().map(SessionKey::as_str),
+            "sourceChannel": flow.pointer("/parties/requesterChannel"), "sourceTool": "sessions_send", "chainId": run.chain_id})),
+        requester_key: requester,
+        chain_id: run.chain_id.clone(),
+        hop: run.hop,
+        announce_kind: Some("agent_to_agent".into()),
+        model: None,
+        thinking: None,
+        timeout_ms: None,
+        extra: Some(flow.clone()),
+    };
+    store.write(|tx| enqueue(tx, &step).map_err(StoreError::from))?;
+    rt.wake();
+    Ok(())
+}
+
+/// After the announce step: deliver its reply to the target's channel, unless it stays silent.
+fn announce_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    let row = rt.access.store.session_by_key(&run.session_key)?;
+    let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
+    let Some(text) = result.ok_reply().map(String::from) else {
+        let why = if result.silent { "silent: ANNOUNCE_SKIP" } else { "the announce step produced no reply" };
+        return deliver::record(rt, run, DeliveryKind::Announce, &channel, "skipped", Some(why), None);
+    };
+    let decision = rt.access.send_decision(&run.session_key, row.as_ref());
+    if !decision.allowed() {
+        let why = match decision.rule {
+            Some(i) => format!("policy: rule {i}"),
+            None => "policy".to_string(),
+        };
+        return deliver::record(rt, run, DeliveryKind::Announce, &channel, "skipped", Some(&why), None);
+    }
+    deliver::channel_delivery(rt, run, row.as_ref(), &channel, &text)
+}

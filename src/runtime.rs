@@ -1,0 +1,341 @@
+//! The runtime owner (DESIGN §3.2): exactly one process per state dir runs runs, deliveries and
+//! sweeps. It holds an exclusive lock on `<stateDir>/runtime.lock`; other processes serve tools,
+//! commit queued runs, and wait for runs by watching their rows. A `daemon` has priority: it holds
+//! `daemon.lock` for its life, `serve` never takes the runtime lock while a daemon is there, and a
+//! `serve` owner that sees one stops claiming and hands over when its running runs end.
+//!
+//! The per-session FIFO and the caps live in the store (`Store::claim_next`), so several processes
+//! can never overlap runs of one session. A run is claimed `running` and executed by the
+//! [`crate::runner::Runner`]; its outcome is committed in one transaction, then `flows` decide the
+//! next step (reply-back, announce, deliveries).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+
+use crate::access::Access;
+use crate::runner::Runner;
+use crate::store::{Caps, RunRow, StoreError};
+
+/// How long a waiter sleeps between looks at a run row it cannot be woken for.
+const POLL_MIN: Duration = Duration::from_millis(50);
+const POLL_MAX: Duration = Duration::from_secs(1);
+
+/// Which kind of process this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `serve`: owns the runtime only while no daemon is there.
+    Serve,
+    /// `daemon`: always wants the runtime.
+    Daemon,
+}
+
+/// The runtime of one process (owner or not).
+pub struct Runtime {
+    pub access: Access,
+    pub state_dir: PathBuf,
+    pub runner: Runner,
+    pub owner_id: String,
+    role: Role,
+    owner: AtomicBool,
+    lock: Mutex<Option<File>>,
+    _daemon_lock: Option<File>,
+    /// Wakes the scheduler and in-process waiters when something changed.
+    pub changed: Notify,
+    /// Running runs of this process and how to cancel them.
+    active: Mutex<HashMap<String, CancellationToken>>,
+    /// Streamed text of running runs, for waiters in this process.
+    progress: Mutex<HashMap<String, broadcast::Sender<String>>>,
+    /// Stop claiming new runs (shutdown or hand-over).
+    stop_claiming: CancellationToken,
+    shutting_down: AtomicBool,
+}
+
+/// What a wait ended with.
+#[derive(Debug)]
+pub enum Waited {
+    Finished(Box<RunRow>),
+    TimedOut,
+    Cancelled,
+}
+
+impl Runtime {
+    /// Starts the runtime of this process: takes the runtime lock when it may, and keeps trying
+    /// (so the process takes over when the owner dies).
+    pub fn start(access: Access, state_dir: &Path, role: Role) -> Result<Arc<Runtime>, String> {
+        std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+        let daemon_lock = match role {
+            Role::Daemon => {
+                let f = open_lock(&state_dir.join("daemon.lock"))?;
+                f.try_lock().map_err(|_| "a daemon already runs for this state dir".to_string())?;
+                Some(f)
+            }
+            Role::Serve => None,
+        };
+        let rt = Arc::new(Runtime {
+            access,
+            state_dir: state_dir.to_path_buf(),
+            runner: Runner::new().map_err(|e| format!("cannot find the sessions-mcp binary: {e}"))?,
+            owner_id: uuid::Uuid::new_v4().to_string(),
+            role,
+            owner: AtomicBool::new(false),
+            lock: Mutex::new(None),
+            _daemon_lock: daemon_lock,
+            changed: Notify::new(),
+            active: Mutex::new(HashMap::new()),
+            progress: Mutex::new(HashMap::new()),
+            stop_claiming: CancellationToken::new(),
+            shutting_down: AtomicBool::new(false),
+        });
+        rt.try_become_owner();
+        tokio::spawn(rt.clone().scheduler());
+        Ok(rt)
+    }
+
+    pub fn is_owner(&self) -> bool {
+        self.owner.load(Ordering::SeqCst)
+    }
+
+    /// Whether a daemon is alive (it holds daemon.lock).
+    fn daemon_present(&self) -> bool {
+        if self.role == Role::Daemon {
+            return false;
+        }
+        match open_lock(&self.state_dir.join("daemon.lock")) {
+            Ok(f) => f.try_lock().is_err(),
+            Err(_) => false,
+        }
+    }
+
+    fn try_become_owner(&self) {
+        if self.is_owner() || self.stop_claiming.is_cancelled() || self.daemon_present() {
+            return;
+        }
+        let Ok(file) = open_lock(&self.state_dir.join("runtime.lock")) else { return };
+        if file.try_lock().is_ok() {
+            *self.lock.lock().expect("lock slot") = Some(file);
+            self.owner.store(true, Ordering::SeqCst);
+            tracing::info!(owner = %self.owner_id, "this process owns the runtime");
+            self.recover();
+        }
+    }
+
+    fn release_ownership(&self) {
+        self.owner.store(false, Ordering::SeqCst);
+        *self.lock.lock().expect("lock slot") = None;
+        tracing::info!("runtime ownership released");
+    }
+
+    /// Runs whose owner died become `interrupted` (never re-run); their requesters learn it.
+    fn recover(&self) {
+        match self.access.store.interrupt_orphans(&self.owner_id) {
+            Ok(runs) => {
+                let ids: Vec<String> = runs.iter().map(|r| r.run_id.clone()).collect();
+                kill_leftover_groups(&self.access.store.supervisors(&ids).unwrap_or_default());
+                for run in runs {
+                    tracing::warn!(run = %run.run_id, "run interrupted: its owner died");
+                    crate::flows::after_interrupted(self, &run);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "recovery failed"),
+        }
+    }
+
+    /// Wakes the scheduler and waiters of this process.
+    pub fn wake(&self) {
+        self.changed.notify_waiters();
+    }
+
+    async fn scheduler(self: Arc<Self>) {
+        let mut last_renew = tokio::time::Instant::now();
+        loop {
+            if self.shutting_down() {
+                return; // `shutdown` finishes the running runs and releases the lock
+            }
+            if !self.is_owner() {
+                self.try_become_owner();
+            } else if self.daemon_present() && !self.stop_claiming.is_cancelled() {
+                // A daemon is waiting: stop claiming, hand over once our runs end.
+                self.hand_over().await;
+                continue;
+            } else if !self.stop_claiming.is_cancelled() {
+                self.claim_all();
+                crate::flows::deliver_due(&self).await;
+                if last_renew.elapsed() > Duration::from_secs(5) {
+                    let _ = self.access.store.renew_leases(&self.owner_id);
+                    last_renew = tokio::time::Instant::now();
+                }
+            }
+            let notified = self.changed.notified();
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+
+    async fn hand_over(&self) {
+        tracing::info!("a daemon is waiting: handing the runtime over when running runs end");
+        while !self.active.lock().expect("active").is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.release_ownership();
+    }
+
+    fn caps(&self) -> Caps {
+        let config = &self.access.config;
+        let per_agent = config
+            .configured_agents()
+            .into_iter()
+            .map(|a| {
+                let spec = crate::runner::resolve_runner(config, &a, &self.state_dir, &self.runner.exe);
+                (a.to_string(), spec.map_or(1, |s| s.max_concurrent))
+            })
+            .collect();
+        Caps {
+            global: config.runtime.max_concurrent_runs,
+            per_agent,
+            default_agent: config.agents.defaults.runner.max_concurrent(),
+        }
+    }
+
+    fn claim_all(self: &Arc<Self>) {
+        let caps = self.caps();
+        loop {
+            match self.access.store.claim_next(&self.owner_id, &caps) {
+                Ok(Some((run, input_seq))) => {
+                    let token = CancellationToken::new();
+                    self.active.lock().expect("active").insert(run.run_id.clone(), token.clone());
+                    let (tx, _) = broadcast::channel(256);
+                    self.progress.lock().expect("progress").insert(run.run_id.clone(), tx);
+                    self.wake();
+                    tokio::spawn(self.clone().execute(run, input_seq, token));
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!(error = %e, "claiming a run failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn execute(self: Arc<Self>, run: RunRow, input_seq: i64, cancel: CancellationToken) {
+        let run_id = run.run_id.clone();
+        let progress = self.progress.lock().expect("progress").get(&run_id).cloned();
+        let on_delta = move |text: &str| {
+            if let Some(tx) = &progress {
+                let _ = tx.send(text.to_string());
+            }
+        };
+        let finished = crate::flows::run_turn(&self, &run, input_seq, cancel, &on_delta).await;
+        self.active.lock().expect("active").remove(&run_id);
+        self.progress.lock().expect("progress").remove(&run_id);
+        match finished {
+            Ok(outcome) => crate::flows::after_run(&self, &run, &outcome),
+            Err(e) => tracing::error!(run = %run_id, error = %e, "recording a run failed"),
+        }
+        self.wake();
+    }
+
+    /// Whether this process is shutting down (a cancelled run then ends `interrupted`).
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Subscribes to a running run's streamed text (only runs of this process stream).
+    pub fn subscribe(&self, run_id: &str) -> Option<broadcast::Receiver<String>> {
+        self.progress.lock().expect("progress").get(run_id).map(|tx| tx.subscribe())
+    }
+
+    /// Waits for `run_id` to finish, up to `timeout`, or until `cancel` fires.
+    pub async fn wait(&self, run_id: &str, timeout: Duration, cancel: &CancellationToken) -> Result<Waited, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut poll = POLL_MIN;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(run) = self.access.store.run(run_id)? {
+                if run.is_finished() {
+                    return Ok(Waited::Finished(Box::new(run)));
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(Waited::Cancelled),
+                _ = tokio::time::sleep_until(deadline) => return Ok(Waited::TimedOut),
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(poll) => poll = (poll * 2).min(POLL_MAX),
+            }
+        }
+    }
+
+    /// After the client left (stdin EOF): keep running until nothing is queued or running, or
+    /// `runtime.drainSeconds` passed; queued runs always stay queued for the next owner.
+    pub async fn drain(&self) {
+        let limit = Duration::from_secs(self.access.config.runtime.drain_seconds);
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.is_owner() && tokio::time::Instant::now() < deadline {
+            match self.access.store.unfinished_runs() {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.shutdown(false).await;
+    }
+
+    /// Stops claiming; with `cancel_running` (SIGTERM/SIGINT) cancels running runs, which end
+    /// `interrupted`. Queued runs stay queued. Releases the lock when no run is left here.
+    pub async fn shutdown(&self, cancel_running: bool) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.stop_claiming.cancel();
+        if cancel_running {
+            for token in self.active.lock().expect("active").values() {
+                token.cancel();
+            }
+        }
+        while !self.active.lock().expect("active").is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if self.is_owner() {
+            self.release_ownership();
+        }
+    }
+}
+
+fn open_lock(path: &Path) -> Result<File, String> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The start time of a process (field 22 of /proc/<pid>/stat), to tell a pid from a recycled one.
+pub fn process_start_time(pid: i64) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(") ")?.1;
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Kills the process groups of supervisors that outlived their owner, if their start time
+/// still matches (never a recycled pid).
+fn kill_leftover_groups(supervisors: &[(i64, Option<i64>)]) {
+    for (pid, start) in supervisors {
+        if start.is_some() && process_start_time(*pid) == *start {
+            // SAFETY: killpg has no memory-safety preconditions.
+            unsafe {
+                libc::killpg(*pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}

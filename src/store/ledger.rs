@@ -1,0 +1,228 @@
+//! The delivery ledger and idempotency keys.
+
+use rusqlite::{OptionalExtension, Transaction, params};
+use serde_json::{Value, json};
+
+use super::{Result, Store, now_ms};
+
+/// What a delivery carries out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryKind {
+    Inbox,
+    Reply,
+    Announce,
+    Completion,
+}
+
+impl DeliveryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Inbox => "inbox",
+            Self::Reply => "reply",
+            Self::Announce => "announce",
+            Self::Completion => "completion",
+        }
+    }
+}
+
+/// How a delivery reaches its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryMode {
+    Announce,
+    Inbox,
+    Channel,
+}
+
+impl DeliveryMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Announce => "announce",
+            Self::Inbox => "inbox",
+            Self::Channel => "channel",
+        }
+    }
+}
+
+/// A ledger row to create.
+#[derive(Debug, Clone)]
+pub struct NewDelivery<'a> {
+    pub run_id: &'a str,
+    pub kind: DeliveryKind,
+    pub mode: DeliveryMode,
+    pub status: &'a str,
+    pub target_key: &'a str,
+    pub channel: Option<&'a str>,
+    pub last_error: Option<&'a str>,
+}
+
+pub(crate) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Result<i64> {
+    let now = now_ms();
+    tx.prepare_cached(
+        "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, last_error, attempts, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+    )?
+    .execute(params![
+        d.run_id,
+        d.kind.as_str(),
+        d.mode.as_str(),
+        d.status,
+        d.target_key,
+        d.channel,
+        d.last_error,
+        i64::from(d.status != "queued"),
+        now
+    ])?;
+    Ok(tx.last_insert_rowid())
+}
+
+pub(crate) fn set_delivery_status(tx: &Transaction, id: i64, status: &str, error: Option<&str>) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1, updated_at = ?4
+         WHERE id = ?1",
+    )?
+    .execute(params![id, status, error, now_ms()])?;
+    Ok(())
+}
+
+/// A remembered idempotency key.
+#[derive(Debug, Clone)]
+pub struct IdempotencyHit {
+    pub args_hash: String,
+    pub run_id: Option<String>,
+    pub result: Option<Value>,
+}
+
+/// Idempotency keys are kept 24 h.
+pub const IDEMPOTENCY_TTL_MS: i64 = 24 * 3600 * 1000;
+
+pub(crate) fn remember_key(
+    tx: &Transaction,
+    caller: &str,
+    key: &str,
+    tool: &str,
+    args_hash: &str,
+    run_id: &str,
+    result: &Value,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO idempotency (caller, key, tool, args_hash, run_id, result, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![caller, key, tool, args_hash, run_id, result.to_string(), now_ms()])?;
+    Ok(())
+}
+
+impl Store {
+    /// The first delivery of a run: `{status, mode}` (what sessions_send reports).
+    pub fn delivery_of(&self, run_id: &str) -> Result<Option<Value>> {
+        self.read(|c| {
+            c.prepare_cached("SELECT status, mode FROM deliveries WHERE run_id = ?1 ORDER BY id LIMIT 1")?
+                .query_row([run_id], |r| Ok(json!({"status": r.get::<_, String>(0)?, "mode": r.get::<_, String>(1)?})))
+                .optional()
+        })
+    }
+
+    /// A caller's idempotency key, if used in the last 24 h.
+    pub fn idempotency(&self, caller: &str, key: &str) -> Result<Option<IdempotencyHit>> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT args_hash, run_id, result FROM idempotency WHERE caller = ?1 AND key = ?2 AND created_at > ?3",
+            )?
+            .query_row(params![caller, key, now_ms() - IDEMPOTENCY_TTL_MS], |r| {
+                Ok(IdempotencyHit {
+                    args_hash: r.get(0)?,
+                    run_id: r.get(1)?,
+                    result: r.get::<_, Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()),
+                })
+            })
+            .optional()
+        })
+    }
+}
+
+impl Store {
+    /// The run's reply delivery that is still queued, if any.
+    pub fn pending_delivery(&self, run_id: &str) -> Result<Option<i64>> {
+        self.read(|c| {
+            c.prepare_cached("SELECT id FROM deliveries WHERE run_id = ?1 AND status = 'queued' ORDER BY id LIMIT 1")?
+                .query_row([run_id], |r| r.get(0))
+                .optional()
+        })
+    }
+
+    /// Messages appended on a chain so far (the loop guard's count).
+    pub fn chain_messages(&self, chain: &str) -> Result<i64> {
+        self.read(|c| c.query_row("SELECT count(*) FROM messages WHERE chain_id = ?1", [chain], |r| r.get(0)))
+    }
+}
+
+/// A channel delivery waiting for its deliverer.
+#[derive(Debug, Clone)]
+pub struct DueDelivery {
+    pub id: i64,
+    pub channel: String,
+    pub payload: Value,
+    pub attempts: i64,
+    pub deadline_at: i64,
+}
+
+impl Store {
+    /// Adds a channel delivery to attempt now (payload is what the deliverer gets on stdin).
+    pub fn queue_channel_delivery(&self, run_id: &str, target: &str, channel: &str, payload: &Value) -> Result<i64> {
+        self.write(|tx| -> Result<i64> {
+            let now = now_ms();
+            tx.execute(
+                "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, payload, attempts,
+                     next_attempt_at, deadline_at, created_at, updated_at)
+                 VALUES (?1, 'announce', 'channel', 'queued', ?2, ?3, ?4, 0, ?5, ?6, ?5, ?5)",
+                params![run_id, target, channel, payload.to_string(), now, now + 30 * 60 * 1000],
+            )?;
+            Ok(tx.last_insert_rowid())
+        })
+    }
+
+    /// Claims channel deliveries that are due (marks them running).
+    pub fn claim_due_deliveries(&self, limit: usize) -> Result<Vec<DueDelivery>> {
+        self.write(|tx| -> Result<Vec<DueDelivery>> {
+            let now = now_ms();
+            let due: Vec<DueDelivery> = tx
+                .prepare_cached(
+                    "SELECT id, channel, payload, attempts, deadline_at FROM deliveries
+                     WHERE status = 'queued' AND mode = 'channel' AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?2",
+                )?
+                .query_map(params![now, limit as i64], |r| {
+                    Ok(DueDelivery {
+                        id: r.get(0)?,
+                        channel: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                        payload: r.get::<_, Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
+                        attempts: r.get(3)?,
+                        deadline_at: r.get::<_, Option<i64>>(4)?.unwrap_or(now),
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            for d in &due {
+                tx.execute("UPDATE deliveries SET status = 'running', updated_at = ?2 WHERE id = ?1", params![d.id, now])?;
+            }
+            Ok(due)
+        })
+    }
+
+    /// Records one attempt: a final status, or `queued` again with the next attempt time.
+    pub fn delivery_attempted(&self, id: i64, status: &str, error: Option<&str>, next_attempt_at: Option<i64>) -> Result<()> {
+        self.write(|tx| -> Result<()> {
+            tx.execute(
+                "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
+                     next_attempt_at = coalesce(?4, next_attempt_at), updated_at = ?5 WHERE id = ?1",
+                params![id, status, error, next_attempt_at, now_ms()],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Channel deliveries left `running` by a dead owner are attempted again.
+    pub fn requeue_running_deliveries(&self) -> Result<usize> {
+        self.write(|tx| -> Result<usize> {
+            Ok(tx.execute("UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'", [])?)
+        })
+    }
+}

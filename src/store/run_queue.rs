@@ -1,0 +1,385 @@
+//! The run queue in the store: enqueue (durable before anyone is told `accepted`), claim under
+//! the per-session FIFO and the concurrency caps in one `BEGIN IMMEDIATE` transaction, finish
+//! (transcript, usage and status together), and recover runs whose owner died.
+
+use std::collections::HashMap;
+
+use rusqlite::{OptionalExtension, Transaction, params};
+use serde_json::Value;
+
+use super::messages::append_message;
+use super::{NewMessage, Result, Store, now_ms};
+use crate::keys::{AgentId, SessionKey};
+
+/// Why a run exists (the request's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    Send,
+    Reply,
+    Announce,
+    Spawn,
+    Completion,
+    Inject,
+}
+
+impl RunMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Send => "send",
+            Self::Reply => "reply",
+            Self::Announce => "announce",
+            Self::Spawn => "spawn",
+            Self::Completion => "completion",
+            Self::Inject => "inject",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Send, Self::Reply, Self::Announce, Self::Spawn, Self::Completion, Self::Inject]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
+
+/// A run to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub run_id: String,
+    pub session: i64,
+    pub mode: RunMode,
+    /// The input message (`{role, content}`), appended to the transcript when the run starts.
+    pub input: Value,
+    pub provenance: Option<Value>,
+    pub requester_key: Option<SessionKey>,
+    pub chain_id: Option<String>,
+    pub hop: i64,
+    pub announce_kind: Option<String>,
+    pub model: Option<String>,
+    pub thinking: Option<String>,
+    pub timeout_ms: Option<i64>,
+    /// Flow state (e.g. the ping-pong turn), opaque to the store.
+    pub extra: Option<Value>,
+}
+
+/// A stored run, as waiters and flows read it.
+#[derive(Debug, Clone)]
+pub struct RunRow {
+    pub run_id: String,
+    pub session: i64,
+    pub session_key: SessionKey,
+    pub agent_id: AgentId,
+    pub mode: RunMode,
+    pub status: String,
+    pub input: Value,
+    pub provenance: Option<Value>,
+    pub requester_key: Option<SessionKey>,
+    pub chain_id: Option<String>,
+    pub hop: i64,
+    pub announce_kind: Option<String>,
+    pub model: Option<String>,
+    pub thinking: Option<String>,
+    pub timeout_ms: Option<i64>,
+    pub reply: Option<String>,
+    pub error: Option<String>,
+    pub extra: Option<Value>,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+}
+
+impl RunRow {
+    pub fn is_finished(&self) -> bool {
+        !matches!(self.status.as_str(), "queued" | "running")
+    }
+}
+
+const RUN_COLUMNS: &str = "r.run_id, r.session, s.key, s.agent_id, r.mode, r.status, r.input, r.provenance, \
+    r.requester_key, r.chain_id, r.hop, r.announce_kind, r.model, r.thinking, r.timeout_ms, r.reply, r.error, \
+    r.extra, r.created_at, r.started_at, r.ended_at";
+
+fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
+    let json = |i: usize| -> rusqlite::Result<Option<Value>> {
+        Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
+    };
+    Ok(RunRow {
+        run_id: r.get(0)?,
+        session: r.get(1)?,
+        session_key: SessionKey::from_canonical(r.get::<_, String>(2)?),
+        agent_id: AgentId::parse(&r.get::<_, String>(3)?).unwrap_or_else(|_| AgentId::main()),
+        mode: RunMode::parse(&r.get::<_, String>(4)?).unwrap_or(RunMode::Send),
+        status: r.get(5)?,
+        input: json(6)?.unwrap_or(Value::Null),
+        provenance: json(7)?,
+        requester_key: r.get::<_, Option<String>>(8)?.map(SessionKey::from_canonical),
+        chain_id: r.get(9)?,
+        hop: r.get(10)?,
+        announce_kind: r.get(11)?,
+        model: r.get(12)?,
+        thinking: r.get(13)?,
+        timeout_ms: r.get(14)?,
+        reply: r.get(15)?,
+        error: r.get(16)?,
+        extra: json(17)?,
+        created_at: r.get(18)?,
+        started_at: r.get(19)?,
+        ended_at: r.get(20)?,
+    })
+}
+
+/// The caps a claim respects.
+#[derive(Debug, Clone)]
+pub struct Caps {
+    /// Running runs server-wide (runtime.maxConcurrentRuns).
+    pub global: u32,
+    /// Running runs per agent (runner.maxConcurrent); agents not named use `default_agent`.
+    pub per_agent: HashMap<String, u32>,
+    pub default_agent: u32,
+}
+
+/// How a run ended, as the runtime records it.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub status: String,
+    pub reply: Option<String>,
+    pub messages: Vec<NewMessage>,
+    pub usage: Option<Value>,
+    pub cost: Option<f64>,
+    pub model: Option<String>,
+    pub error: Option<String>,
+    pub exit_status: Option<i32>,
+}
+
+pub(crate) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<()> {
+    let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
+    tx.prepare_cached(
+        "INSERT INTO runs (run_id, session, mode, status, input, provenance, requester_key, chain_id, hop,
+             announce_kind, model, thinking, timeout_ms, extra, created_at)
+         VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+    )?
+    .execute(params![
+        run.run_id,
+        run.session,
+        run.mode.as_str(),
+        run.input.to_string(),
+        json(&run.provenance),
+        run.requester_key.as_ref().map(SessionKey::as_str),
+        run.chain_id,
+        run.hop,
+        run.announce_kind,
+        run.model,
+        run.thinking,
+        run.timeout_ms,
+        json(&run.extra),
+        now_ms(),
+    ])?;
+    Ok(())
+}
+
+pub(crate) fn run_by_id(c: &rusqlite::Connection, run_id: &str) -> rusqlite::Result<Option<RunRow>> {
+    let sql = format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session WHERE r.run_id = ?1");
+    c.prepare_cached(&sql)?.query_row([run_id], run_from_row).optional()
+}
+
+impl Store {
+    pub fn run(&self, run_id: &str) -> Result<Option<RunRow>> {
+        self.read(|c| run_by_id(c, run_id))
+    }
+
+    /// Claims the oldest queued run that may start: no other run of its session running, its
+    /// agent and the server under their caps. Its input is appended to the transcript now.
+    pub fn claim_next(&self, owner: &str, caps: &Caps) -> Result<Option<(RunRow, i64)>> {
+        self.write(|tx| -> Result<Option<(RunRow, i64)>> {
+            let running: Vec<(String, i64)> = tx
+                .prepare_cached(
+                    "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
+                     WHERE r.status = 'running' GROUP BY s.agent_id",
+                )?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            let total: i64 = running.iter().map(|(_, n)| n).sum();
+            if total >= i64::from(caps.global) {
+                return Ok(None);
+            }
+            let sql = format!(
+                "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
+                 WHERE r.status = 'queued'
+                   AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.session = r.session AND x.status = 'running')
+                 ORDER BY r.created_at, r.rowid LIMIT 256"
+            );
+            let candidates: Vec<RunRow> =
+                tx.prepare_cached(&sql)?.query_map([], run_from_row)?.collect::<rusqlite::Result<_>>()?;
+            let mut seen_sessions = std::collections::HashSet::new();
+            for run in candidates {
+                // FIFO per session: only the oldest queued run of a session is a candidate.
+                if !seen_sessions.insert(run.session) {
+                    continue;
+                }
+                let agent = run.agent_id.as_str();
+                let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
+                let busy = running.iter().find(|(a, _)| a == agent).map_or(0, |(_, n)| *n);
+                if busy >= i64::from(cap) {
+                    continue;
+                }
+                let now = now_ms();
+                let content = run.input.get("content").cloned().unwrap_or(Value::Null);
+                let role = run.input.get("role").and_then(Value::as_str).unwrap_or("user").to_string();
+                let input = NewMessage {
+                    role,
+                    content,
+                    timestamp: Some(now),
+                    run_id: Some(run.run_id.clone()),
+                    provenance: run.provenance.clone(),
+                    chain_id: run.chain_id.clone(),
+                    ..Default::default()
+                };
+                let seq = append_message(tx, run.session, &input)?;
+                tx.execute(
+                    "UPDATE runs SET status = 'running', owner = ?2, lease_until = ?3, started_at = ?4, input_seq = ?5
+                     WHERE run_id = ?1",
+                    params![run.run_id, owner, now + 15_000, now, seq],
+                )?;
+                let claimed = run_by_id(tx, &run.run_id)?.expect("claimed run exists");
+                return Ok(Some((claimed, seq)));
+            }
+            Ok(None)
+        })
+    }
+
+    /// Records the end of a run: its messages, status, usage and the session's totals, at once.
+    pub fn finish_run(&self, run_id: &str, f: &Finished) -> Result<()> {
+        self.write(|tx| -> Result<()> {
+            let session: i64 = tx.query_row("SELECT session FROM runs WHERE run_id = ?1", [run_id], |r| r.get(0))?;
+            for m in &f.messages {
+                append_message(tx, session, m)?;
+            }
+            let now = now_ms();
+            tx.execute(
+                "UPDATE runs SET status = ?2, reply = ?3, usage = ?4, cost = ?5, model = coalesce(?6, model),
+                     error = ?7, exit_status = ?8, ended_at = ?9, lease_until = NULL
+                 WHERE run_id = ?1",
+                params![
+                    run_id,
+                    f.status,
+                    f.reply,
+                    f.usage.as_ref().map(Value::to_string),
+                    f.cost,
+                    f.model,
+                    f.error,
+                    f.exit_status,
+                    now
+                ],
+            )?;
+            let tokens = |k: &str| f.usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_i64).unwrap_or(0);
+            let (tin, tout) = (tokens("inputTokens"), tokens("outputTokens"));
+            tx.execute(
+                "UPDATE sessions SET tokens_in = tokens_in + ?2, tokens_out = tokens_out + ?3,
+                     tokens_total = tokens_total + ?2 + ?3, cost = CASE WHEN ?4 IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END,
+                     model = coalesce(?5, model), aborted_last_run = ?6, updated_at = max(updated_at, ?7)
+                 WHERE id = ?1",
+                params![session, tin, tout, f.cost, f.model, f.status != "ok", now],
+            )?;
+            // The run's token stays valid 30 s after the run ends.
+            tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'", params![run_id, now + 30_000])?;
+            Ok(())
+        })
+    }
+
+    /// Renews the lease of runs this owner is running.
+    pub fn renew_leases(&self, owner: &str) -> Result<()> {
+        self.write(|tx| -> Result<()> {
+            tx.execute(
+                "UPDATE runs SET lease_until = ?2 WHERE owner = ?1 AND status = 'running'",
+                params![owner, now_ms() + 15_000],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Marks `running` runs not owned by `owner` as `interrupted` (their owner died: the caller
+    /// holds the runtime lock). Returns them; they are never re-run.
+    pub fn interrupt_orphans(&self, owner: &str) -> Result<Vec<RunRow>> {
+        self.write(|tx| -> Result<Vec<RunRow>> {
+            let sql = format!(
+                "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
+                 WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1)"
+            );
+            let runs: Vec<RunRow> = tx.prepare(&sql)?.query_map([owner], run_from_row)?.collect::<rusqlite::Result<_>>()?;
+            for r in &runs {
+                tx.execute(
+                    "UPDATE runs SET status = 'interrupted', ended_at = ?2, lease_until = NULL,
+                         error = 'interrupted: the process running it died; it was not re-run'
+                     WHERE run_id = ?1",
+                    params![r.run_id, now_ms()],
+                )?;
+                tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1", params![r.run_id, now_ms()])?;
+            }
+            Ok(runs)
+        })
+    }
+
+    /// Records the run's supervisor (it leads the run's process group) and its start time, so
+    /// that recovery can kill a leftover group without ever hitting a recycled pid.
+    pub fn set_supervisor(&self, run_id: &str, pid: i64, start_time: Option<i64>) -> Result<()> {
+        self.write(|tx| -> Result<()> {
+            tx.execute(
+                "UPDATE runs SET supervisor_pid = ?2, supervisor_pgid = ?2, supervisor_start = ?3 WHERE run_id = ?1",
+                params![run_id, pid, start_time],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Supervisor (pid, start time) of the given runs.
+    pub fn supervisors(&self, run_ids: &[String]) -> Result<Vec<(i64, Option<i64>)>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached("SELECT supervisor_pid, supervisor_start FROM runs WHERE run_id = ?1")?;
+            let mut out = Vec::new();
+            for id in run_ids {
+                if let Some((Some(pid), start)) =
+                    stmt.query_row([id], |r| Ok((r.get::<_, Option<i64>>(0)?, r.get(1)?))).optional()?
+                {
+                    out.push((pid, start));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// How many runs are queued or running (the drain condition).
+    pub fn unfinished_runs(&self) -> Result<i64> {
+        self.read(|c| c.query_row("SELECT count(*) FROM runs WHERE status IN ('queued', 'running')", [], |r| r.get(0)))
+    }
+}
+
+impl Store {
+    /// Records that `run_id` (a run inside which a caller waits) waits on `on` (None clears it).
+    pub fn set_waiting(&self, run_id: &str, on: Option<&str>) -> Result<()> {
+        self.write(|tx| -> Result<()> {
+            tx.execute("UPDATE runs SET waiting_on = ?2 WHERE run_id = ?1", params![run_id, on])?;
+            Ok(())
+        })
+    }
+
+    /// Would a wait by a caller in session `caller` on a new run in session `target` close a
+    /// cycle? Follows the target's running run through `waiting_on` (bounded).
+    pub fn wait_would_deadlock(&self, caller: i64, target: i64) -> Result<bool> {
+        self.read(|c| {
+            let mut running = c.prepare_cached("SELECT waiting_on FROM runs WHERE session = ?1 AND status = 'running'")?;
+            let mut session_of = c.prepare_cached("SELECT session FROM runs WHERE run_id = ?1")?;
+            let mut session = target;
+            for _ in 0..32 {
+                let Some(Some(waits_on)) = running.query_row([session], |r| r.get::<_, Option<String>>(0)).optional()? else {
+                    return Ok(false);
+                };
+                let Some(next) = session_of.query_row([&waits_on], |r| r.get::<_, i64>(0)).optional()? else {
+                    return Ok(false);
+                };
+                if next == caller {
+                    return Ok(true);
+                }
+                session = next;
+            }
+            Ok(false)
+        })
+    }
+}

@@ -1,0 +1,165 @@
+//! `sessions-mcp supervise`: the process every run starts through (RUNNER-PROTOCOL "Process
+//! rules"). It makes itself the leader of a new process group, asks the kernel to signal it when
+//! the server dies (Linux: the parent-death signal), starts the agent in its group with its own
+//! stdin/stdout/stderr (the server talks to the agent through them directly), and ends the run:
+//! on SIGTERM, on the server's death, or at the deadline it signals the group SIGINT → SIGTERM →
+//! SIGKILL a step apart; when the agent exits by itself it kills whatever the agent left behind.
+//! Finally it kills every process of its uid that still carries the run's `SESSIONS_MCP_RUN_ID`
+//! (catching `setsid` escapers; best effort without a PID namespace).
+
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct SuperviseArgs {
+    /// Kill the run at this many milliseconds after start (0 = no deadline).
+    #[arg(long, default_value_t = 0)]
+    deadline_ms: u64,
+    /// Time between SIGINT, SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = 1000)]
+    step_ms: u64,
+    /// The agent's program and arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// The signal that asked us to stop (0 = none yet).
+static STOP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let _ = STOP.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+}
+
+fn install_handlers() {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn die_with_parent() {
+    // SAFETY: plain prctl/getppid calls with constant arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+        if libc::getppid() == 1 {
+            STOP.store(libc::SIGTERM, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent() {}
+
+pub fn run(args: &SuperviseArgs) -> ExitCode {
+    install_handlers();
+    die_with_parent();
+    // SAFETY: setsid has no memory-safety preconditions; failure only means we already lead one.
+    unsafe {
+        libc::setsid();
+    }
+    let pgid = std::process::id() as i32;
+    let run_id = std::env::var("SESSIONS_MCP_RUN_ID").unwrap_or_default();
+    let mut child = match Command::new(&args.command[0]).args(&args.command[1..]).spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sessions-mcp supervise: cannot start {:?}: {e}", args.command[0]);
+            return ExitCode::from(127);
+        }
+    };
+    let started = Instant::now();
+    let deadline = (args.deadline_ms > 0).then(|| started + Duration::from_millis(args.deadline_ms));
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) => {}
+            Err(_) => break None,
+        }
+        if STOP.load(Ordering::SeqCst) != 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let step = Duration::from_millis(args.step_ms);
+    let status = match status {
+        Some(s) => s,
+        None => escalate(&mut child, pgid, step),
+    };
+    kill_leftovers(pgid, &run_id);
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitCode::from(code.clamp(0, 255) as u8),
+        (None, Some(sig)) => ExitCode::from((128 + sig).clamp(0, 255) as u8),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+/// SIGINT → SIGTERM → SIGKILL to the group, `step` apart, until the agent is gone.
+fn escalate(child: &mut std::process::Child, pgid: i32, step: Duration) -> std::process::ExitStatus {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
+        signal_group(pgid, sig);
+        let until = Instant::now() + step;
+        while Instant::now() < until {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    child.wait().unwrap_or_else(|_| std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL))
+}
+
+/// Signals every member of the group except this process (we must live to escalate).
+fn signal_group(pgid: i32, sig: i32) {
+    if !std::path::Path::new("/proc/self").exists() {
+        // No /proc (macOS): our own handlers absorb INT/TERM; SIGKILL would take us too.
+        if sig != libc::SIGKILL {
+            // SAFETY: killpg has no memory-safety preconditions.
+            unsafe {
+                libc::killpg(pgid, sig);
+            }
+        }
+        return;
+    }
+    for pid in processes() {
+        // SAFETY: getpgid/kill on a pid have no memory-safety preconditions.
+        if pid != pgid && unsafe { libc::getpgid(pid) } == pgid {
+            unsafe {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+}
+
+/// Kills what is left in our group, then every process of ours that carries the run id.
+fn kill_leftovers(pgid: i32, run_id: &str) {
+    signal_group(pgid, libc::SIGKILL);
+    if run_id.is_empty() {
+        return;
+    }
+    let needle = format!("SESSIONS_MCP_RUN_ID={run_id}");
+    let me = std::process::id() as i32;
+    for pid in processes() {
+        if pid == me {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if environ.split(|b| *b == 0).any(|var| var == needle.as_bytes()) {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Every pid in /proc (Linux); elsewhere only the group signal applies.
+fn processes() -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+}
