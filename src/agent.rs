@@ -70,6 +70,17 @@ pub struct Actions {
     #[serde(default)]
     pub invalid_json: bool,
     pub flood_bytes: Option<u64>,
+    /// Calls a session tool back through the server as this run's session (the result is
+    /// emitted as tool_call + tool_result; `{result}` in `reply` is its structured content).
+    pub call: Option<Call>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Call {
+    pub tool: String,
+    #[serde(default)]
+    pub arguments: Value,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -107,9 +118,11 @@ fn strip_marker(text: &str) -> String {
 impl Match {
     fn fits(&self, req: &Value, input: &str) -> bool {
         let s = |k: &str| req.get(k).and_then(Value::as_str).unwrap_or("");
-        let turn = req.get("messages").and_then(Value::as_array).map_or(0, |m| {
-            m.iter().filter(|x| x.get("role").and_then(Value::as_str) == Some("user")).count()
-        }) as u64
+        let turn = req
+            .get("messages")
+            .and_then(Value::as_array)
+            .map_or(0, |m| m.iter().filter(|x| x.get("role").and_then(Value::as_str) == Some("user")).count())
+            as u64
             + 1;
         self.mode.as_deref().is_none_or(|m| m == s("mode"))
             && self.input.as_deref().is_none_or(|i| input.contains(i))
@@ -195,12 +208,33 @@ pub fn run(script: Option<&Path>) -> ExitCode {
     for (i, call) in a.tool_calls.iter().enumerate() {
         let id = format!("call{}", i + 1);
         emit(&mut out, json!({"type": "tool_call", "id": id, "name": call.name, "arguments": call.arguments}));
-        emit(&mut out, json!({"type": "tool_result", "id": id, "name": call.name, "content": call.result, "isError": false}));
+        emit(
+            &mut out,
+            json!({"type": "tool_result", "id": id, "name": call.name, "content": call.result, "isError": false}),
+        );
+    }
+    let mut call_result = Value::Null;
+    if let Some(call) = &a.call {
+        let arguments = substitute(&call.arguments, &input);
+        emit(&mut out, json!({"type": "tool_call", "id": "callback", "name": call.tool, "arguments": arguments}));
+        let (result, is_error) = match call_back(&call.tool, &arguments) {
+            Ok(r) => {
+                let e = r.get("isError").and_then(Value::as_bool).unwrap_or(false);
+                (r, e)
+            }
+            Err(e) => (json!({"error": e}), true),
+        };
+        call_result = result.get("structuredContent").cloned().unwrap_or(result.clone());
+        emit(
+            &mut out,
+            json!({"type": "tool_result", "id": "callback", "name": call.tool, "content": call_result.to_string(), "isError": is_error}),
+        );
     }
     for m in &a.messages {
         emit(&mut out, json!({"type": "message", "role": "assistant", "content": m}));
     }
-    let reply = a.reply.as_deref().unwrap_or("").replace("{input}", &input);
+    let reply =
+        a.reply.as_deref().unwrap_or("").replace("{input}", &input).replace("{result}", &call_result.to_string());
     if a.deltas {
         for chunk in reply.as_bytes().chunks(8) {
             emit(&mut out, json!({"type": "text_delta", "text": String::from_utf8_lossy(chunk)}));
@@ -220,6 +254,25 @@ pub fn run(script: Option<&Path>) -> ExitCode {
         emit(&mut out, json!({"type": "final", "text": reply, "stopReason": "end_turn"}));
     }
     ExitCode::from(a.exit_code.unwrap_or(if a.error.is_some() { 1 } else { 0 }))
+}
+
+/// `{input}` inside the string values of call arguments.
+fn substitute(v: &Value, input: &str) -> Value {
+    match v {
+        Value::String(s) => Value::String(s.replace("{input}", input)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, input)).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), substitute(x, input))).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Calls a session tool through the owner's socket with this run's token.
+fn call_back(tool: &str, arguments: &Value) -> Result<Value, String> {
+    let socket = std::env::var("SESSIONS_MCP_SOCKET").map_err(|_| "SESSIONS_MCP_SOCKET is not set".to_string())?;
+    let token = std::env::var("SESSIONS_MCP_TOKEN").map_err(|_| "SESSIONS_MCP_TOKEN is not set".to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let client = crate::socket_client::SocketClient::new(Path::new(&socket), &token);
+    rt.block_on(client.call_tool(tool, arguments)).map_err(|e| e.to_string())
 }
 
 /// Watches stdin for a `cancel` control line (unless told to ignore it).
@@ -269,6 +322,9 @@ mod tests {
     #[test]
     fn content_text_joins_text_blocks() {
         assert_eq!(content_text(&json!("hi")), "hi");
-        assert_eq!(content_text(&json!([{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}])), "a\nb");
+        assert_eq!(
+            content_text(&json!([{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}])),
+            "a\nb"
+        );
     }
 }

@@ -119,6 +119,9 @@ enum Command {
         #[command(flatten)]
         paths: Paths,
     },
+    /// A stdio MCP proxy to the runtime owner's socket, with SESSIONS_MCP_TOKEN (for agents that
+    /// only speak stdio MCP).
+    Connect,
     /// The built-in scripted jsonl/1 agent (echoes without a script).
     Agent {
         /// A JSON script of rules (see the README).
@@ -240,7 +243,7 @@ pub fn fail(message: impl std::fmt::Display) -> ExitCode {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The agent and the supervisor log nothing of their own: stderr belongs to the run.
-    if !matches!(cli.command, Command::Agent { .. } | Command::Supervise(_)) {
+    if !matches!(cli.command, Command::Agent { .. } | Command::Supervise(_) | Command::Connect) {
         init_tracing();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
@@ -261,8 +264,11 @@ pub fn main() -> ExitCode {
         }
         Command::Doctor { paths } => crate::ops::doctor(&paths),
         Command::Daemon { force, paths } => runtime.block_on(daemon(paths, force)),
-        Command::Inject { key, text, timeout, paths } => runtime.block_on(crate::ops::inject(paths, key, text, timeout)),
+        Command::Inject { key, text, timeout, paths } => {
+            runtime.block_on(crate::ops::inject(paths, key, text, timeout))
+        }
         Command::Agent { script } => crate::agent::run(script.as_deref()),
+        Command::Connect => runtime.block_on(crate::socket_client::connect()),
         Command::Supervise(args) => crate::supervise::run(&args),
         Command::Bench { quick, .. } => runtime.block_on(crate::bench::run(quick)),
         Command::Dev(DevCommand::Seed(args)) => crate::dev::seed(&args),

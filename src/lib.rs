@@ -53,6 +53,7 @@ pub mod runtime;
 pub mod sanitize;
 pub mod schemas;
 pub mod server;
-pub mod supervise;
+pub mod socket_client;
 pub mod store;
+pub mod supervise;
 pub mod tools;

@@ -55,6 +55,8 @@ pub struct Runtime {
     /// Stop claiming new runs (shutdown or hand-over).
     stop_claiming: CancellationToken,
     shutting_down: AtomicBool,
+    /// Stops the run socket when ownership ends.
+    socket: Mutex<Option<CancellationToken>>,
 }
 
 /// What a wait ended with.
@@ -92,8 +94,11 @@ impl Runtime {
             progress: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),
+            socket: Mutex::new(None),
         });
-        rt.try_become_owner();
+        if rt.try_become_owner() {
+            rt.serve_socket();
+        }
         tokio::spawn(rt.clone().scheduler());
         Ok(rt)
     }
@@ -113,20 +118,45 @@ impl Runtime {
         }
     }
 
-    fn try_become_owner(&self) {
+    /// Takes the runtime lock if it is free (and no daemon has priority). True when it did.
+    fn try_become_owner(&self) -> bool {
         if self.is_owner() || self.stop_claiming.is_cancelled() || self.daemon_present() {
-            return;
+            return false;
         }
-        let Ok(file) = open_lock(&self.state_dir.join("runtime.lock")) else { return };
-        if file.try_lock().is_ok() {
-            *self.lock.lock().expect("lock slot") = Some(file);
-            self.owner.store(true, Ordering::SeqCst);
-            tracing::info!(owner = %self.owner_id, "this process owns the runtime");
-            self.recover();
+        let Ok(file) = open_lock(&self.state_dir.join("runtime.lock")) else { return false };
+        if file.try_lock().is_err() {
+            return false;
         }
+        *self.lock.lock().expect("lock slot") = Some(file);
+        self.owner.store(true, Ordering::SeqCst);
+        tracing::info!(owner = %self.owner_id, "this process owns the runtime");
+        self.recover();
+        let _ = self.access.store.requeue_running_deliveries();
+        true
+    }
+
+    /// The owner's run socket: run tokens call the session tools back through it.
+    fn serve_socket(self: &Arc<Self>) {
+        let cancel = CancellationToken::new();
+        *self.socket.lock().expect("socket slot") = Some(cancel.clone());
+        let router = crate::server::http::router(self.access.clone(), Some(self.clone()), cancel.clone());
+        let path = self.socket_path();
+        tokio::spawn(async move {
+            if let Err(e) = crate::server::http::serve_socket(&path, router, cancel).await {
+                tracing::error!(error = %e, socket = %path.display(), "the run socket failed");
+            }
+        });
+    }
+
+    /// `<stateDir>/run/mcp.sock`.
+    pub fn socket_path(&self) -> PathBuf {
+        self.state_dir.join("run").join("mcp.sock")
     }
 
     fn release_ownership(&self) {
+        if let Some(c) = self.socket.lock().expect("socket slot").take() {
+            c.cancel();
+        }
         self.owner.store(false, Ordering::SeqCst);
         *self.lock.lock().expect("lock slot") = None;
         tracing::info!("runtime ownership released");
@@ -159,7 +189,9 @@ impl Runtime {
                 return; // `shutdown` finishes the running runs and releases the lock
             }
             if !self.is_owner() {
-                self.try_become_owner();
+                if self.try_become_owner() {
+                    self.serve_socket();
+                }
             } else if self.daemon_present() && !self.stop_claiming.is_cancelled() {
                 // A daemon is waiting: stop claiming, hand over once our runs end.
                 self.hand_over().await;
@@ -255,17 +287,22 @@ impl Runtime {
     }
 
     /// Waits for `run_id` to finish, up to `timeout`, or until `cancel` fires.
-    pub async fn wait(&self, run_id: &str, timeout: Duration, cancel: &CancellationToken) -> Result<Waited, StoreError> {
+    pub async fn wait(
+        &self,
+        run_id: &str,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<Waited, StoreError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut poll = POLL_MIN;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(run) = self.access.store.run(run_id)? {
-                if run.is_finished() {
-                    return Ok(Waited::Finished(Box::new(run)));
-                }
+            if let Some(run) = self.access.store.run(run_id)?
+                && run.is_finished()
+            {
+                return Ok(Waited::Finished(Box::new(run)));
             }
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(Waited::Cancelled),

@@ -471,7 +471,7 @@ fn agents_list_follows_the_allowlist() {
 }
 
 #[test]
-fn send_and_spawn_say_they_are_not_available_yet() {
+fn spawn_says_it_is_not_available_yet_and_send_reaches_the_child() {
     let env = env_with("{}");
     let before = {
         let c = env.serve(None);
@@ -479,14 +479,19 @@ fn send_and_spawn_say_they_are_not_available_yet() {
         env.fingerprint()
     };
     let mut c = env.serve(None);
-    let s = c.call("sessions_send", json!({"sessionKey": format!("subagent:{U1}"), "message": "hi"}));
-    assert_eq!(s["status"], "error");
-    assert!(s["error"].as_str().unwrap().starts_with("not available yet"));
     let s = c.call("sessions_spawn", json!({"task": "do it"}));
     assert_eq!(s["status"], "error");
     assert!(s["error"].as_str().unwrap().starts_with("not available yet"));
-    drop(c);
-    assert_eq!(env.fingerprint(), before, "nothing was stored");
+    assert_eq!(env.fingerprint(), before, "a refused spawn stores nothing");
+    // The child of main runs the default agent (main's built-in echo) and its reply comes back.
+    let s = c.call("sessions_send", json!({"sessionKey": format!("subagent:{U1}"), "message": "hi"}));
+    assert_eq!(s["status"], "ok", "{s}");
+    assert_eq!(s["reply"], "ECHO: hi");
+    assert_eq!(s["inbox"]["sessionKey"], "main");
+    let after = s["inbox"]["afterSeq"].as_i64().unwrap();
+    let inbox = c.call("sessions_history", json!({"sessionKey": "main", "afterSeq": after}));
+    assert_eq!(inbox["messages"][0]["content"][0]["text"], "ECHO: hi", "{inbox}");
+    assert_eq!(inbox["messages"][0]["provenance"]["sourceSessionKey"], format!("agent:main:subagent:{U1}"));
 }
 
 #[test]

@@ -141,7 +141,14 @@ async fn attempt(argv: &[String], payload: &Value) -> Result<(), Attempt> {
         Err(_) => Err(Attempt::Retry("the deliverer timed out after 30 s".into())),
         Ok(Err(e)) => Err(Attempt::Retry(format!("the deliverer failed: {e}"))),
         Ok(Ok(out)) => {
-            let tail: String = String::from_utf8_lossy(&out.stderr).chars().rev().take(500).collect::<String>().chars().rev().collect();
+            let tail: String = String::from_utf8_lossy(&out.stderr)
+                .chars()
+                .rev()
+                .take(500)
+                .collect::<String>()
+                .chars()
+                .rev()
+                .collect();
             match out.status.code() {
                 Some(0) => Ok(()),
                 Some(EXIT_RETRY) => Err(Attempt::Retry(format!("the deliverer asked to retry: {}", tail.trim()))),

@@ -36,7 +36,10 @@ pub struct TurnResult {
 
 impl TurnResult {
     fn ok_reply(&self) -> Option<&str> {
-        (self.status == "ok" && !self.silent).then_some(self.reply.as_deref()).flatten().filter(|r| !r.trim().is_empty())
+        (self.status == "ok" && !self.silent)
+            .then_some(self.reply.as_deref())
+            .flatten()
+            .filter(|r| !r.trim().is_empty())
     }
 }
 
@@ -74,10 +77,12 @@ fn env_for(rt: &Runtime, run: &RunRow, spec: &crate::runner::RunnerSpec, token: 
         ("SESSIONS_MCP_SOCKET".into(), rt.state_dir.join("run/mcp.sock").display().to_string()),
     ];
     for name in &spec.passthrough {
-        if let Ok(v) = std::env::var(name) {
-            if !name.starts_with("SESSIONS_MCP_") && name != "CLAUDECODE" && name != "CLAUDE_CODE_ENTRYPOINT" {
-                env.push((name.clone(), v));
-            }
+        if let Ok(v) = std::env::var(name)
+            && !name.starts_with("SESSIONS_MCP_")
+            && name != "CLAUDECODE"
+            && name != "CLAUDE_CODE_ENTRYPOINT"
+        {
+            env.push((name.clone(), v));
         }
     }
     env
@@ -196,7 +201,8 @@ pub async fn run_turn(
         let start = crate::runtime::process_start_time(i64::from(pid));
         let _ = store_for_spawn.set_supervisor(&run_id, i64::from(pid), start);
     };
-    let outcome = rt.runner.execute(&spec, &argv, &request, &env, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
+    let outcome =
+        rt.runner.execute(&spec, &argv, &request, &env, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
     let status = match outcome.status {
         RunStatus::Cancelled if rt.shutting_down() => "interrupted".to_string(),
         s => s.as_str().to_string(),
@@ -269,7 +275,8 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
     let store = &rt.access.store;
     let mut flow = flow_of(run);
     let Some(requester) = run.requester_key.clone() else { return Ok(()) };
-    let target = SessionKey::from_canonical(flow.get("target").and_then(Value::as_str).unwrap_or(run.session_key.as_str()));
+    let target =
+        SessionKey::from_canonical(flow.get("target").and_then(Value::as_str).unwrap_or(run.session_key.as_str()));
     let reply = result.ok_reply().map(String::from);
     let turn = flow.get("turn").and_then(Value::as_u64).unwrap_or(0);
     let max = u64::from(rt.access.config.session.agent_to_agent.max_ping_pong_turns);
@@ -307,7 +314,8 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
     }
     if turn >= max || !rt.access.send_decision(&other, other_row.as_ref()).allowed() {
         if let Some(id) = delivery_id {
-            let why = if turn >= max { "ping-pong limit reached (session.agentToAgent.maxPingPongTurns)" } else { "policy" };
+            let why =
+                if turn >= max { "ping-pong limit reached (session.agentToAgent.maxPingPongTurns)" } else { "policy" };
             store.write(|tx| set_delivery_status(tx, id, "skipped", Some(why)).map_err(StoreError::from))?;
         }
         return queue_announce(rt, run, &target, &flow);
@@ -368,7 +376,13 @@ fn chain_full(rt: &Runtime, run: &RunRow) -> Result<bool, StoreError> {
 }
 
 /// Appends `text` to an external session (its inbox) as an inter-session message.
-fn append_inbox(rt: &Runtime, to: &SessionKey, run: &RunRow, text: &str, delivery: Option<i64>) -> Result<(), StoreError> {
+fn append_inbox(
+    rt: &Runtime,
+    to: &SessionKey,
+    run: &RunRow,
+    text: &str,
+    delivery: Option<i64>,
+) -> Result<(), StoreError> {
     let from = &run.session_key;
     let provenance = json!({"kind": "inter_session", "sourceSessionKey": from.as_str(),
         "sourceChannel": channel_of_row(from, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
@@ -406,8 +420,10 @@ fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Value)
         session: row.id,
         mode: RunMode::Announce,
         input: json!({"role": "user", "content": ANNOUNCE_INPUT}),
-        provenance: Some(json!({"kind": "inter_session", "sourceSessionKey": requester.as_ref().map(SessionKey::as_str),
-            "sourceChannel": flow.pointer("/parties/requesterChannel"), "sourceTool": "sessions_send", "chainId": run.chain_id})),
+        provenance: Some(
+            json!({"kind": "inter_session", "sourceSessionKey": requester.as_ref().map(SessionKey::as_str),
+            "sourceChannel": flow.pointer("/parties/requesterChannel"), "sourceTool": "sessions_send", "chainId": run.chain_id}),
+        ),
         requester_key: requester,
         chain_id: run.chain_id.clone(),
         hop: run.hop,

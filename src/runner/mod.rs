@@ -256,7 +256,10 @@ impl Runner {
             line_no += 1;
             total_bytes += text.len() + 1;
             if total_bytes > spec.max_stdout_bytes {
-                break Some(Stop::Protocol(format!("protocol: stdout exceeded maxStdoutBytes ({})", spec.max_stdout_bytes)));
+                break Some(Stop::Protocol(format!(
+                    "protocol: stdout exceeded maxStdoutBytes ({})",
+                    spec.max_stdout_bytes
+                )));
             }
             if text.trim().is_empty() {
                 continue;
@@ -308,7 +311,12 @@ impl Runner {
         drop(stdin);
         let exit = match &stop {
             None => {
-                match tokio::time::timeout(if final_event.is_some() { EXIT_AFTER_FINAL } else { spec.cancel_grace }, child.wait()).await {
+                match tokio::time::timeout(
+                    if final_event.is_some() { EXIT_AFTER_FINAL } else { spec.cancel_grace },
+                    child.wait(),
+                )
+                .await
+                {
                     Ok(Ok(status)) => Some(status),
                     _ => {
                         terminate(pid);
@@ -329,9 +337,11 @@ impl Runner {
             transcript.push("assistant", Value::String(final_text.clone().unwrap_or_default()), Map::new());
         }
         let reply = final_text.filter(|t| !t.is_empty()).or(transcript.last_assistant_text.clone());
-        let stop_reason = final_event.as_ref().and_then(|f| f.get("stopReason")).and_then(Value::as_str).map(String::from);
+        let stop_reason =
+            final_event.as_ref().and_then(|f| f.get("stopReason")).and_then(Value::as_str).map(String::from);
         if let Some(f) = &final_event {
-            external_session_id = f.get("externalSessionId").and_then(Value::as_str).map(String::from).or(external_session_id);
+            external_session_id =
+                f.get("externalSessionId").and_then(Value::as_str).map(String::from).or(external_session_id);
         }
         let (status, error) = match stop {
             Some(Stop::Cancelled) => (RunStatus::Cancelled, Some("cancelled".to_string())),
@@ -342,7 +352,10 @@ impl Runner {
             ),
             Some(Stop::Protocol(e)) => (RunStatus::Error, Some(e)),
             None if final_event.is_some() && exit_status == Some(0) => (RunStatus::Ok, None),
-            None => (RunStatus::Error, Some(failure_text(error_event.as_ref(), final_event.is_some(), exit_status, &stderr_tail))),
+            None => (
+                RunStatus::Error,
+                Some(failure_text(error_event.as_ref(), final_event.is_some(), exit_status, &stderr_tail)),
+            ),
         };
         Outcome {
             status,
@@ -370,7 +383,8 @@ fn failure_text(error_event: Option<&Value>, had_final: bool, exit: Option<i32>,
         (_, Some(code)) => format!("the agent exited with status {code}"),
         (_, None) => "the agent was killed by a signal".to_string(),
     };
-    let tail: String = stderr.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
+    let tail: String =
+        stderr.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
     if tail.is_empty() { why } else { format!("{why}; stderr: {tail}") }
 }
 

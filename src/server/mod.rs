@@ -1,6 +1,8 @@
 //! The MCP surface: an rmcp [`ServerHandler`] that lists the caller's tools and routes calls to
-//! `tools/`. The caller is bound to the transport (the stdio process's credentials) and never
-//! taken from tool arguments.
+//! `tools/`. The caller is bound to the transport — the stdio process's credentials, or per HTTP
+//! request the bearer token (see [`http`]) — and never taken from tool arguments.
+
+pub mod http;
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult, PaginatedRequestParams,
@@ -16,24 +18,42 @@ use crate::caller::Caller;
 use crate::runtime::Runtime;
 use crate::tools::{self, Ctx, Progress};
 
-/// One MCP server instance for one caller.
+/// One MCP server instance: for one caller (stdio), or resolving the caller per request (HTTP).
 #[derive(Clone)]
 pub struct SessionsServer {
     access: Access,
-    caller: Caller,
+    /// The stdio process's caller; None when each request carries its own (HTTP).
+    caller: Option<Caller>,
     runtime: Option<Arc<Runtime>>,
 }
 
 impl SessionsServer {
     pub fn new(access: Access, caller: Caller, runtime: Option<Arc<Runtime>>) -> Self {
-        SessionsServer { access, caller, runtime }
+        SessionsServer { access, caller: Some(caller), runtime }
+    }
+
+    /// A server whose caller comes from each HTTP request (set by the bearer middleware).
+    pub fn per_request(access: Access, runtime: Option<Arc<Runtime>>) -> Self {
+        SessionsServer { access, caller: None, runtime }
+    }
+
+    fn caller_for(&self, context: &RequestContext<RoleServer>) -> Result<Caller, McpError> {
+        if let Some(c) = &self.caller {
+            return Ok(c.clone());
+        }
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Caller>())
+            .cloned()
+            .ok_or_else(|| McpError::invalid_request("no caller bound to this request", None))
     }
 
     fn instructions(&self) -> String {
-        let me = if self.caller.external {
-            self.access.scope(&self.caller).display(&self.caller.key)
-        } else {
-            self.caller.key.to_string()
+        let me = match &self.caller {
+            Some(c) if c.external => self.access.scope(c).display(&c.key),
+            Some(c) => c.key.to_string(),
+            None => "<the session of your bearer token>".to_string(),
         };
         format!(
             "sessions-mcp: session tools for agents. You act as session {me:?}. sessions_list shows \
@@ -55,9 +75,10 @@ impl ServerHandler for SessionsServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let offered = self.access.tools_for(&self.caller);
+        let caller = self.caller_for(&context)?;
+        let offered = self.access.tools_for(&caller);
         let tools = tools::specs().iter().filter(|s| offered.contains(&s.name)).map(|s| s.to_tool()).collect();
         let mut result = ListToolsResult::with_all_items(tools);
         // The list depends on the caller: never cache it for anyone else.
@@ -76,7 +97,8 @@ impl ServerHandler for SessionsServer {
             let peer = context.peer.clone();
             tokio::spawn(async move {
                 while let Some((n, text)) = rx.recv().await {
-                    let _ = peer.notify_progress(ProgressNotificationParam::new(token.clone(), n).with_message(text)).await;
+                    let _ =
+                        peer.notify_progress(ProgressNotificationParam::new(token.clone(), n).with_message(text)).await;
                 }
             });
             let p: Progress = Arc::new(move |n: f64, text: String| {
@@ -84,9 +106,10 @@ impl ServerHandler for SessionsServer {
             });
             p
         });
+        let caller = self.caller_for(&context)?;
         let ctx = Ctx {
             access: &self.access,
-            caller: &self.caller,
+            caller: &caller,
             runtime: self.runtime.as_ref(),
             cancel: context.ct.clone(),
             progress,

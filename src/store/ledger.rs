@@ -75,7 +75,12 @@ pub(crate) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Resul
     Ok(tx.last_insert_rowid())
 }
 
-pub(crate) fn set_delivery_status(tx: &Transaction, id: i64, status: &str, error: Option<&str>) -> rusqlite::Result<()> {
+pub(crate) fn set_delivery_status(
+    tx: &Transaction,
+    id: i64,
+    status: &str,
+    error: Option<&str>,
+) -> rusqlite::Result<()> {
     tx.prepare_cached(
         "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1, updated_at = ?4
          WHERE id = ?1",
@@ -208,7 +213,13 @@ impl Store {
     }
 
     /// Records one attempt: a final status, or `queued` again with the next attempt time.
-    pub fn delivery_attempted(&self, id: i64, status: &str, error: Option<&str>, next_attempt_at: Option<i64>) -> Result<()> {
+    pub fn delivery_attempted(
+        &self,
+        id: i64,
+        status: &str,
+        error: Option<&str>,
+        next_attempt_at: Option<i64>,
+    ) -> Result<()> {
         self.write(|tx| -> Result<()> {
             tx.execute(
                 "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
@@ -222,7 +233,8 @@ impl Store {
     /// Channel deliveries left `running` by a dead owner are attempted again.
     pub fn requeue_running_deliveries(&self) -> Result<usize> {
         self.write(|tx| -> Result<usize> {
-            Ok(tx.execute("UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'", [])?)
+            Ok(tx
+                .execute("UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'", [])?)
         })
     }
 }

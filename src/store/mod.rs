@@ -21,12 +21,12 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
+pub use ledger::{DeliveryKind, DeliveryMode, IdempotencyHit, NewDelivery};
 pub(crate) use ledger::{add_delivery, remember_key, set_delivery_status};
 pub(crate) use messages::append_message;
-pub(crate) use run_queue::enqueue;
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
-pub use ledger::{DeliveryKind, DeliveryMode, IdempotencyHit, NewDelivery};
 pub use operator::Pruned;
+pub(crate) use run_queue::enqueue;
 pub use run_queue::{Caps, Finished, NewRun, RunMode, RunRow};
 pub(crate) use sessions::insert_session;
 pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};

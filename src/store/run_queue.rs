@@ -303,7 +303,8 @@ impl Store {
                 "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
                  WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1)"
             );
-            let runs: Vec<RunRow> = tx.prepare(&sql)?.query_map([owner], run_from_row)?.collect::<rusqlite::Result<_>>()?;
+            let runs: Vec<RunRow> =
+                tx.prepare(&sql)?.query_map([owner], run_from_row)?.collect::<rusqlite::Result<_>>()?;
             for r in &runs {
                 tx.execute(
                     "UPDATE runs SET status = 'interrupted', ended_at = ?2, lease_until = NULL,
@@ -364,11 +365,14 @@ impl Store {
     /// cycle? Follows the target's running run through `waiting_on` (bounded).
     pub fn wait_would_deadlock(&self, caller: i64, target: i64) -> Result<bool> {
         self.read(|c| {
-            let mut running = c.prepare_cached("SELECT waiting_on FROM runs WHERE session = ?1 AND status = 'running'")?;
+            let mut running =
+                c.prepare_cached("SELECT waiting_on FROM runs WHERE session = ?1 AND status = 'running'")?;
             let mut session_of = c.prepare_cached("SELECT session FROM runs WHERE run_id = ?1")?;
             let mut session = target;
             for _ in 0..32 {
-                let Some(Some(waits_on)) = running.query_row([session], |r| r.get::<_, Option<String>>(0)).optional()? else {
+                let Some(Some(waits_on)) =
+                    running.query_row([session], |r| r.get::<_, Option<String>>(0)).optional()?
+                else {
                     return Ok(false);
                 };
                 let Some(next) = session_of.query_row([&waits_on], |r| r.get::<_, i64>(0)).optional()? else {

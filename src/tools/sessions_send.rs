@@ -109,7 +109,8 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
     let label = a.opt_string("label", 256)?;
     let agent_id = a.opt_string("agentId", 128)?;
     let message = a.req_string("message", MAX_MESSAGE_BYTES)?;
-    let timeout = a.opt_number("timeoutSeconds", Bounds { min: 0, max: MAX_TIMEOUT_SECONDS })?.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+    let timeout =
+        a.opt_number("timeoutSeconds", Bounds { min: 0, max: MAX_TIMEOUT_SECONDS })?.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
     let idempotency_key = a.opt_string("idempotencyKey", 256)?;
     a.finish()?;
     match (&session_key, &label) {
@@ -150,16 +151,19 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
     access.check_can_act(caller)?;
     let inbox_after = if caller.external { Some(access.store.last_seq_of(&caller.key)?) } else { None };
     let args_hash = args_hash(&target, &args.message);
-    if let Some(key) = &args.idempotency_key {
-        if let Some(hit) = access.store.idempotency(caller.key.as_str(), key)? {
-            if hit.args_hash != args_hash {
-                return Err(ToolError::invalid(format!(
-                    "idempotencyKey {key:?} reused with different arguments; use a new key for a new message"
-                )));
-            }
-            let replay = Replay { run_id: hit.run_id, inbox: hit.result.and_then(|r| r.get("inbox").and_then(Value::as_bool)).unwrap_or(false) };
-            return finish(ctx, rt, &target, &args, replay, inbox_after).await;
+    if let Some(key) = &args.idempotency_key
+        && let Some(hit) = access.store.idempotency(caller.key.as_str(), key)?
+    {
+        if hit.args_hash != args_hash {
+            return Err(ToolError::invalid(format!(
+                "idempotencyKey {key:?} reused with different arguments; use a new key for a new message"
+            )));
         }
+        let replay = Replay {
+            run_id: hit.run_id,
+            inbox: hit.result.and_then(|r| r.get("inbox").and_then(Value::as_bool)).unwrap_or(false),
+        };
+        return finish(ctx, rt, &target, &args, replay, inbox_after).await;
     }
     let decision = access.send_decision(&target.key, target.row.as_ref());
     if !decision.allowed() {
@@ -188,7 +192,8 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
     }
     if !target_external {
         let agent = target.key.agent_id(&access.config.default_agent());
-        crate::runner::resolve_runner(&access.config, &agent, &rt.state_dir, &rt.runner.exe).map_err(ToolError::invalid)?;
+        crate::runner::resolve_runner(&access.config, &agent, &rt.state_dir, &rt.runner.exe)
+            .map_err(ToolError::invalid)?;
     }
     let plan = SendPlan {
         caller,
@@ -257,9 +262,8 @@ async fn finish(
     replay: Replay,
     inbox_after: Option<i64>,
 ) -> Result<SendOk, ToolError> {
-    let inbox = inbox_after.map(|seq| {
-        json!({"sessionKey": ctx.access.scope(ctx.caller).display(&ctx.caller.key), "afterSeq": seq})
-    });
+    let inbox = inbox_after
+        .map(|seq| json!({"sessionKey": ctx.access.scope(ctx.caller).display(&ctx.caller.key), "afterSeq": seq}));
     let base = |status, run_id: Option<String>| SendOk {
         status,
         run_id,

@@ -242,3 +242,257 @@ pub fn assert_valid(schema_path: &Path, value: &Value) {
 pub fn keys_of(list: &Value) -> Vec<String> {
     list["sessions"].as_array().expect("sessions").iter().map(|r| r["key"].as_str().unwrap().to_string()).collect()
 }
+
+// ---------------------------------------------------------------------------------------------
+// Helpers for the send and runs tests (tests/send_stdio.rs, tests/runs.rs).
+
+/// Polls `f` every 50–200 ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if std::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// The plain text of a message content (string or text blocks).
+pub fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter(|b| b["type"] == "text")
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Pids of live processes whose environment carries `SESSIONS_MCP_RUN_ID=<run_id>`.
+pub fn pids_with_run_id(run_id: &str) -> Vec<i32> {
+    let needle = format!("SESSIONS_MCP_RUN_ID={run_id}");
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+        })
+        .collect()
+}
+
+/// Asserts that within `grace` no process carries any of `run_ids` in its environment.
+pub fn assert_no_process_carries(run_ids: &[String], grace: Duration) {
+    let deadline = std::time::Instant::now() + grace;
+    loop {
+        let left: Vec<(String, Vec<i32>)> = run_ids
+            .iter()
+            .map(|r| (r.clone(), pids_with_run_id(r)))
+            .filter(|(_, pids)| !pids.is_empty())
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            let detail: Vec<String> = left
+                .iter()
+                .map(|(r, pids)| {
+                    let cmds: Vec<String> = pids
+                        .iter()
+                        .map(|p| {
+                            let c = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                            format!("{p}:{}", String::from_utf8_lossy(&c).replace('\0', " ").trim())
+                        })
+                        .collect();
+                    format!("run {r}: {cmds:?}")
+                })
+                .collect();
+            panic!("processes carrying run ids are left after {grace:?}: {detail:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A scripted agent entry for `agents.list[]`: the built-in `sessions-mcp agent --script FILE`
+/// with `script` written into the env's temp dir; `runner_extra` is merged into `runner`.
+pub fn scripted_agent(env: &TestEnv, id: &str, script: &Value, runner_extra: Value) -> Value {
+    let path = env.write_file(&format!("script-{id}.json"), &script.to_string());
+    let mut runner = json!({"command": bin(), "args": ["agent", "--script", path.to_str().unwrap()]});
+    if let Value::Object(m) = runner_extra {
+        for (k, v) in m {
+            runner[k] = v;
+        }
+    }
+    json!({"id": id, "runner": runner})
+}
+
+/// A `/bin/sh` agent entry: `body` written as a script file; `args` follow the script path.
+pub fn shell_agent(env: &TestEnv, id: &str, body: &str, args: &[&str], runner_extra: Value) -> Value {
+    let path = env.write_file(&format!("agent-{id}.sh"), body);
+    let mut argv = vec![path.to_str().unwrap().to_string()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    let mut runner = json!({"command": "/bin/sh", "args": argv});
+    if let Value::Object(m) = runner_extra {
+        for (k, v) in m {
+            runner[k] = v;
+        }
+    }
+    json!({"id": id, "runner": runner})
+}
+
+/// A config (JSON, which is JSON5) with these agents, visibility `all`, agent-to-agent on, and
+/// `extra`'s top-level keys (session, channels, runtime, …) added.
+pub fn agents_config(agents: Vec<Value>, extra: Value) -> String {
+    let mut cfg = json!({
+        "agents": {"list": agents},
+        "tools": {"sessions": {"visibility": "all"}, "agentToAgent": {"enabled": true}},
+    });
+    if let Value::Object(m) = extra {
+        for (k, v) in m {
+            cfg[k] = v;
+        }
+    }
+    cfg.to_string()
+}
+
+/// The runs of a `show --json` answer, oldest first, optionally only those of `mode`.
+pub fn runs_of(show: &Value, mode: Option<&str>) -> Vec<Value> {
+    let mut runs: Vec<Value> = show["runs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| mode.is_none_or(|m| r["mode"] == m))
+        .collect();
+    runs.reverse();
+    runs
+}
+
+/// The largest number of runs whose [startedAt, endedAt) intervals overlap at one instant.
+pub fn max_overlap(runs: &[Value]) -> usize {
+    let mut events: Vec<(i64, i32)> = Vec::new();
+    for r in runs {
+        let (Some(s), Some(e)) = (r["startedAt"].as_i64(), r["endedAt"].as_i64()) else { continue };
+        events.push((s, 1));
+        events.push((e, -1));
+    }
+    // At equal times an end comes before a start (a run that ends frees its slot first).
+    events.sort();
+    let (mut cur, mut max) = (0i32, 0i32);
+    for (_, d) in events {
+        cur += d;
+        max = max.max(cur);
+    }
+    max as usize
+}
+
+impl TestEnv {
+    /// Writes `contents` to `<tempdir>/<name>` and returns the absolute path.
+    pub fn write_file(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, contents).expect("write file");
+        path
+    }
+
+    /// `sessions-mcp show KEY --json`, parsed.
+    pub fn show(&self, key: &str) -> Value {
+        let out = self.run(&["show", key, "--json"]);
+        assert!(out.status.success(), "show {key} failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("show {key}: not JSON ({e})"))
+    }
+
+    /// `sessions-mcp ls --json` → its `runs` object (one count per run status).
+    pub fn run_counts(&self) -> Value {
+        let out = self.run(&["ls", "--json"]);
+        assert!(out.status.success(), "ls failed: {}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).expect("ls --json is JSON");
+        v["runs"].clone()
+    }
+
+    /// Runs that are queued or running, over the whole store.
+    pub fn unfinished_runs(&self) -> i64 {
+        let c = self.run_counts();
+        c["queued"].as_i64().unwrap_or(0) + c["running"].as_i64().unwrap_or(0)
+    }
+
+    /// Waits until no run is queued or running.
+    pub fn wait_idle(&self, timeout: Duration) {
+        wait_until(timeout, "all runs to finish", || (self.unfinished_runs() == 0).then_some(()));
+    }
+}
+
+impl Client {
+    /// The `serve` process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILLs the `serve` process and reaps it.
+    pub fn kill_now(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a request without waiting; returns its id (answer it with `wait_for` / `finish_call`).
+    pub fn start_request(&mut self, method: &str, params: Value) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string());
+        id
+    }
+
+    /// Starts a tool call without waiting for it.
+    pub fn start_call(&mut self, tool: &str, args: Value) -> u64 {
+        self.start_request("tools/call", json!({"name": tool, "arguments": args}))
+    }
+
+    /// Waits for a call started with `start_call`; checks it like `call` and returns structuredContent.
+    pub fn finish_call(&mut self, tool: &str, id: u64) -> Value {
+        let resp = self.wait_for(id);
+        check_call_response(tool, &resp)["structuredContent"].clone()
+    }
+
+    /// Sends a request and returns its response together with every notification that arrived
+    /// before it (in order).
+    pub fn request_collect(&mut self, method: &str, params: Value, timeout: Duration) -> (Value, Vec<Value>) {
+        let id = self.start_request(method, params);
+        let mut notes = Vec::new();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|_| panic!("no response to request {id}"));
+            let msg: Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+            if msg.get("id") == Some(&json!(id)) && msg.get("method").is_none() {
+                return (msg, notes);
+            }
+            if msg.get("id").is_some() && msg.get("method").is_none() {
+                self.pending.push(msg);
+            } else {
+                notes.push(msg);
+            }
+        }
+    }
+}
+
+/// The checks of `Client::call_result` on a raw JSON-RPC response; returns the CallToolResult.
+pub fn check_call_response(tool: &str, resp: &Value) -> Value {
+    let result = resp.get("result").cloned().unwrap_or_else(|| panic!("{tool}: JSON-RPC error {resp}"));
+    let structured = result["structuredContent"].clone();
+    let text = result["content"][0]["text"].as_str().expect("text content");
+    assert_eq!(serde_json::from_str::<Value>(text).unwrap(), structured, "text mirrors structuredContent");
+    let status = structured["status"].as_str().expect("status");
+    let is_error = matches!(status, "error" | "forbidden" | "not_found" | "invalid");
+    assert_eq!(result["isError"].as_bool().unwrap_or(false), is_error, "isError follows status: {structured}");
+    assert_conforms(tool, &structured);
+    result
+}
