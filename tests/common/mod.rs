@@ -294,11 +294,8 @@ pub fn pids_with_run_id(run_id: &str) -> Vec<i32> {
 pub fn assert_no_process_carries(run_ids: &[String], grace: Duration) {
     let deadline = std::time::Instant::now() + grace;
     loop {
-        let left: Vec<(String, Vec<i32>)> = run_ids
-            .iter()
-            .map(|r| (r.clone(), pids_with_run_id(r)))
-            .filter(|(_, pids)| !pids.is_empty())
-            .collect();
+        let left: Vec<(String, Vec<i32>)> =
+            run_ids.iter().map(|r| (r.clone(), pids_with_run_id(r))).filter(|(_, pids)| !pids.is_empty()).collect();
         if left.is_empty() {
             return;
         }
