@@ -221,6 +221,43 @@ pub fn prune(store: &Store, older_than: Option<&str>) -> ExitCode {
     }
 }
 
+/// One line per agent runner: its command, and whether it can be started.
+fn check_runners(env: &Env) -> usize {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut agents = env.loaded.config.configured_agents();
+    if !agents.iter().any(|a| a.as_str() == "main") {
+        agents.insert(0, crate::keys::AgentId::main());
+    }
+    let mut problems = 0;
+    for agent in agents {
+        match crate::runner::resolve_runner(&env.loaded.config, &agent, &env.state_dir, &exe) {
+            Ok(spec) if spec.command == exe.display().to_string() => {
+                println!("runner {agent}: the built-in echo agent");
+            }
+            Ok(spec) => match find_program(&spec.command) {
+                Some(path) => println!("runner {agent}: {} ({})", spec.command, path.display()),
+                None => {
+                    println!("runner problem: {agent}: command {:?} not found or not executable", spec.command);
+                    problems += 1;
+                }
+            },
+            Err(e) => println!("runner {agent}: none ({e})"),
+        }
+    }
+    problems
+}
+
+/// The executable a command names: a path, or a name looked up in PATH.
+fn find_program(command: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if command.contains('/') {
+        let p = Path::new(command).to_path_buf();
+        return executable(&p).then_some(p);
+    }
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(command)).find(|p| executable(p))
+}
+
 /// Resolved paths, config problems (one line each), the store, the runtime.
 pub fn doctor(paths: &crate::cli::Paths) -> ExitCode {
     let mut problems = 0;
@@ -265,8 +302,17 @@ pub fn doctor(paths: &crate::cli::Paths) -> ExitCode {
     } else {
         println!("store: {} (created on first use)", store_path.display());
     }
+    if let Ok(env) = paths.resolve() {
+        problems += check_runners(&env);
+    }
+    let daemon_runs = std::fs::File::open(state_dir.join("daemon.lock")).is_ok_and(|f| f.try_lock().is_err());
     println!(
-        "runtime: no agent runner in this version (sessions_send and sessions_spawn answer \"not available yet\"); no daemon"
+        "daemon: {}",
+        if daemon_runs {
+            "running"
+        } else {
+            "not running (runs end when the last serve exits; start `sessions-mcp daemon` for work that must outlive the editor)"
+        }
     );
     if problems == 0 {
         println!("ok");
