@@ -215,3 +215,34 @@ fn a_mutual_wait_is_refused_at_once() {
     let reply = String::from_utf8(out.stdout).unwrap();
     assert!(reply.contains("\"status\":\"ok\"") && reply.contains("b done"), "{reply}");
 }
+
+#[test]
+fn an_idempotent_replay_after_a_lost_client_gets_the_same_run() {
+    let mut env = TestEnv::new();
+    let script = json!({"rules": [{"match": {"mode": "send"}, "sleepMs": 3000, "reply": "slow answer"}], "default": {"reply": "ok"}});
+    let config = agent_config(env.dir.path(), script, "session: {agentToAgent: {maxPingPongTurns: 0}}");
+    env.set_config(&config);
+    env.seed(json!({"sessions": [{"key": "agent:main:slow"}]}));
+    let _d = daemon(&env);
+    let args = json!({"sessionKey": "agent:main:slow", "message": "take your time", "timeoutSeconds": 30, "idempotencyKey": "k-1"});
+    // Client 1 starts waiting, then dies without a word.
+    let mut c1 = env.serve(None);
+    c1.send_raw(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {"name": "sessions_send", "arguments": args}}).to_string());
+    std::thread::sleep(Duration::from_secs(1));
+    drop(c1); // SIGKILL
+    // Client 2 replays the key and gets the first run's answer.
+    let mut c2 = env.serve(None);
+    let r = c2.call("sessions_send", args.clone());
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["reply"], "slow answer");
+    let show: Value = serde_json::from_slice(&env.run(&["show", "agent:main:slow", "--json"]).stdout).unwrap();
+    let sends: Vec<&Value> = show["runs"].as_array().unwrap().iter().filter(|r| r["mode"] == "send").collect();
+    assert_eq!(sends.len(), 1, "one run row: {show}");
+    assert_eq!(sends[0]["runId"], r["runId"]);
+    // The same key with another message is refused.
+    let mut other = args.clone();
+    other["message"] = json!("something else");
+    let bad = c2.call("sessions_send", other);
+    assert_eq!(bad["status"], "invalid");
+    assert!(bad["error"].as_str().unwrap().contains("idempotencyKey"));
+}
