@@ -184,6 +184,9 @@ impl Runtime {
 
     async fn scheduler(self: Arc<Self>) {
         let mut last_renew = tokio::time::Instant::now();
+        let mut last_sweep = tokio::time::Instant::now();
+        let sweep_every =
+            Duration::from_secs(self.access.config.agents.defaults.subagents.sweep_interval_seconds.max(1));
         loop {
             if self.shutting_down() {
                 return; // `shutdown` finishes the running runs and releases the lock
@@ -202,6 +205,16 @@ impl Runtime {
                 if last_renew.elapsed() > Duration::from_secs(5) {
                     let _ = self.access.store.renew_leases(&self.owner_id);
                     last_renew = tokio::time::Instant::now();
+                }
+                if last_sweep.elapsed() >= sweep_every {
+                    match self.access.store.archive_due() {
+                        Ok(keys) if !keys.is_empty() => {
+                            tracing::info!(count = keys.len(), "archived finished sub-agent sessions")
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::error!(error = %e, "the archive sweep failed"),
+                    }
+                    last_sweep = tokio::time::Instant::now();
                 }
             }
             let notified = self.changed.notified();
@@ -234,6 +247,7 @@ impl Runtime {
             global: config.runtime.max_concurrent_runs,
             per_agent,
             default_agent: config.agents.defaults.runner.max_concurrent(),
+            spawns: config.agents.defaults.subagents.max_concurrent,
         }
     }
 

@@ -42,8 +42,7 @@ fn readme_examples_conform_to_the_input_schemas_and_run() {
         let status = result["status"].as_str().unwrap();
         assert_ne!(status, "invalid", "README example for {tool} is invalid: {result}");
         match tool.as_str() {
-            "sessions_spawn" => assert!(result["error"].as_str().unwrap().starts_with("not available yet"), "{result}"),
-            "sessions_send" => assert_eq!(status, "accepted", "{result}"),
+            "sessions_spawn" | "sessions_send" => assert_eq!(status, "accepted", "{result}"),
             _ => assert_eq!(status, "ok", "{tool}: {result}"),
         }
     }

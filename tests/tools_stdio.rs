@@ -471,7 +471,7 @@ fn agents_list_follows_the_allowlist() {
 }
 
 #[test]
-fn spawn_says_it_is_not_available_yet_and_send_reaches_the_child() {
+fn a_refused_spawn_stores_nothing_and_send_reaches_the_child() {
     let env = env_with("{}");
     let before = {
         let c = env.serve(None);
@@ -479,9 +479,9 @@ fn spawn_says_it_is_not_available_yet_and_send_reaches_the_child() {
         env.fingerprint()
     };
     let mut c = env.serve(None);
-    let s = c.call("sessions_spawn", json!({"task": "do it"}));
-    assert_eq!(s["status"], "error");
-    assert!(s["error"].as_str().unwrap().starts_with("not available yet"));
+    let s = c.call("sessions_spawn", json!({"task": "do it", "agentId": "ops"}));
+    assert_eq!(s["status"], "forbidden", "{s}");
+    assert!(s["error"].as_str().unwrap().contains("allowAgents"));
     assert_eq!(env.fingerprint(), before, "a refused spawn stores nothing");
     // The child of main runs the default agent (main's built-in echo) and its reply comes back.
     let s = c.call("sessions_send", json!({"sessionKey": format!("subagent:{U1}"), "message": "hi"}));

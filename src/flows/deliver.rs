@@ -61,27 +61,28 @@ pub fn channel_delivery(
     row: Option<&SessionRow>,
     channel: &str,
     text: &str,
+    kind: DeliveryKind,
 ) -> Result<(), StoreError> {
     let deliverer = rt.access.config.channels.get(channel).and_then(|c| c.deliver.clone()).filter(|a| !a.is_empty());
     if deliverer.is_none() {
         if matches!(channel, "internal" | "unknown") {
             let why = "no channel to deliver to (the session has no external channel)";
-            return record(rt, run, DeliveryKind::Announce, channel, "skipped", Some(why), None);
+            return record(rt, run, kind, channel, "skipped", Some(why), None);
         }
         if channel == "webchat" {
-            return record(rt, run, DeliveryKind::Announce, channel, "delivered", None, Some(DeliveryMode::Inbox));
+            return record(rt, run, kind, channel, "delivered", None, Some(DeliveryMode::Inbox));
         }
         let why = format!("no deliverer for channel {channel:?} (channels.{channel}.deliver)");
-        return record(rt, run, DeliveryKind::Announce, channel, "undeliverable", Some(&why), None);
+        return record(rt, run, kind, channel, "undeliverable", Some(&why), None);
     }
     let (to, thread_id) = address(&run.session_key, row);
     let account = row.and_then(|r| r.last_account_id.clone());
     let payload = json!({
-        "kind": "announce", "channel": channel, "to": to, "accountId": account, "threadId": thread_id,
+        "kind": kind.as_str(), "channel": channel, "to": to, "accountId": account, "threadId": thread_id,
         "text": text, "sessionKey": run.session_key.as_str(), "runId": run.run_id, "chainId": run.chain_id,
-        "idempotencyKey": format!("{}:announce", run.run_id),
+        "idempotencyKey": format!("{}:{}", run.run_id, kind.as_str()),
     });
-    rt.access.store.queue_channel_delivery(&run.run_id, run.session_key.as_str(), channel, &payload)?;
+    rt.access.store.queue_channel_delivery(&run.run_id, kind, run.session_key.as_str(), channel, &payload)?;
     rt.wake();
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod context;
 mod deliver;
 pub mod inject;
 pub mod send;
+pub mod spawn;
 
 use std::sync::Arc;
 
@@ -242,8 +243,15 @@ pub async fn run_turn(
 pub fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) {
     let outcome = match run.mode {
         RunMode::Send | RunMode::Reply => reply_back(rt, run, result),
+        RunMode::Announce if run.announce_kind.as_deref() == Some("subagent") => {
+            spawn::after_child_run(rt, run, result)
+        }
         RunMode::Announce => announce_delivery(rt, run, result),
-        _ => Ok(()),
+        RunMode::Spawn => spawn::after_child_run(rt, run, result),
+        RunMode::Completion => {
+            completion_delivery(rt, run, result).and_then(|_| spawn::after_child_run(rt, run, result))
+        }
+        RunMode::Inject => Ok(()),
     };
     if let Err(e) = outcome {
         tracing::error!(run = %run.run_id, error = %e, "a flow step failed");
@@ -440,11 +448,21 @@ fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Value)
 
 /// After the announce step: deliver its reply to the target's channel, unless it stays silent.
 fn announce_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    to_channel(rt, run, result, DeliveryKind::Announce)
+}
+
+/// After a completion run in a driven requester: its reply goes to the requester's channel.
+fn completion_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    to_channel(rt, run, result, DeliveryKind::Completion)
+}
+
+/// Delivers a run's reply to its session's channel, under the send policy.
+fn to_channel(rt: &Runtime, run: &RunRow, result: &TurnResult, kind: DeliveryKind) -> Result<(), StoreError> {
     let row = rt.access.store.session_by_key(&run.session_key)?;
     let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
     let Some(text) = result.ok_reply().map(String::from) else {
-        let why = if result.silent { "silent: ANNOUNCE_SKIP" } else { "the announce step produced no reply" };
-        return deliver::record(rt, run, DeliveryKind::Announce, &channel, "skipped", Some(why), None);
+        let why = if result.silent { "silent: the reply was a skip token" } else { "the run produced no reply" };
+        return deliver::record(rt, run, kind, &channel, "skipped", Some(why), None);
     };
     let decision = rt.access.send_decision(&run.session_key, row.as_ref());
     if !decision.allowed() {
@@ -452,7 +470,7 @@ fn announce_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<
             Some(i) => format!("policy: rule {i}"),
             None => "policy".to_string(),
         };
-        return deliver::record(rt, run, DeliveryKind::Announce, &channel, "skipped", Some(&why), None);
+        return deliver::record(rt, run, kind, &channel, "skipped", Some(&why), None);
     }
-    deliver::channel_delivery(rt, run, row.as_ref(), &channel, &text)
+    deliver::channel_delivery(rt, run, row.as_ref(), &channel, &text, kind)
 }

@@ -173,14 +173,21 @@ pub struct DueDelivery {
 
 impl Store {
     /// Adds a channel delivery to attempt now (payload is what the deliverer gets on stdin).
-    pub fn queue_channel_delivery(&self, run_id: &str, target: &str, channel: &str, payload: &Value) -> Result<i64> {
+    pub fn queue_channel_delivery(
+        &self,
+        run_id: &str,
+        kind: DeliveryKind,
+        target: &str,
+        channel: &str,
+        payload: &Value,
+    ) -> Result<i64> {
         self.write(|tx| -> Result<i64> {
             let now = now_ms();
             tx.execute(
                 "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, payload, attempts,
                      next_attempt_at, deadline_at, created_at, updated_at)
-                 VALUES (?1, 'announce', 'channel', 'queued', ?2, ?3, ?4, 0, ?5, ?6, ?5, ?5)",
-                params![run_id, target, channel, payload.to_string(), now, now + 30 * 60 * 1000],
+                 VALUES (?1, ?7, 'channel', 'queued', ?2, ?3, ?4, 0, ?5, ?6, ?5, ?5)",
+                params![run_id, target, channel, payload.to_string(), now, now + 30 * 60 * 1000, kind.as_str()],
             )?;
             Ok(tx.last_insert_rowid())
         })

@@ -13,6 +13,7 @@ mod run_queue;
 mod runs;
 mod schema;
 mod sessions;
+mod spawn;
 mod tokens;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,8 @@ pub(crate) use run_queue::enqueue;
 pub use run_queue::{Caps, Finished, NewRun, RunMode, RunRow};
 pub(crate) use sessions::insert_session;
 pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};
+pub use spawn::SpawnCounts;
+pub(crate) use spawn::spawn_counts;
 pub use tokens::TokenRow;
 
 /// The schema version this build writes.

@@ -134,6 +134,8 @@ pub struct Caps {
     /// Running runs per agent (runner.maxConcurrent); agents not named use `default_agent`.
     pub per_agent: HashMap<String, u32>,
     pub default_agent: u32,
+    /// Running child (spawn) runs server-wide (agents.defaults.subagents.maxConcurrent).
+    pub spawns: u32,
 }
 
 /// How a run ended, as the runtime records it.
@@ -208,6 +210,10 @@ impl Store {
             );
             let candidates: Vec<RunRow> =
                 tx.prepare_cached(&sql)?.query_map([], run_from_row)?.collect::<rusqlite::Result<_>>()?;
+            let running_spawns: i64 =
+                tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", [], |r| {
+                    r.get(0)
+                })?;
             let mut seen_sessions = std::collections::HashSet::new();
             for run in candidates {
                 // FIFO per session: only the oldest queued run of a session is a candidate.
@@ -217,7 +223,7 @@ impl Store {
                 let agent = run.agent_id.as_str();
                 let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
                 let busy = running.iter().find(|(a, _)| a == agent).map_or(0, |(_, n)| *n);
-                if busy >= i64::from(cap) {
+                if busy >= i64::from(cap) || (run.mode == RunMode::Spawn && running_spawns >= i64::from(caps.spawns)) {
                     continue;
                 }
                 let now = now_ms();

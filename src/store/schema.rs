@@ -52,8 +52,13 @@ CREATE TABLE sessions (
     updated_at        INTEGER NOT NULL,
     archived_at       INTEGER,
     deleted_at        INTEGER,
+    -- Sub-agent bookkeeping: the spawn run, when its completion was announced, when to archive.
+    spawn_run         TEXT,
+    announced_at      INTEGER,
+    archive_due_at    INTEGER,
     next_seq          INTEGER NOT NULL DEFAULT 1
 );
+CREATE INDEX sessions_archive_due ON sessions (archive_due_at) WHERE archive_due_at IS NOT NULL AND state = 0;
 CREATE INDEX sessions_agent_state_updated ON sessions (agent_id, state, updated_at DESC);
 CREATE INDEX sessions_agent_kind_state_updated ON sessions (agent_id, kind, state, updated_at DESC);
 CREATE INDEX sessions_spawned_by ON sessions (spawned_by) WHERE spawned_by IS NOT NULL;
@@ -143,6 +148,7 @@ CREATE TABLE runs (
 CREATE INDEX runs_session_status ON runs (session, status);
 CREATE INDEX runs_status_created ON runs (status, created_at);
 CREATE INDEX runs_waiting_on ON runs (waiting_on) WHERE waiting_on IS NOT NULL;
+CREATE INDEX runs_requester_mode ON runs (requester_key, mode, status);
 
 CREATE TABLE deliveries (
     id              INTEGER PRIMARY KEY,

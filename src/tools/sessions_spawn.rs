@@ -1,16 +1,22 @@
 //! `sessions_spawn`: start a sub-agent run in an isolated child session; its result is announced
 //! back to the requester.
 //!
-//! This build registers the tool with its full schema and validates its arguments; running a
-//! child needs the agent runner, which has not landed yet, so a valid call answers
-//! `{status: "error", error: "not available yet: …"}` and creates nothing.
+//! Checks in order (DESIGN §5.4), each with its own error, nothing left behind when one fails:
+//! arguments → allowlist → the target has a runner → depth → sandbox guard → one transaction that
+//! checks and reserves admission and creates the child (see `flows::spawn`).
 
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
 use super::args::Bounds;
 use super::{Ctx, Output, ToolError, ToolSpec};
+use crate::config::Config;
+use crate::flows::spawn::{Refused, SpawnPlan, Spawned};
+use crate::keys::{AgentId, SessionKey};
 use crate::policy::ToolName;
 
 pub const MAX_TASK_BYTES: usize = 64 * 1024;
@@ -130,7 +136,7 @@ pub fn spec() -> ToolSpec {
 }
 
 pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<SpawnOk> {
-    spawn(ctx, args).into()
+    spawn(ctx, args).await.into()
 }
 
 /// Thinking levels and the reference's aliases.
@@ -184,31 +190,52 @@ fn one_of(a: &mut super::args::ArgReader, field: &str, allowed: &[&str]) -> Resu
     }
 }
 
-fn spawn(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
+/// Validated arguments.
+struct Args {
+    task: String,
+    label: Option<String>,
+    agent: AgentId,
+    model: Option<String>,
+    thinking: Option<String>,
+    run_timeout: Option<u64>,
+    cleanup_delete: bool,
+    require_sandbox: bool,
+    attachments: usize,
+    idempotency_key: Option<String>,
+    raw: Value,
+}
+
+fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError> {
     if let Some(key) = args.as_ref().and_then(|a| DELIVERY_KEYS.iter().find(|k| a.contains_key(**k))) {
         return Err(ToolError::invalid(format!(
             "{key} is a channel-delivery argument; sessions_spawn does not deliver to channels (use sessions_send)"
         )));
     }
+    let raw = Value::Object(args.clone().unwrap_or_default());
     let mut a = super::reader(ToolName::SessionsSpawn, args)?;
-    a.req_string("task", MAX_TASK_BYTES)?;
-    a.opt_string("label", 64)?;
+    let task = a.req_string("task", MAX_TASK_BYTES)?;
+    let label = a.opt_string("label", 256)?;
+    if label.as_ref().is_some_and(|l| l.chars().count() > 64) {
+        return Err(ToolError::invalid("label is too long: at most 64 characters are allowed"));
+    }
     let agent = match a.opt_string("agentId", 128)? {
-        Some(id) => crate::keys::AgentId::parse(&id).map_err(|e| ToolError::invalid(format!("agentId: {e}")))?,
+        Some(id) => AgentId::parse(&id).map_err(|e| ToolError::invalid(format!("agentId: {e}")))?,
         None => ctx.caller.agent.clone(),
     };
-    if let Some(model) = a.opt_string("model", 256)? {
+    let model = a.opt_string("model", 256)?;
+    if let Some(m) = &model {
         let allowlist = ctx.access.config.agent(&agent).and_then(|e| e.models.as_deref());
-        check_model(&model, allowlist)?;
+        check_model(m, allowlist)?;
     }
-    if let Some(t) = a.opt_string("thinking", 32)? {
-        thinking_level(&t).ok_or_else(|| {
+    let thinking = match a.opt_string("thinking", 32)? {
+        Some(t) => Some(thinking_level(&t).map(String::from).ok_or_else(|| {
             ToolError::invalid(format!(
                 "thinking {t:?} is not a level; allowed: off, minimal, low, medium, high, xhigh, adaptive"
             ))
-        })?;
-    }
-    a.opt_number("runTimeoutSeconds", Bounds { min: 0, max: u32::MAX as u64 })?;
+        })?),
+        None => None,
+    };
+    let run_timeout = a.opt_number("runTimeoutSeconds", Bounds { min: 0, max: u32::MAX as u64 })?;
     let thread = a.opt_bool("thread")?.unwrap_or(false);
     let mode = one_of(&mut a, "mode", &["run", "session"])?;
     if thread {
@@ -221,8 +248,8 @@ fn spawn(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolErr
             "mode=\"session\" requires thread=true, which is not available in this version; use mode \"run\"",
         ));
     }
-    one_of(&mut a, "cleanup", &["delete", "keep"])?;
-    one_of(&mut a, "sandbox", &["inherit", "require"])?;
+    let cleanup_delete = one_of(&mut a, "cleanup", &["delete", "keep"])?.as_deref() == Some("delete");
+    let require_sandbox = one_of(&mut a, "sandbox", &["inherit", "require"])?.as_deref() == Some("require");
     let attachments = match a.opt_value("attachments") {
         None => 0,
         Some(Value::Array(list)) if list.len() > MAX_ATTACHMENTS => {
@@ -247,15 +274,188 @@ fn spawn(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolErr
         }
     };
     a.opt_value("attachAs");
-    a.opt_string("idempotencyKey", 256)?;
+    let idempotency_key = a.opt_string("idempotencyKey", 256)?;
     a.finish()?;
-    if attachments > 0 && !ctx.access.config.tools.sessions_spawn.attachments.enabled {
+    Ok(Args {
+        task,
+        label,
+        agent,
+        model,
+        thinking,
+        run_timeout,
+        cleanup_delete,
+        require_sandbox,
+        attachments,
+        idempotency_key,
+        raw,
+    })
+}
+
+/// Model: param → target subagents.model → defaults.subagents.model → target model →
+/// defaults.model.primary. Thinking: param → target subagents.thinking → defaults.subagents.thinking.
+fn resolve_model_and_thinking(config: &Config, agent: &AgentId, args: &Args) -> (Option<String>, Option<String>) {
+    let entry = config.agent(agent);
+    let sub = entry.and_then(|e| e.subagents.as_ref());
+    let defaults = &config.agents.defaults;
+    let model = args
+        .model
+        .clone()
+        .or_else(|| sub.and_then(|s| s.model.clone()))
+        .or_else(|| defaults.subagents.model.clone())
+        .or_else(|| entry.and_then(|e| e.model.clone()))
+        .or_else(|| defaults.model.primary.clone());
+    let thinking = args
+        .thinking
+        .clone()
+        .or_else(|| sub.and_then(|s| s.thinking.clone()))
+        .or_else(|| defaults.subagents.thinking.clone());
+    (model, thinking)
+}
+
+async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
+    let args = parse(ctx, args)?;
+    let access = ctx.access;
+    let config = &access.config;
+    let caller = ctx.caller;
+    if args.attachments > 0 && !config.tools.sessions_spawn.attachments.enabled {
         return Err(ToolError::forbidden(
             "attachments are disabled; the operator can enable them with tools.sessions_spawn.attachments.enabled=true",
         ));
     }
-    ctx.access.check_can_act(ctx.caller)?;
-    Err(ToolError::error(
-        "not available yet: sessions_spawn needs the agent runner, which this version of sessions-mcp does not include; nothing was created",
-    ))
+    access.check_can_act(caller)?;
+    let Some(rt) = ctx.runtime else {
+        return Err(ToolError::error("sessions_spawn needs the runtime, which this server was started without"));
+    };
+    let (allow_any, allowed) = super::agents_list::spawnable(config, &caller.agent);
+    if !allowed.contains(&args.agent) || (allow_any && !config.is_configured(&args.agent) && args.agent != caller.agent)
+    {
+        return Err(ToolError::forbidden(format!(
+            "agentId \"{}\" is not allowed for this agent; allowed: {} (agents.list[].subagents.allowAgents)",
+            args.agent,
+            allowed.iter().map(AgentId::as_str).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    crate::runner::resolve_runner(config, &args.agent, &rt.state_dir, &rt.runner.exe).map_err(ToolError::invalid)?;
+    let caller_row = access.store.session_by_key(&caller.key)?;
+    let depth = caller_row.as_ref().map_or(0, |r| r.spawn_depth) + 1;
+    let max_depth = i64::from(config.agents.defaults.subagents.max_spawn_depth);
+    if depth > max_depth {
+        return Err(ToolError::forbidden(format!(
+            "sessions_spawn is not allowed at this depth: a child would be at depth {depth} (agents.defaults.subagents.maxSpawnDepth={max_depth})"
+        )));
+    }
+    let probe = SessionKey::for_agent(&args.agent, "subagent:00000000-0000-4000-8000-000000000000");
+    let child_sandboxed = crate::caller::configured_sandbox(config, &probe);
+    if (caller.sandboxed || args.require_sandbox) && !child_sandboxed {
+        let why = if caller.sandboxed {
+            "a sandboxed session may only spawn sandboxed children"
+        } else {
+            "sandbox: \"require\" was asked"
+        };
+        return Err(ToolError::forbidden(format!(
+            "{why}, but agent \"{}\" does not run sandboxed (agents.list[].sandbox.mode / agents.defaults.sandbox.mode)",
+            args.agent
+        )));
+    }
+    if child_sandboxed {
+        return Err(ToolError::error(
+            "sandbox unavailable: this version of sessions-mcp cannot run sandboxed sub-agents yet (bubblewrap support has not landed); nothing was created",
+        ));
+    }
+    if args.attachments > 0 {
+        return Err(ToolError::error("attachments are not available in this version yet; nothing was created"));
+    }
+    let decision = access.send_decision(&probe, None);
+    if !decision.allowed() {
+        return Err(ToolError::forbidden(decision.refusal(config.session.send_policy.as_ref())));
+    }
+    let args_hash = hex::encode(Sha256::digest(args.raw.to_string().as_bytes()));
+    if let Some(key) = &args.idempotency_key
+        && let Some(hit) = access.store.idempotency(caller.key.as_str(), key)?
+    {
+        if hit.args_hash != args_hash {
+            return Err(ToolError::invalid(format!(
+                "idempotencyKey {key:?} reused with different arguments; use a new key for a new spawn"
+            )));
+        }
+        let child = hit.result.as_ref().and_then(|r| r.get("childSessionKey")).and_then(Value::as_str).unwrap_or("");
+        let queued = hit.result.as_ref().and_then(|r| r.get("queued")).and_then(Value::as_bool).unwrap_or(false);
+        let spawned =
+            Spawned { run_id: hit.run_id.unwrap_or_default(), child_key: SessionKey::from_canonical(child), queued };
+        return Ok(accepted(ctx, spawned, access.store.last_seq_of(&caller.key)?));
+    }
+    let (chain_id, hop) = match &caller.run {
+        Some(run) => (run.chain_id.clone().unwrap_or_else(|| run.run_id.clone()), run.hop + 1),
+        None => (uuid::Uuid::new_v4().to_string(), 0),
+    };
+    let a2a = &config.session.agent_to_agent;
+    if hop > i64::from(a2a.max_hops) {
+        return Err(ToolError::forbidden(format!(
+            "chain limit reached: maxHops={} (session.agentToAgent.maxHops)",
+            a2a.max_hops
+        )));
+    }
+    let (model, thinking) = resolve_model_and_thinking(config, &args.agent, &args);
+    let timeout_s = args.run_timeout.or(Some(config.agents.defaults.subagents.run_timeout_seconds)).filter(|s| *s > 0);
+    let inbox_after = access.store.last_seq_of(&caller.key)?;
+    let plan = SpawnPlan {
+        caller,
+        caller_channel: if caller.external {
+            "webchat".into()
+        } else {
+            crate::flows::channel_of_row(&caller.key, caller_row.as_ref(), rt)
+        },
+        target_agent: args.agent.clone(),
+        task: &args.task,
+        label: args.label.clone(),
+        model,
+        thinking,
+        timeout_ms: timeout_s.map(|s| (s * 1000) as i64),
+        cleanup_delete: args.cleanup_delete,
+        sandboxed: child_sandboxed,
+        depth,
+        max_depth,
+        chain_id,
+        hop,
+        idempotency: args.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
+    };
+    let spawned = match crate::flows::spawn::start(rt, &plan) {
+        Ok(s) => s,
+        Err(Refused::Children(n)) => {
+            return Err(ToolError::forbidden(format!(
+                "maxChildrenPerAgent={n} reached: this session already has {n} unfinished children (agents.defaults.subagents.maxChildrenPerAgent)"
+            )));
+        }
+        Err(Refused::Queue(n)) => {
+            return Err(ToolError::forbidden(format!(
+                "maxQueued={n} reached: too many children are waiting to start (agents.defaults.subagents.maxQueued)"
+            )));
+        }
+        Err(Refused::Store(e)) => return Err(e.into()),
+    };
+    rt.wake();
+    Ok(accepted(ctx, spawned, inbox_after))
+}
+
+fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
+    let caller = ctx.caller;
+    let me = ctx.access.scope(caller).display(&caller.key);
+    let note = if caller.external {
+        format!(
+            "Runs in the background. When it finishes, a message from subagent_announce (Status/Result/Notes) is appended to your session {me} after seq {inbox_after}; read it with sessions_history {{sessionKey: \"{me}\", afterSeq: {inbox_after}}}. Checking again after a few minutes is fine."
+        )
+    } else {
+        "Runs in the background. The completion (Status/Result/Notes) will arrive as your next message; do not poll."
+            .to_string()
+    };
+    SpawnOk {
+        status: SpawnStatus::Accepted,
+        run_id: spawned.run_id,
+        child_session_key: spawned.child_key.to_string(),
+        mode: "run".into(),
+        queued: spawned.queued,
+        note,
+        inbox: caller.external.then(|| json!({"sessionKey": me, "afterSeq": inbox_after})),
+        attachments: None,
+    }
 }

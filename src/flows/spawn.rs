@@ -1,0 +1,365 @@
+//! Sub-agents (DESIGN §7.5, §7.7): the child session and its run, created in one transaction that
+//! checks and reserves admission; and the completion — an optional Notes step in the child, the
+//! announce text, its delivery to the requester (an external requester's inbox, or a completion
+//! run in a driven requester), then cleanup (delete) or a later archive (keep). A child that still
+//! has unfinished children announces only after its last child completed.
+
+use serde_json::{Value, json};
+
+use super::TurnResult;
+use super::context::{ANNOUNCE_SKIP, NO_REPLY, is_skip};
+use crate::caller::{Caller, key_scope};
+use crate::keys::{self, AgentId, SessionKey};
+use crate::runtime::Runtime;
+use crate::store::{
+    DeliveryKind, DeliveryMode, NewDelivery, NewMessage, NewRun, NewSession, RunMode, RunRow, SessionRow, StoreError,
+    add_delivery, append_message, enqueue, insert_session, remember_key, spawn_counts,
+};
+
+/// Longest Result in an announce, in bytes.
+const RESULT_BYTES: usize = 8 * 1024;
+pub const NOTES_PROMPT: &str = "Your task has ended (Status: completed successfully). Write short notes for the agent that spawned you: what you did, what is left, where the results are. Reply exactly ANNOUNCE_SKIP to add nothing.";
+pub const COMPLETION_PREFIX: &str = "A sub-agent you spawned has finished:";
+
+/// Everything a spawn commits.
+pub struct SpawnPlan<'a> {
+    pub caller: &'a Caller,
+    pub caller_channel: String,
+    pub target_agent: AgentId,
+    pub task: &'a str,
+    pub label: Option<String>,
+    pub model: Option<String>,
+    pub thinking: Option<String>,
+    pub timeout_ms: Option<i64>,
+    pub cleanup_delete: bool,
+    pub sandboxed: bool,
+    pub depth: i64,
+    pub max_depth: i64,
+    pub chain_id: String,
+    pub hop: i64,
+    pub idempotency: Option<(&'a str, &'a str)>,
+}
+
+/// What the spawn created.
+#[derive(Debug, Clone)]
+pub struct Spawned {
+    pub run_id: String,
+    pub child_key: SessionKey,
+    pub queued: bool,
+}
+
+/// Why admission refused (all `forbidden`, naming the limit).
+#[derive(Debug)]
+pub enum Refused {
+    Children(u32),
+    Queue(u32),
+    Store(StoreError),
+}
+
+impl From<StoreError> for Refused {
+    fn from(e: StoreError) -> Self {
+        Refused::Store(e)
+    }
+}
+
+impl From<rusqlite::Error> for Refused {
+    fn from(e: rusqlite::Error) -> Self {
+        Refused::Store(e.into())
+    }
+}
+
+/// The sub-agent context, in `system` of the child's runs.
+fn subagent_context(plan: &SpawnPlan, child: &SessionKey) -> String {
+    let spawning = if plan.depth < plan.max_depth {
+        "You may spawn sub-agents of your own with sessions_spawn; their completions arrive as your next messages."
+    } else {
+        "You are a leaf worker: you cannot spawn further sub-agents."
+    };
+    format!(
+        "Sub-agent context. You are a sub-agent spawned for one task (depth {depth} of {max}).\n\
+         Rules: stay on the task; finish it; do not start unrelated work; your session is ephemeral; \
+         your final reply is announced to the session that spawned you automatically — do not poll or \
+         message it.\n{spawning}\nLabel: {label}.\nRequester session: {req}.\nRequester channel: {ch}.\nYour session: {child}.",
+        depth = plan.depth,
+        max = plan.max_depth,
+        label = plan.label.as_deref().unwrap_or("(none)"),
+        req = plan.caller.key,
+        ch = plan.caller_channel,
+    )
+}
+
+/// Checks and reserves admission, creates the child and queues its run, in one transaction.
+pub fn start(rt: &Runtime, plan: &SpawnPlan) -> Result<Spawned, Refused> {
+    let config = &rt.access.config;
+    let sub = &config.agents.defaults.subagents;
+    let child_key = SessionKey::for_agent(&plan.target_agent, &format!("subagent:{}", uuid::Uuid::new_v4()));
+    let run_id = uuid::Uuid::new_v4().to_string();
+    let scope = key_scope(config, &plan.target_agent);
+    rt.access.store.write(|tx| -> Result<Spawned, Refused> {
+        let counts = spawn_counts(tx, plan.caller.key.as_str())?;
+        if counts.unfinished >= i64::from(sub.max_children_per_agent) {
+            return Err(Refused::Children(sub.max_children_per_agent));
+        }
+        let queued = counts.running >= i64::from(sub.max_concurrent);
+        if queued && counts.queued >= i64::from(sub.max_queued) {
+            return Err(Refused::Queue(sub.max_queued));
+        }
+        let mut child = NewSession::new(child_key.clone(), plan.target_agent.clone(), keys::kind_of(&child_key, &scope, None), false);
+        child.spawned_by = Some(plan.caller.key.clone());
+        child.spawn_depth = plan.depth;
+        child.subagent_role = Some(if plan.depth < plan.max_depth { "orchestrator" } else { "leaf" }.into());
+        child.label = plan.label.clone();
+        child.sandboxed = plan.sandboxed;
+        child.model = plan.model.clone();
+        insert_session(tx, &child)?;
+        let child_id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [child_key.as_str()], |r| r.get(0))?;
+        tx.execute("UPDATE sessions SET spawn_run = ?2 WHERE id = ?1", rusqlite::params![child_id, run_id])?;
+        let flow = json!({
+            "flow": "spawn", "requester": plan.caller.key.as_str(), "cleanup": if plan.cleanup_delete { "delete" } else { "keep" },
+            "system": subagent_context(plan, &child_key),
+        });
+        enqueue(
+            tx,
+            &NewRun {
+                run_id: run_id.clone(),
+                session: child_id,
+                mode: RunMode::Spawn,
+                input: json!({"role": "user", "content": plan.task}),
+                provenance: Some(json!({"kind": "inter_session", "sourceSessionKey": plan.caller.key.as_str(),
+                    "sourceChannel": plan.caller_channel, "sourceTool": "sessions_spawn", "chainId": plan.chain_id})),
+                requester_key: Some(plan.caller.key.clone()),
+                chain_id: Some(plan.chain_id.clone()),
+                hop: plan.hop,
+                announce_kind: None,
+                model: plan.model.clone(),
+                thinking: plan.thinking.clone(),
+                timeout_ms: plan.timeout_ms,
+                extra: Some(flow),
+            },
+        )?;
+        if let Some((key, hash)) = plan.idempotency {
+            let result = json!({"childSessionKey": child_key.as_str(), "queued": queued});
+            remember_key(tx, plan.caller.key.as_str(), key, "sessions_spawn", hash, &run_id, &result)?;
+        }
+        Ok(Spawned { run_id: run_id.clone(), child_key: child_key.clone(), queued })
+    })
+}
+
+/// The status line of an announce, from the runtime (never from model text).
+fn status_text(run: &RunRow) -> String {
+    match run.status.as_str() {
+        "ok" => "completed successfully".to_string(),
+        "timeout" => "timed out".to_string(),
+        "interrupted" => "interrupted".to_string(),
+        _ => format!("failed: {}", run.error.clone().unwrap_or_else(|| run.status.clone())),
+    }
+}
+
+fn compact(n: i64) -> String {
+    match n {
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}k", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+/// The announce text (DESIGN §7.7, pinned).
+pub fn announce_text(
+    rt: &Runtime,
+    child: &SessionRow,
+    spawn_run: &RunRow,
+    result: &str,
+    notes: Option<&str>,
+) -> String {
+    let mut result = if result.trim().is_empty() { "(no output)".to_string() } else { result.to_string() };
+    if result.len() > RESULT_BYTES {
+        let mut cut = RESULT_BYTES;
+        while !result.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        result.truncate(cut);
+        result.push_str("\n…(result truncated at 8 KiB)…");
+    }
+    let ended = spawn_run.ended_at.unwrap_or_else(crate::store::now_ms);
+    let runtime = (ended - spawn_run.started_at.unwrap_or(spawn_run.created_at)).max(0) / 1000;
+    let mut stats = vec![format!("runtime {runtime}s")];
+    if child.tokens_in + child.tokens_out > 0 {
+        stats.push(format!(
+            "tokens {} (in {} / out {})",
+            compact(child.tokens_in + child.tokens_out),
+            compact(child.tokens_in),
+            compact(child.tokens_out)
+        ));
+    }
+    if let Some(cost) = child.cost {
+        stats.push(format!("est ${cost:.4}"));
+    }
+    stats.push(format!("sessionKey {}", child.key));
+    stats.push(format!("sessionId {}", child.session_id));
+    let export = rt.state_dir.join("export");
+    let transcript = crate::tools::sessions_list::list_row(
+        child,
+        &key_scope(&rt.access.config, &child.agent_id),
+        false,
+        Some(&export),
+    );
+    stats.push(format!("transcript {}", transcript.transcript_path.or(transcript.transcript_uri).unwrap_or_default()));
+    let mut text = format!("Status: {}\nResult: {result}\n", status_text(spawn_run));
+    if rt.access.config.agents.defaults.subagents.announce_step
+        && let Some(n) = notes.filter(|n| !n.trim().is_empty())
+    {
+        text.push_str(&format!("Notes: {n}\n"));
+    }
+    text.push_str(&format!("Stats: {}", stats.join(" • ")));
+    text
+}
+
+/// The Result of a child: its final reply, else its last tool result, else nothing.
+fn child_result(rt: &Runtime, child: &SessionRow, reply: Option<&str>) -> Result<String, StoreError> {
+    if let Some(r) = reply.filter(|r| !r.trim().is_empty()) {
+        return Ok(r.to_string());
+    }
+    let page = rt.access.store.history_tail(child.id, 50, true)?;
+    Ok(page
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "toolResult")
+        .map(|m| crate::agent::content_text(&m.content))
+        .unwrap_or_default())
+}
+
+/// After a run in a sub-agent session: announce when its work (and its children's) is done.
+pub fn after_child_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    let store = &rt.access.store;
+    let Some(child) = store.session_by_key(&run.session_key)? else { return Ok(()) };
+    let (Some(spawn_run_id), None) = (&child.spawn_run, child.announced_at) else { return Ok(()) };
+    let Some(spawn_run) = store.run(spawn_run_id)? else { return Ok(()) };
+    if run.mode == RunMode::Announce {
+        // The Notes step ended: announce with its reply (ANNOUNCE_SKIP adds nothing).
+        let notes = result.reply.as_deref().filter(|r| !is_skip(r));
+        let result_text = child_result(rt, &child, spawn_run.reply.as_deref())?;
+        return announce(rt, &child, &spawn_run, &result_text, notes);
+    }
+    let reply = if run.mode == RunMode::Spawn { spawn_run.reply.clone() } else { result.reply.clone() };
+    if reply.as_deref().is_some_and(|r| matches!(r.trim(), ANNOUNCE_SKIP | NO_REPLY)) {
+        // Silence was asked for: no announce, but the flow ends (cleanup still applies).
+        return finish(rt, &child, &spawn_run);
+    }
+    if store.unannounced_children(child.key.as_str())? > 0 {
+        return Ok(()); // the last child's completion wakes this session again
+    }
+    let ok = result.status == "ok";
+    if ok && rt.access.config.agents.defaults.subagents.announce_step {
+        return queue_notes(rt, &child, run);
+    }
+    let result_text = child_result(rt, &child, reply.as_deref())?;
+    let status_run = if run.mode == RunMode::Spawn {
+        spawn_run.clone()
+    } else {
+        RunRow { status: result.status.clone(), ..spawn_run.clone() }
+    };
+    announce(rt, &child, &status_run, &result_text, None)
+}
+
+fn queue_notes(rt: &Runtime, child: &SessionRow, run: &RunRow) -> Result<(), StoreError> {
+    let step = NewRun {
+        run_id: uuid::Uuid::new_v4().to_string(),
+        session: child.id,
+        mode: RunMode::Announce,
+        input: json!({"role": "user", "content": NOTES_PROMPT}),
+        provenance: Some(
+            json!({"kind": "internal_system", "sourceTool": "subagent_announce", "chainId": run.chain_id}),
+        ),
+        requester_key: run.requester_key.clone(),
+        chain_id: run.chain_id.clone(),
+        hop: run.hop,
+        announce_kind: Some("subagent".into()),
+        model: None,
+        thinking: None,
+        timeout_ms: None,
+        extra: run.extra.clone(),
+    };
+    rt.access.store.write(|tx| enqueue(tx, &step).map_err(StoreError::from))?;
+    rt.wake();
+    Ok(())
+}
+
+/// Delivers the announce to the requester, then cleans up.
+fn announce(
+    rt: &Runtime,
+    child: &SessionRow,
+    spawn_run: &RunRow,
+    result: &str,
+    notes: Option<&str>,
+) -> Result<(), StoreError> {
+    let store = &rt.access.store;
+    let text = announce_text(rt, child, spawn_run, result, notes);
+    let Some(requester) = spawn_run.requester_key.clone() else { return finish(rt, child, spawn_run) };
+    let requester_row = store.session_by_key(&requester)?;
+    let provenance = json!({"kind": "inter_session", "sourceSessionKey": child.key.as_str(), "sourceChannel": "internal",
+        "sourceTool": "subagent_announce", "chainId": spawn_run.chain_id});
+    store.write(|tx| -> Result<(), StoreError> {
+        let Some(r) = &requester_row else { return Ok(()) };
+        if r.external {
+            append_message(
+                tx,
+                r.id,
+                &NewMessage {
+                    role: "user".into(),
+                    content: json!([{"type": "text", "text": text}]),
+                    run_id: Some(spawn_run.run_id.clone()),
+                    provenance: Some(provenance.clone()),
+                    chain_id: spawn_run.chain_id.clone(),
+                    ..Default::default()
+                },
+            )?;
+            add_delivery(tx, &delivery(spawn_run, DeliveryKind::Announce, requester.as_str(), "delivered"))?;
+        } else {
+            let run_id = uuid::Uuid::new_v4().to_string();
+            enqueue(
+                tx,
+                &NewRun {
+                    run_id: run_id.clone(),
+                    session: r.id,
+                    mode: RunMode::Completion,
+                    input: json!({"role": "user", "content": format!("{COMPLETION_PREFIX}\n\n{text}")}),
+                    provenance: Some(provenance.clone()),
+                    requester_key: None,
+                    chain_id: spawn_run.chain_id.clone(),
+                    hop: spawn_run.hop,
+                    announce_kind: None,
+                    model: None,
+                    thinking: None,
+                    timeout_ms: None,
+                    extra: Some(json!({"flow": "completion", "child": child.key.as_str()})),
+                },
+            )?;
+            add_delivery(tx, &delivery(spawn_run, DeliveryKind::Completion, requester.as_str(), "delivered"))?;
+        }
+        Ok(())
+    })?;
+    rt.wake();
+    finish(rt, child, spawn_run)
+}
+
+fn delivery<'a>(run: &'a RunRow, kind: DeliveryKind, target: &'a str, status: &'a str) -> NewDelivery<'a> {
+    NewDelivery {
+        run_id: &run.run_id,
+        kind,
+        mode: DeliveryMode::Inbox,
+        status,
+        target_key: target,
+        channel: None,
+        last_error: None,
+    }
+}
+
+/// The flow ends: mark announced, then delete now or archive later.
+fn finish(rt: &Runtime, child: &SessionRow, spawn_run: &RunRow) -> Result<(), StoreError> {
+    let delete = spawn_run.extra.as_ref().and_then(|e| e.get("cleanup")).and_then(Value::as_str) == Some("delete");
+    let minutes = rt.access.config.agents.defaults.subagents.archive_after_minutes;
+    let archive_after = (minutes > 0.0).then_some((minutes * 60_000.0) as i64);
+    // A parent waiting for its last child hears of it through the completion run queued above.
+    rt.access.store.mark_announced(child.id, delete, archive_after)
+}
