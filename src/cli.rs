@@ -247,7 +247,7 @@ pub fn main() -> ExitCode {
         init_tracing();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match cli.command {
+    let code = match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Schemas { check, dir, .. } => crate::schemas::run(&dir, check),
         Command::Import { dir, json, paths } => {
@@ -283,7 +283,10 @@ pub fn main() -> ExitCode {
             },
             Err(code) => code,
         },
-    }
+    };
+    // Do not wait for blocking threads (stdin readers sit in read(2) until EOF): we are done.
+    runtime.shutdown_background();
+    code
 }
 
 fn init_tracing() {
@@ -348,20 +351,23 @@ async fn serve(args: ServeArgs) -> ExitCode {
     };
     tracing::info!(session = %caller.key, "serving over stdio");
     let server = SessionsServer::new(access, caller, Some(runtime.clone()));
+    let signal = terminate_signal();
+    tokio::pin!(signal);
     tokio::select! {
         result = server::serve_stdio(server) => {
             if let Err(e) = result {
                 tracing::error!(error = %e, "stdio transport failed");
             }
-            // The client is gone; an owner finishes what is queued or running first.
-            runtime.drain().await;
-            ExitCode::SUCCESS
+            // The client is gone; an owner finishes what is queued or running first — unless
+            // the host sends SIGTERM meanwhile (hosts do, soon after closing stdin).
+            tokio::select! {
+                _ = runtime.drain() => {}
+                _ = &mut signal => runtime.shutdown(true).await,
+            }
         }
-        _ = terminate_signal() => {
-            runtime.shutdown(true).await;
-            ExitCode::SUCCESS
-        }
+        _ = &mut signal => runtime.shutdown(true).await,
     }
+    ExitCode::SUCCESS
 }
 
 /// SIGTERM or SIGINT.

@@ -351,11 +351,28 @@ fn later_note(ctx: &Ctx, target: &Target) -> String {
 }
 
 /// Forwards the run's streamed text as MCP progress while the caller waits (this process only).
-fn forward_progress(ctx: &Ctx, rt: &crate::runtime::Runtime, run_id: &str) -> tokio::task::JoinHandle<()> {
-    let (Some(progress), Some(mut rx)) = (ctx.progress.clone(), rt.subscribe(run_id)) else {
+/// The run may not be claimed yet: subscribe as soon as it is.
+fn forward_progress(
+    ctx: &Ctx,
+    rt: &std::sync::Arc<crate::runtime::Runtime>,
+    run_id: &str,
+) -> tokio::task::JoinHandle<()> {
+    let Some(progress) = ctx.progress.clone() else {
         return tokio::spawn(async {});
     };
+    let (rt, run_id) = (rt.clone(), run_id.to_string());
     tokio::spawn(async move {
+        let mut pause = Duration::from_millis(10);
+        let mut rx = loop {
+            if let Some(rx) = rt.subscribe(&run_id) {
+                break rx;
+            }
+            if rt.access.store.run(&run_id).ok().flatten().is_none_or(|r| r.is_finished()) {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        };
         let mut n = 0.0;
         while let Ok(text) = rx.recv().await {
             n += 1.0;

@@ -493,3 +493,53 @@ pub fn check_call_response(tool: &str, resp: &Value) -> Value {
     assert_conforms(tool, &structured);
     result
 }
+
+impl Client {
+    /// Sends SIGTERM to the `serve` process and waits up to `timeout` for it to exit.
+    pub fn terminate_and_wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        terminate_pid(self.child.id());
+        wait_child(&mut self.child, timeout)
+    }
+}
+
+/// Sends SIGTERM to `pid` (through kill(1): the tests have no libc).
+pub fn terminate_pid(pid: u32) {
+    let ok = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().expect("run kill").success();
+    assert!(ok, "kill -TERM {pid} failed");
+}
+
+/// Waits up to `timeout` for `child` to exit (panics if it does not).
+pub fn wait_child(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("process {} did not exit within {timeout:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Client {
+    /// Closes the client's end of stdin (EOF for `serve`) without waiting for the process.
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// Waits up to `timeout` for the `serve` process to exit; None if it is still alive.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
