@@ -1,7 +1,8 @@
 //! `sessions-mcp supervise`: the process every run starts through (RUNNER-PROTOCOL "Process
 //! rules"). It makes itself the leader of a new process group, asks the kernel to signal it when
 //! the server dies (Linux: the parent-death signal), starts the agent in its group with its own
-//! stdin/stdout/stderr (the server talks to the agent through them directly), and ends the run:
+//! stdin/stdout/stderr (the server talks to the agent through them directly) with core dumps
+//! off, and ends the run:
 //! on SIGTERM, on the server's death, or at the deadline it signals the group SIGINT → SIGTERM →
 //! SIGKILL a step apart; when the agent exits by itself it kills whatever the agent left behind.
 //! Finally it kills every process of its uid that still carries the run's `SESSIONS_MCP_RUN_ID`
@@ -62,6 +63,12 @@ pub fn run(args: &SuperviseArgs) -> ExitCode {
     // SAFETY: setsid has no memory-safety preconditions; failure only means we already lead one.
     unsafe {
         libc::setsid();
+    }
+    // No core dumps of agent processes (they may hold secrets from the environment).
+    let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: setrlimit reads a properly initialised struct.
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
     }
     let pgid = std::process::id() as i32;
     let run_id = std::env::var("SESSIONS_MCP_RUN_ID").unwrap_or_default();

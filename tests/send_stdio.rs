@@ -739,3 +739,43 @@ fn progress_also_streams_to_a_replay_that_attaches_to_a_running_run() {
         .collect();
     assert!(!text.is_empty() && reply.starts_with(&text), "progress before the result: {notes:?}");
 }
+
+#[test]
+fn deliverers_retry_on_75_and_fail_on_other_exit_codes() {
+    let mut env = TestEnv::new();
+    // Exit 75 (retry) the first time, then deliver; the attempt count is in a file.
+    let count = env.dir.path().join("attempts");
+    let flaky = env.write_file(
+        "flaky.sh",
+        "n=$(cat \"$1\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$1\"; cat > /dev/null; [ $n -ge 2 ] || exit 75; exit 0\n",
+    );
+    let broken = env.write_file("broken.sh", "cat > /dev/null; echo 'no route to channel' >&2; exit 3\n");
+    let worker = scripted_agent(&env, "worker", &json!({"default": {"reply": "posted: {input}"}}), json!({}));
+    env.set_config(&agents_config(
+        vec![json!({"id": "main"}), worker],
+        json!({"channels": {
+            "discord": {"deliver": ["/bin/sh", flaky.to_str().unwrap(), count.to_str().unwrap()]},
+            "slack": {"deliver": ["/bin/sh", broken.to_str().unwrap()]}
+        }}),
+    ));
+    let (discord, slack) = ("agent:worker:discord:group:ops", "agent:worker:slack:channel:c1");
+    env.seed(json!({"sessions": [{"key": discord}, {"key": slack}]}));
+    let mut c = env.serve(None);
+    for target in [discord, slack] {
+        let r = c.call("sessions_send", json!({"sessionKey": target, "message": "news", "timeoutSeconds": 10}));
+        assert_eq!(r["status"], "ok", "{r}");
+    }
+    let announce_delivery = |target: &str, status: &str| {
+        wait_until(Duration::from_secs(15), "the announce delivery", || {
+            let show = env.show(target);
+            let runs = runs_of(&show, Some("announce"));
+            let d = runs.first()?["deliveries"].as_array()?.iter().find(|d| d["kind"] == "announce").cloned()?;
+            (d["status"] == status).then_some(d)
+        })
+    };
+    let ok = announce_delivery(discord, "delivered");
+    assert_eq!(ok["attempts"], 2, "one retry after exit 75: {ok}");
+    assert_eq!(std::fs::read_to_string(&count).unwrap().trim(), "2");
+    let failed = announce_delivery(slack, "failed");
+    assert!(failed["lastError"].as_str().unwrap().contains("no route to channel"), "{failed}");
+}
