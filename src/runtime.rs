@@ -209,7 +209,8 @@ impl Runtime {
                 if last_sweep.elapsed() >= sweep_every {
                     match self.access.store.archive_due() {
                         Ok(keys) if !keys.is_empty() => {
-                            tracing::info!(count = keys.len(), "archived finished sub-agent sessions")
+                            tracing::info!(count = keys.len(), "archived finished sub-agent sessions");
+                            self.remove_archived_attachments(&keys);
                         }
                         Ok(_) => {}
                         Err(e) => tracing::error!(error = %e, "the archive sweep failed"),
@@ -221,6 +222,18 @@ impl Runtime {
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+
+    /// Attachment directories go with the archive.
+    fn remove_archived_attachments(&self, keys: &[String]) {
+        for key in keys {
+            let key = crate::keys::SessionKey::from_canonical(key.clone());
+            let Ok(Some(child)) = self.access.store.session_by_key(&key) else { continue };
+            let Some(run_id) = &child.spawn_run else { continue };
+            if let Ok(Some(run)) = self.access.store.run(run_id) {
+                crate::flows::spawn::remove_attachments(self, &child, &run);
             }
         }
     }

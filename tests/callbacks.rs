@@ -42,12 +42,12 @@ fn raw_http(socket: &Path, auth: Option<&str>) -> String {
     let mut s = UnixStream::connect(socket).unwrap();
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
     let auth = auth.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
-    write!(
-        s,
+    let request = format!(
         "POST /mcp HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .unwrap();
+    );
+    // The server may answer 401 (and close) before reading the body: a failed write is fine.
+    let _ = s.write_all(request.as_bytes());
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out.split("\r\n\r\n").next().unwrap_or("").to_string()

@@ -161,7 +161,8 @@ pub fn request(p: RequestParts) -> Value {
         "model": run.model, "thinking": run.thinking, "resume": {"externalSessionId": null},
         "messages": p.messages,
         "input": render(run.input.get("role").and_then(Value::as_str).unwrap_or("user"), &input_content, run.provenance.as_ref()),
-        "workdir": p.workdir, "attachments": [], "mcp": {"socket": p.socket},
+        "workdir": p.workdir, "mcp": {"socket": p.socket},
+        "attachments": run.extra.as_ref().and_then(|e| e.get("attachments")).cloned().unwrap_or_else(|| json!([])),
         "limits": {"timeoutMs": p.timeout_ms},
     });
     if let Some(s) = p.system {

@@ -4,6 +4,7 @@
 //! the target's channel. Steps are queued runs: nothing blocks inside a run, and late replies get
 //! the same steps as prompt ones (**Fix**). Every cross-session effect is a ledger row.
 
+pub mod attachments;
 pub mod context;
 mod deliver;
 pub mod inject;

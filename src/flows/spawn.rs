@@ -38,6 +38,8 @@ pub struct SpawnPlan<'a> {
     pub chain_id: String,
     pub hop: i64,
     pub idempotency: Option<(&'a str, &'a str)>,
+    /// Staged attachments: their receipts go into the transaction.
+    pub attachments: Option<&'a super::attachments::Staged>,
 }
 
 /// What the spawn created.
@@ -114,10 +116,20 @@ pub fn start(rt: &Runtime, plan: &SpawnPlan) -> Result<Spawned, Refused> {
         insert_session(tx, &child)?;
         let child_id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [child_key.as_str()], |r| r.get(0))?;
         tx.execute("UPDATE sessions SET spawn_run = ?2 WHERE id = ?1", rusqlite::params![child_id, run_id])?;
-        let flow = json!({
+        let mut flow = json!({
             "flow": "spawn", "requester": plan.caller.key.as_str(), "cleanup": if plan.cleanup_delete { "delete" } else { "keep" },
             "system": subagent_context(plan, &child_key),
         });
+        if let Some(staged) = plan.attachments {
+            flow["attachments"] = staged.for_request();
+            flow["attachmentsDir"] = json!(staged.rel_dir);
+            for r in &staged.receipts {
+                tx.execute(
+                    "INSERT INTO attachments (run_id, name, bytes, sha256, rel_dir) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    rusqlite::params![run_id, r.name, r.bytes as i64, r.sha256, staged.rel_dir],
+                )?;
+            }
+        }
         enqueue(
             tx,
             &NewRun {
@@ -360,6 +372,20 @@ fn finish(rt: &Runtime, child: &SessionRow, spawn_run: &RunRow) -> Result<(), St
     let delete = spawn_run.extra.as_ref().and_then(|e| e.get("cleanup")).and_then(Value::as_str) == Some("delete");
     let minutes = rt.access.config.agents.defaults.subagents.archive_after_minutes;
     let archive_after = (minutes > 0.0).then_some((minutes * 60_000.0) as i64);
+    if delete {
+        remove_attachments(rt, child, spawn_run);
+    }
     // A parent waiting for its last child hears of it through the completion run queued above.
     rt.access.store.mark_announced(child.id, delete, archive_after)
+}
+
+/// Removes a child's attachment directory (at delete or archive); the receipts stay on the run.
+pub fn remove_attachments(rt: &Runtime, child: &SessionRow, spawn_run: &RunRow) {
+    let Some(rel) = spawn_run.extra.as_ref().and_then(|e| e.get("attachmentsDir")).and_then(Value::as_str) else {
+        return;
+    };
+    if let Ok(spec) = crate::runner::resolve_runner(&rt.access.config, &child.agent_id, &rt.state_dir, &rt.runner.exe) {
+        super::attachments::remove(&spec.workdir, rel);
+        let _ = rt.access.store.attachments_removed(&spawn_run.run_id);
+    }
 }

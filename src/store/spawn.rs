@@ -75,3 +75,13 @@ impl Store {
         })
     }
 }
+
+impl Store {
+    /// Records that a run's attachment files were removed (their receipts stay).
+    pub fn attachments_removed(&self, run_id: &str) -> Result<()> {
+        self.write(|tx| -> Result<()> {
+            tx.execute("UPDATE attachments SET removed_at = ?2 WHERE run_id = ?1", params![run_id, now_ms()])?;
+            Ok(())
+        })
+    }
+}

@@ -200,7 +200,7 @@ struct Args {
     run_timeout: Option<u64>,
     cleanup_delete: bool,
     require_sandbox: bool,
-    attachments: usize,
+    attachments: Vec<crate::flows::attachments::Incoming>,
     idempotency_key: Option<String>,
     raw: Value,
 }
@@ -250,25 +250,16 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
     }
     let cleanup_delete = one_of(&mut a, "cleanup", &["delete", "keep"])?.as_deref() == Some("delete");
     let require_sandbox = one_of(&mut a, "sandbox", &["inherit", "require"])?.as_deref() == Some("require");
+    let limits = &ctx.access.config.tools.sessions_spawn.attachments;
     let attachments = match a.opt_value("attachments") {
-        None => 0,
+        None => Vec::new(),
         Some(Value::Array(list)) if list.len() > MAX_ATTACHMENTS => {
             return Err(ToolError::invalid(format!(
                 "attachments: at most {MAX_ATTACHMENTS} files, got {}",
                 list.len()
             )));
         }
-        Some(Value::Array(list)) => {
-            for (i, item) in list.iter().enumerate() {
-                let named = item.get("name").and_then(Value::as_str).is_some_and(|n| !n.trim().is_empty());
-                if !named || !item.get("content").is_some_and(Value::is_string) {
-                    return Err(ToolError::invalid(format!(
-                        "attachments[{i}] needs a non-empty name and a string content"
-                    )));
-                }
-            }
-            list.len()
-        }
+        Some(Value::Array(list)) => crate::flows::attachments::validate(&list, limits)?,
         Some(_) => {
             return Err(ToolError::invalid("attachments must be a list of {name, content, encoding?, mimeType?}"));
         }
@@ -317,7 +308,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
     let access = ctx.access;
     let config = &access.config;
     let caller = ctx.caller;
-    if args.attachments > 0 && !config.tools.sessions_spawn.attachments.enabled {
+    if !args.attachments.is_empty() && !config.tools.sessions_spawn.attachments.enabled {
         return Err(ToolError::forbidden(
             "attachments are disabled; the operator can enable them with tools.sessions_spawn.attachments.enabled=true",
         ));
@@ -335,7 +326,8 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
             allowed.iter().map(AgentId::as_str).collect::<Vec<_>>().join(", ")
         )));
     }
-    crate::runner::resolve_runner(config, &args.agent, &rt.state_dir, &rt.runner.exe).map_err(ToolError::invalid)?;
+    let spec = crate::runner::resolve_runner(config, &args.agent, &rt.state_dir, &rt.runner.exe)
+        .map_err(ToolError::invalid)?;
     let caller_row = access.store.session_by_key(&caller.key)?;
     let depth = caller_row.as_ref().map_or(0, |r| r.spawn_depth) + 1;
     let max_depth = i64::from(config.agents.defaults.subagents.max_spawn_depth);
@@ -361,9 +353,6 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         return Err(ToolError::error(
             "sandbox unavailable: this version of sessions-mcp cannot run sandboxed sub-agents yet (bubblewrap support has not landed); nothing was created",
         ));
-    }
-    if args.attachments > 0 {
-        return Err(ToolError::error("attachments are not available in this version yet; nothing was created"));
     }
     let decision = access.send_decision(&probe, None);
     if !decision.allowed() {
@@ -398,6 +387,15 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
     let (model, thinking) = resolve_model_and_thinking(config, &args.agent, &args);
     let timeout_s = args.run_timeout.or(Some(config.agents.defaults.subagents.run_timeout_seconds)).filter(|s| *s > 0);
     let inbox_after = access.store.last_seq_of(&caller.key)?;
+    // Staged before the transaction, moved into place after it; removed if anything fails.
+    let staged = if args.attachments.is_empty() {
+        None
+    } else {
+        Some(
+            crate::flows::attachments::stage(&spec.workdir, &args.attachments)
+                .map_err(|e| ToolError::error(format!("attachments: {e}")))?,
+        )
+    };
     let plan = SpawnPlan {
         caller,
         caller_channel: if caller.external {
@@ -418,6 +416,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         chain_id,
         hop,
         idempotency: args.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
+        attachments: staged.as_ref(),
     };
     let spawned = match crate::flows::spawn::start(rt, &plan) {
         Ok(s) => s,
@@ -433,8 +432,15 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         }
         Err(Refused::Store(e)) => return Err(e.into()),
     };
+    let receipts = staged.as_ref().map(crate::flows::attachments::Staged::summary);
+    if let Some(s) = staged {
+        // The child is committed; its files must be in place before it can start.
+        s.commit().map_err(|e| ToolError::error(format!("attachments: {e}")))?;
+    }
     rt.wake();
-    Ok(accepted(ctx, spawned, inbox_after))
+    let mut ok = accepted(ctx, spawned, inbox_after);
+    ok.attachments = receipts;
+    Ok(ok)
 }
 
 fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
