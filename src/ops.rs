@@ -232,7 +232,10 @@ fn check_runners(env: &Env) -> usize {
     for agent in agents {
         match crate::runner::resolve_runner(&env.loaded.config, &agent, &env.state_dir, &exe) {
             Ok(spec) if spec.command == exe.display().to_string() => {
-                println!("runner {agent}: the built-in echo agent");
+                println!(
+                    "runner {agent}: the built-in agent (sessions-mcp agent {})",
+                    spec.args.iter().skip(1).cloned().collect::<Vec<_>>().join(" ")
+                );
             }
             Ok(spec) => match find_program(&spec.command) {
                 Some(path) => println!("runner {agent}: {} ({})", spec.command, path.display()),
@@ -245,6 +248,27 @@ fn check_runners(env: &Env) -> usize {
         }
     }
     problems
+}
+
+/// When some agent's sessions run sandboxed, bubblewrap must be able to start a jail.
+fn check_sandbox(env: &Env) -> usize {
+    let config = &env.loaded.config;
+    let sandboxing = config.agents.defaults.sandbox.mode != crate::config::SandboxMode::Off
+        || config.configured_agents().iter().any(|a| config.sandbox_mode(a) != crate::config::SandboxMode::Off);
+    match (crate::runner::sandbox::available(), sandboxing) {
+        (Ok(()), _) => {
+            println!("sandbox: bubblewrap can start jails");
+            0
+        }
+        (Err(why), true) => {
+            println!("sandbox problem: sandboxed sessions are configured but {why}");
+            1
+        }
+        (Err(why), false) => {
+            println!("sandbox: unavailable ({why}); no agent is sandboxed, so nothing needs it");
+            0
+        }
+    }
 }
 
 /// The executable a command names: a path, or a name looked up in PATH.
@@ -304,6 +328,7 @@ pub fn doctor(paths: &crate::cli::Paths) -> ExitCode {
     }
     if let Ok(env) = paths.resolve() {
         problems += check_runners(&env);
+        problems += check_sandbox(&env);
     }
     let daemon_runs = std::fs::File::open(state_dir.join("daemon.lock")).is_ok_and(|f| f.try_lock().is_err());
     println!(

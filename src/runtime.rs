@@ -233,7 +233,7 @@ impl Runtime {
             let Ok(Some(child)) = self.access.store.session_by_key(&key) else { continue };
             let Some(run_id) = &child.spawn_run else { continue };
             if let Ok(Some(run)) = self.access.store.run(run_id) {
-                crate::flows::spawn::remove_attachments(self, &child, &run);
+                crate::flows::spawn::remove_attachments(self, &run);
             }
         }
     }

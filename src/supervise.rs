@@ -22,6 +22,11 @@ pub struct SuperviseArgs {
     /// Time between SIGINT, SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 1000)]
     step_ms: u64,
+    /// Run the agent as this uid (and --gid): sandboxed runs when the server is root.
+    #[arg(long)]
+    uid: Option<u32>,
+    #[arg(long)]
+    gid: Option<u32>,
     /// The agent's program and arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -72,7 +77,18 @@ pub fn run(args: &SuperviseArgs) -> ExitCode {
     }
     let pgid = std::process::id() as i32;
     let run_id = std::env::var("SESSIONS_MCP_RUN_ID").unwrap_or_default();
-    let mut child = match Command::new(&args.command[0]).args(&args.command[1..]).spawn() {
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    {
+        use std::os::unix::process::CommandExt;
+        if let Some(gid) = args.gid {
+            cmd.gid(gid);
+        }
+        if let Some(uid) = args.uid {
+            cmd.uid(uid); // std also drops supplementary groups when it changes the uid
+        }
+    }
+    let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sessions-mcp supervise: cannot start {:?}: {e}", args.command[0]);

@@ -716,9 +716,42 @@ impl Config {
                 return Err(format!("agents.list[{i}].id: agent id {:?} is configured twice", id.as_str()));
             }
         }
+        self.validate_sandbox()?;
         for (i, t) in self.server.tokens.iter().enumerate() {
             if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(format!("server.tokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// An agent whose sessions can run sandboxed needs a sandbox backend (and Linux).
+    fn validate_sandbox(&self) -> Result<(), String> {
+        let defaults_mode = self.agents.defaults.sandbox.mode;
+        let backend_off = |r: &RunnerConfig| r.sandbox.as_ref().and_then(|s| s.backend) == Some(SandboxBackend::Off);
+        let mut agents: Vec<(String, SandboxMode, bool)> =
+            vec![("agents.defaults".into(), defaults_mode, backend_off(&self.agents.defaults.runner))];
+        for (i, a) in self.agents.list.iter().enumerate() {
+            let mode = a.sandbox.as_ref().and_then(|s| s.mode).unwrap_or(defaults_mode);
+            let runner = a
+                .runner
+                .as_ref()
+                .map_or_else(|| self.agents.defaults.runner.clone(), |r| r.merged(&self.agents.defaults.runner));
+            agents.push((format!("agents.list[{i}]"), mode, backend_off(&runner)));
+        }
+        for (path, mode, off) in agents {
+            if mode == SandboxMode::Off {
+                continue;
+            }
+            if off {
+                return Err(format!(
+                    "{path}.runner.sandbox.backend is \"off\" but {path}.sandbox.mode (or agents.defaults.sandbox.mode) sandboxes its sessions; use backend \"bwrap\" or sandbox mode \"off\""
+                ));
+            }
+            if cfg!(not(target_os = "linux")) {
+                return Err(format!(
+                    "{path}: sandboxed sessions need bubblewrap, which needs Linux; set sandbox.mode \"off\""
+                ));
             }
         }
         Ok(())

@@ -174,6 +174,11 @@ impl Staged {
         Ok(())
     }
 
+    /// Where the files end up (absolute).
+    pub fn path(&self) -> &Path {
+        &self.target
+    }
+
     pub fn total_bytes(&self) -> u64 {
         self.receipts.iter().map(|r| r.bytes).sum()
     }
@@ -207,9 +212,10 @@ impl Drop for Staged {
 }
 
 /// Removes a committed attachment directory (cleanup at delete or archive).
-pub fn remove(workdir: &Path, rel_dir: &str) {
-    if rel_dir.starts_with(".openclaw/attachments/") && !rel_dir.contains("..") {
-        let _ = std::fs::remove_dir_all(workdir.join(rel_dir));
+pub fn remove(dir: &Path) {
+    let s = dir.to_string_lossy();
+    if s.contains("/.openclaw/attachments/") && !s.contains("..") {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::caller::{configured_sandbox, key_scope, sha256_hex};
 use crate::keys::{self, SessionKey};
-use crate::runner::{Hooks, RunStatus, resolve_runner};
+use crate::runner::{Hooks, Launch, RunStatus, resolve_runner, sandbox};
 use crate::runtime::Runtime;
 use crate::store::{
     DeliveryKind, DeliveryMode, Finished, NewDelivery, NewMessage, NewRun, RunMode, RunRow, SessionRow, StoreError,
@@ -59,7 +59,7 @@ pub fn channel_of_row(key: &SessionKey, row: Option<&SessionRow>, rt: &Runtime) 
     )
 }
 
-fn env_for(rt: &Runtime, run: &RunRow, spec: &crate::runner::RunnerSpec, token: &str) -> Vec<(String, String)> {
+fn env_for(run: &RunRow, spec: &crate::runner::RunnerSpec, token: &str, socket: &str) -> Vec<(String, String)> {
     let workdir = spec.workdir.display().to_string();
     let home = if spec.home_inherit {
         std::env::var("HOME").unwrap_or_else(|_| workdir.clone())
@@ -76,7 +76,7 @@ fn env_for(rt: &Runtime, run: &RunRow, spec: &crate::runner::RunnerSpec, token: 
         ("SESSIONS_MCP_RUN_ID".into(), run.run_id.clone()),
         ("SESSIONS_MCP_SESSION_KEY".into(), run.session_key.to_string()),
         ("SESSIONS_MCP_TOKEN".into(), token.to_string()),
-        ("SESSIONS_MCP_SOCKET".into(), rt.state_dir.join("run/mcp.sock").display().to_string()),
+        ("SESSIONS_MCP_SOCKET".into(), socket.to_string()),
     ];
     for name in &spec.passthrough {
         if let Ok(v) = std::env::var(name)
@@ -158,9 +158,22 @@ pub async fn run_turn(
     if let Some(ms) = run.timeout_ms.filter(|ms| *ms > 0) {
         spec.timeout = spec.timeout.min(std::time::Duration::from_millis(ms as u64));
     }
-    for dir in [spec.workdir.clone(), spec.workdir.join(".tmp"), spec.workdir.join(".sessions-home")] {
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            return fail(format!("cannot create the workdir {}: {e}", dir.display()));
+    let sandboxed = session.sandboxed || configured_sandbox(config, &run.session_key);
+    let workspace = spec.workdir.clone();
+    if sandboxed {
+        // Never unconfined: no jail, no run.
+        if let Err(why) = sandbox::available() {
+            return fail(format!("sandbox unavailable: {why}"));
+        }
+        spec.workdir = sandbox::session_workdir(&workspace, &session.session_id);
+        if let Err(e) = sandbox::prepare_workdir(&spec.workdir) {
+            return fail(format!("sandbox unavailable: cannot prepare {}: {e}", spec.workdir.display()));
+        }
+    } else {
+        for dir in [spec.workdir.clone(), spec.workdir.join(".tmp"), spec.workdir.join(".sessions-home")] {
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                return fail(format!("cannot create the workdir {}: {e}", dir.display()));
+            }
         }
     }
     let history = store.context_before(session.id, input_seq, 2000)?;
@@ -173,12 +186,13 @@ pub async fn run_turn(
             run_id: Some(run.run_id.clone()),
             chain_id: run.chain_id.clone(),
             hop: run.hop,
-            sandboxed: session.sandboxed || configured_sandbox(config, &run.session_key),
+            sandboxed,
         },
     )?;
-    let env = env_for(rt, run, &spec, &token);
+    let host_socket = rt.state_dir.join("run/mcp.sock");
+    let socket = if sandboxed { sandbox::SOCKET_INSIDE.to_string() } else { host_socket.display().to_string() };
+    let env = env_for(run, &spec, &token, &socket);
     let workdir = spec.workdir.display().to_string();
-    let socket = rt.state_dir.join("run/mcp.sock").display().to_string();
     let request = context::request(context::RequestParts {
         run,
         session_id: &session.session_id,
@@ -203,8 +217,21 @@ pub async fn run_turn(
         let start = crate::runtime::process_start_time(i64::from(pid));
         let _ = store_for_spawn.set_supervisor(&run_id, i64::from(pid), start);
     };
-    let outcome =
-        rt.runner.execute(&spec, &argv, &request, &env, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
+    let launch = if sandboxed {
+        let jail = sandbox::Jail {
+            network_host: spec.network_host,
+            workspace,
+            workspace_rw: spec.workspace_rw,
+            workdir: spec.workdir.clone(),
+            socket: host_socket,
+            exe: rt.runner.exe.clone(),
+        };
+        let (program, args) = jail.argv(&spec.command, &argv, &env);
+        Launch { program, args, env, workdir: spec.workdir.clone(), uid_gid: None }
+    } else {
+        Launch { program: spec.command.clone(), args: argv, env, workdir: spec.workdir.clone(), uid_gid: None }
+    };
+    let outcome = rt.runner.execute(&spec, &launch, &request, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
     let status = match outcome.status {
         RunStatus::Cancelled if rt.shutting_down() => "interrupted".to_string(),
         s => s.as_str().to_string(),

@@ -40,6 +40,8 @@ pub struct SpawnPlan<'a> {
     pub idempotency: Option<(&'a str, &'a str)>,
     /// Staged attachments: their receipts go into the transaction.
     pub attachments: Option<&'a super::attachments::Staged>,
+    /// The child's sessionId (chosen first: a sandboxed child's workdir is named after it).
+    pub child_session_id: String,
 }
 
 /// What the spawn created.
@@ -106,7 +108,9 @@ pub fn start(rt: &Runtime, plan: &SpawnPlan) -> Result<Spawned, Refused> {
         if queued && counts.queued >= i64::from(sub.max_queued) {
             return Err(Refused::Queue(sub.max_queued));
         }
-        let mut child = NewSession::new(child_key.clone(), plan.target_agent.clone(), keys::kind_of(&child_key, &scope, None), false);
+        let mut child =
+            NewSession::new(child_key.clone(), plan.target_agent.clone(), keys::kind_of(&child_key, &scope, None), false);
+        child.session_id = plan.child_session_id.clone();
         child.spawned_by = Some(plan.caller.key.clone());
         child.spawn_depth = plan.depth;
         child.subagent_role = Some(if plan.depth < plan.max_depth { "orchestrator" } else { "leaf" }.into());
@@ -122,7 +126,7 @@ pub fn start(rt: &Runtime, plan: &SpawnPlan) -> Result<Spawned, Refused> {
         });
         if let Some(staged) = plan.attachments {
             flow["attachments"] = staged.for_request();
-            flow["attachmentsDir"] = json!(staged.rel_dir);
+            flow["attachmentsPath"] = json!(staged.path().display().to_string());
             for r in &staged.receipts {
                 tx.execute(
                     "INSERT INTO attachments (run_id, name, bytes, sha256, rel_dir) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -373,19 +377,17 @@ fn finish(rt: &Runtime, child: &SessionRow, spawn_run: &RunRow) -> Result<(), St
     let minutes = rt.access.config.agents.defaults.subagents.archive_after_minutes;
     let archive_after = (minutes > 0.0).then_some((minutes * 60_000.0) as i64);
     if delete {
-        remove_attachments(rt, child, spawn_run);
+        remove_attachments(rt, spawn_run);
     }
     // A parent waiting for its last child hears of it through the completion run queued above.
     rt.access.store.mark_announced(child.id, delete, archive_after)
 }
 
 /// Removes a child's attachment directory (at delete or archive); the receipts stay on the run.
-pub fn remove_attachments(rt: &Runtime, child: &SessionRow, spawn_run: &RunRow) {
-    let Some(rel) = spawn_run.extra.as_ref().and_then(|e| e.get("attachmentsDir")).and_then(Value::as_str) else {
+pub fn remove_attachments(rt: &Runtime, spawn_run: &RunRow) {
+    let Some(dir) = spawn_run.extra.as_ref().and_then(|e| e.get("attachmentsPath")).and_then(Value::as_str) else {
         return;
     };
-    if let Ok(spec) = crate::runner::resolve_runner(&rt.access.config, &child.agent_id, &rt.state_dir, &rt.runner.exe) {
-        super::attachments::remove(&spec.workdir, rel);
-        let _ = rt.access.store.attachments_removed(&spawn_run.run_id);
-    }
+    super::attachments::remove(std::path::Path::new(dir));
+    let _ = rt.access.store.attachments_removed(&spawn_run.run_id);
 }

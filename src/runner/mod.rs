@@ -5,6 +5,7 @@
 //! returns an [`Outcome`]: the status, the reply, the messages to persist, usage and errors.
 //! It never touches the store: the runtime persists the outcome.
 
+pub mod sandbox;
 mod spec;
 
 use std::process::Stdio;
@@ -160,6 +161,17 @@ fn omit_attachment_content(args: &mut Value) {
     }
 }
 
+/// What to start for a run: the agent itself, or bwrap around it.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub program: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workdir: std::path::PathBuf,
+    /// Run the agent as this uid/gid (sandboxed runs of a root server).
+    pub uid_gid: Option<(u32, u32)>,
+}
+
 /// Callbacks during a run: the supervisor's pid once started, and streamed text.
 pub struct Hooks<'a> {
     pub on_spawn: &'a (dyn Fn(i32) + Send + Sync),
@@ -178,14 +190,13 @@ impl Runner {
         Ok(Runner { exe: std::env::current_exe()? })
     }
 
-    /// Executes one turn with `argv` (the spec's args, placeholders substituted); `cancel` ends
-    /// the run early.
+    /// Executes one turn: `launch` says what to start (the agent, or bwrap around it); `spec`
+    /// gives the limits; `cancel` ends the run early.
     pub async fn execute(
         &self,
         spec: &RunnerSpec,
-        argv: &[String],
+        launch: &Launch,
         request: &Value,
-        env: &[(String, String)],
         cancel: CancellationToken,
         hooks: &Hooks<'_>,
     ) -> Outcome {
@@ -193,13 +204,16 @@ impl Runner {
         let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.arg("supervise")
             .arg("--deadline-ms")
-            .arg((spec.timeout.as_millis() as u64 + spec.cancel_grace.as_millis() as u64 + 10_000).to_string())
-            .arg("--")
-            .arg(&spec.command)
-            .args(argv)
-            .current_dir(&spec.workdir)
+            .arg((spec.timeout.as_millis() as u64 + spec.cancel_grace.as_millis() as u64 + 10_000).to_string());
+        if let Some((uid, gid)) = launch.uid_gid {
+            cmd.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
+        }
+        cmd.arg("--")
+            .arg(&launch.program)
+            .args(&launch.args)
+            .current_dir(&launch.workdir)
             .env_clear()
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .envs(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{Config, HomeMode, RunnerKind, defaults};
+use crate::config::{Config, HomeMode, RunnerKind, SandboxNetwork, WorkspaceAccess, defaults};
 use crate::keys::AgentId;
 
 /// Everything needed to start one agent's runs.
@@ -21,6 +21,10 @@ pub struct RunnerSpec {
     pub context_budget_bytes: usize,
     pub passthrough: Vec<String>,
     pub home_inherit: bool,
+    /// Sandboxed sessions of this agent share the host network (`runner.sandbox.network: "host"`).
+    pub network_host: bool,
+    /// The workspace is writable inside the jail (`runner.sandbox.workspace: "rw"`).
+    pub workspace_rw: bool,
 }
 
 /// Resolves the runner of `agent`. The default agent `main` with no command configured runs the
@@ -60,6 +64,8 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         context_budget_bytes: r.context_budget_bytes.unwrap_or(defaults::RUNNER_CONTEXT_BUDGET_BYTES) as usize,
         passthrough: r.env.map(|e| e.passthrough).unwrap_or_default(),
         home_inherit: r.home == Some(HomeMode::Inherit),
+        network_host: r.sandbox.as_ref().and_then(|s| s.network) == Some(SandboxNetwork::Host),
+        workspace_rw: r.sandbox.as_ref().and_then(|s| s.workspace) == Some(WorkspaceAccess::Rw),
     })
 }
 
@@ -113,6 +119,8 @@ mod tests {
             context_budget_bytes: 0,
             passthrough: vec![],
             home_inherit: false,
+            network_host: false,
+            workspace_rw: false,
         };
         assert_eq!(spec.argv(&[("model", ""), ("sessionKey", "agent:main:main")]), ["agent:main:main", "plain"]);
         assert_eq!(spec.argv(&[("model", "m1"), ("sessionKey", "k")]), ["--model=m1", "k", "plain"]);

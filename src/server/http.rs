@@ -59,7 +59,7 @@ async fn bearer(State(access): State<Access>, mut req: Request, next: Next) -> R
     }
 }
 
-/// Serves `router` on a Unix socket (0600) until `cancel` fires.
+/// Serves `router` on a Unix socket (0600, in a 0700 directory) until `cancel` fires.
 pub async fn serve_socket(path: &Path, router: axum::Router, cancel: CancellationToken) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(dir) = path.parent() {

@@ -349,10 +349,10 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
             args.agent
         )));
     }
-    if child_sandboxed {
-        return Err(ToolError::error(
-            "sandbox unavailable: this version of sessions-mcp cannot run sandboxed sub-agents yet (bubblewrap support has not landed); nothing was created",
-        ));
+    if args.require_sandbox {
+        // `require` fails fast; an inherited sandbox that cannot start fails the run instead.
+        crate::runner::sandbox::available()
+            .map_err(|why| ToolError::error(format!("sandbox unavailable: {why}; nothing was created")))?;
     }
     let decision = access.send_decision(&probe, None);
     if !decision.allowed() {
@@ -388,11 +388,18 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
     let timeout_s = args.run_timeout.or(Some(config.agents.defaults.subagents.run_timeout_seconds)).filter(|s| *s > 0);
     let inbox_after = access.store.last_seq_of(&caller.key)?;
     // Staged before the transaction, moved into place after it; removed if anything fails.
+    // They go to the child's run workdir: its own directory when it runs sandboxed.
+    let child_session_id = uuid::Uuid::new_v4().to_string();
+    let run_workdir = if child_sandboxed {
+        crate::runner::sandbox::session_workdir(&spec.workdir, &child_session_id)
+    } else {
+        spec.workdir.clone()
+    };
     let staged = if args.attachments.is_empty() {
         None
     } else {
         Some(
-            crate::flows::attachments::stage(&spec.workdir, &args.attachments)
+            crate::flows::attachments::stage(&run_workdir, &args.attachments)
                 .map_err(|e| ToolError::error(format!("attachments: {e}")))?,
         )
     };
@@ -417,6 +424,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         hop,
         idempotency: args.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
         attachments: staged.as_ref(),
+        child_session_id,
     };
     let spawned = match crate::flows::spawn::start(rt, &plan) {
         Ok(s) => s,
