@@ -139,7 +139,8 @@ impl Runtime {
     fn serve_socket(self: &Arc<Self>) {
         let cancel = CancellationToken::new();
         *self.socket.lock().expect("socket slot") = Some(cancel.clone());
-        let router = crate::server::http::router(self.access.clone(), Some(self.clone()), cancel.clone());
+        let options = crate::server::http::HttpOptions::socket(&self.access.config);
+        let router = crate::server::http::router(self.access.clone(), Some(self.clone()), cancel.clone(), &options);
         let path = self.socket_path();
         tokio::spawn(async move {
             if let Err(e) = crate::server::http::serve_socket(&path, router, cancel).await {

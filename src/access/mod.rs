@@ -59,10 +59,21 @@ impl Access {
         if self.tools_for(caller).contains(&tool) {
             Ok(())
         } else {
-            Err(ToolError::forbidden(format!(
-                "{} is not available to this sub-agent session; the operator can allow it with tools.subagents.tools.allow or alsoAllow",
-                tool.as_str()
-            )))
+            let max_depth = self.config.agents.defaults.subagents.max_spawn_depth;
+            let why = match caller.role {
+                crate::policy::CallerRole::Subagent { depth }
+                    if tool == ToolName::SessionsSpawn && depth >= max_depth =>
+                {
+                    format!(
+                        "sessions_spawn is not available at depth {depth}: agents.defaults.subagents.maxSpawnDepth={max_depth} makes this sub-agent a leaf"
+                    )
+                }
+                _ => format!(
+                    "{} is not available to this sub-agent session; the operator can allow it with tools.subagents.tools.allow or alsoAllow",
+                    tool.as_str()
+                ),
+            };
+            Err(ToolError::forbidden(why))
         }
     }
 
@@ -124,12 +135,23 @@ impl Access {
         let scope = self.scope(caller);
         let display = scope.display(&key);
         match self.store.session_by_key(&key)? {
-            Some(row) if row.state != SessionState::Deleted => Ok(Target { key, display, row: Some(row) }),
+            Some(row) if row.state != SessionState::Deleted || self.requester_may_still_read(caller, &row) => {
+                Ok(Target { key, display, row: Some(row) })
+            }
             _ if self.is_virtual_main(&key) => Ok(Target { key, display, row: None }),
             _ => Err(ToolError::not_found(format!(
                 "Session not found: {display} (use sessions_list to see the sessions you can reach)"
             ))),
         }
+    }
+
+    /// A deleted child stays readable to its requester until `archiveAfterMinutes` after its
+    /// announce (≤ 0: always).
+    fn requester_may_still_read(&self, caller: &Caller, row: &SessionRow) -> bool {
+        let minutes = self.config.agents.defaults.subagents.archive_after_minutes;
+        let grace_ok =
+            minutes <= 0.0 || row.deleted_at.is_some_and(|d| crate::store::now_ms() < d + (minutes * 60_000.0) as i64);
+        row.spawned_by.as_ref() == Some(&caller.key) && grace_ok
     }
 
     /// Every configured agent's main session exists virtually before its first message.

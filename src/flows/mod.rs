@@ -286,8 +286,15 @@ pub fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) {
     }
 }
 
-/// A run whose owner died: its pending deliveries fail with `interrupted`.
+/// A run whose owner died: its pending deliveries fail with `interrupted`; an interrupted child
+/// still announces (`Status: interrupted`).
 pub fn after_interrupted(rt: &Runtime, run: &RunRow) {
+    if matches!(run.mode, RunMode::Spawn | RunMode::Completion) {
+        let result = TurnResult { status: "interrupted".into(), reply: None, silent: false };
+        if let Err(e) = spawn::after_child_run(rt, run, &result) {
+            tracing::error!(run = %run.run_id, error = %e, "announcing an interrupted child failed");
+        }
+    }
     let result = rt.access.store.write(|tx| -> Result<(), StoreError> {
         tx.execute(
             "UPDATE deliveries SET status = 'failed', last_error = 'interrupted: the run was interrupted', updated_at = ?2

@@ -104,7 +104,8 @@ pub fn start(rt: &Runtime, plan: &SpawnPlan) -> Result<Spawned, Refused> {
         if counts.unfinished >= i64::from(sub.max_children_per_agent) {
             return Err(Refused::Children(sub.max_children_per_agent));
         }
-        let queued = counts.running >= i64::from(sub.max_concurrent);
+        // Children admitted but not started yet hold their place in the line too.
+        let queued = counts.running + counts.queued >= i64::from(sub.max_concurrent);
         if queued && counts.queued >= i64::from(sub.max_queued) {
             return Err(Refused::Queue(sub.max_queued));
         }

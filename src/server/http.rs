@@ -21,15 +21,73 @@ use crate::access::Access;
 use crate::caller;
 use crate::runtime::Runtime;
 
-/// The `/mcp` router with bearer authentication.
-pub fn router(access: Access, runtime: Option<Arc<Runtime>>, cancel: CancellationToken) -> axum::Router {
+/// What differs between the run socket and a TCP listener.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// `Host` values accepted (DNS-rebinding protection); None = no check (the Unix socket).
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Browser `Origin`s accepted (requests without one pass).
+    pub allowed_origins: Vec<String>,
+    /// The largest request body accepted (413 above it).
+    pub max_body_bytes: usize,
+}
+
+impl HttpOptions {
+    /// The run socket: only local processes with a token reach it.
+    pub fn socket(config: &crate::config::Config) -> Self {
+        HttpOptions { allowed_hosts: None, allowed_origins: Vec::new(), max_body_bytes: max_body_bytes(config) }
+    }
+
+    /// A TCP listener: `server.allowedHosts` for Host, the same hosts as Origins.
+    pub fn tcp(config: &crate::config::Config) -> Self {
+        let hosts = config.server.allowed_hosts.clone();
+        let origins = hosts.iter().flat_map(|h| {
+            let h = if h.contains(':') && !h.starts_with('[') { format!("[{h}]") } else { h.clone() };
+            [format!("http://{h}:*"), format!("https://{h}:*")]
+        });
+        HttpOptions {
+            allowed_origins: origins.collect(),
+            allowed_hosts: Some(hosts),
+            max_body_bytes: max_body_bytes(config),
+        }
+    }
+}
+
+/// Room for the largest legal request: a spawn whose attachments fill `maxTotalBytes` in base64
+/// (4/3 of it), `maxFiles` names and JSON punctuation, the largest task, and the JSON-RPC frame.
+pub fn max_body_bytes(config: &crate::config::Config) -> usize {
+    let a = &config.tools.sessions_spawn.attachments;
+    let base64 = (a.max_total_bytes as usize).div_ceil(3) * 4;
+    let per_file = 255 * 6 + 128; // a name escaped as \\uXXXX at worst, plus the object's keys
+    base64 + a.max_files as usize * per_file + crate::tools::sessions_spawn::MAX_TASK_BYTES * 6 + 64 * 1024
+}
+
+/// The `/mcp` router with bearer authentication, plus `/health`.
+pub fn router(
+    access: Access,
+    runtime: Option<Arc<Runtime>>,
+    cancel: CancellationToken,
+    options: &HttpOptions,
+) -> axum::Router {
     let factory_access = access.clone();
+    let mut config = StreamableHttpServerConfig::default().with_cancellation_token(cancel);
+    config = match &options.allowed_hosts {
+        Some(hosts) => config.with_allowed_hosts(hosts.clone()),
+        None => config.disable_allowed_hosts(),
+    };
+    if !options.allowed_origins.is_empty() {
+        config = config.with_allowed_origins(options.allowed_origins.clone());
+    }
+    config.max_request_body_bytes = options.max_body_bytes;
     let service = StreamableHttpService::new(
         move || Ok(SessionsServer::per_request(factory_access.clone(), runtime.clone())),
         LocalSessionManager::default().into(),
-        StreamableHttpServerConfig::default().with_cancellation_token(cancel),
+        config,
     );
-    axum::Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn_with_state(access, bearer))
+    axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(access, bearer))
+        .route("/health", axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }))
 }
 
 fn unauthorized() -> Response {
@@ -70,4 +128,62 @@ pub async fn serve_socket(path: &Path, router: axum::Router, cancel: Cancellatio
     let listener = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     axum::serve(listener, router).with_graceful_shutdown(async move { cancel.cancelled().await }).await
+}
+
+/// Limits of the TCP listener.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpLimits {
+    pub header_timeout: std::time::Duration,
+    pub max_connections: usize,
+}
+
+/// Serves `router` on a TCP listener until `cancel` fires: HTTP/1.1 with a header-read timeout
+/// (slow-header clients are dropped) and a cap on concurrent connections; on shutdown it stops
+/// accepting and gives open connections a few seconds to finish.
+pub async fn serve_tcp(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    limits: TcpLimits,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let open = tokio_util::task::TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => break,
+            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+        };
+        let (stream, _) = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let cancel = cancel.clone();
+        open.spawn(async move {
+            let _permit = permit;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = cancel.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn).await;
+                }
+            }
+        });
+    }
+    open.close();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), open.wait()).await;
+    Ok(())
 }
