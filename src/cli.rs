@@ -317,9 +317,6 @@ pub fn holds_reference_store(dir: &Path) -> bool {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
-    if args.http.is_some() {
-        return fail("--http: the HTTP transport is not part of this version yet; use stdio (the default)");
-    }
     let env = match args.paths.resolve() {
         Ok(env) => env,
         Err(e) => return fail(format!("{e} (run `sessions-mcp doctor` for details)")),
@@ -334,6 +331,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
+    if let Some(addr) = &args.http {
+        return serve_http(env, store, addr, args.insecure_remote).await;
+    }
     let creds = Credentials {
         token: std::env::var("SESSIONS_MCP_TOKEN").ok(),
         as_session: args.as_session.or_else(|| std::env::var("SESSIONS_MCP_SESSION").ok().filter(|s| !s.is_empty())),
@@ -367,6 +367,61 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
         _ = &mut signal => runtime.shutdown(true).await,
     }
+    ExitCode::SUCCESS
+}
+
+/// `serve --http ADDR`: streamable HTTP at `/mcp` (both protocol eras), `/health`, bearer tokens.
+/// Loopback unless told otherwise; a non-loopback bind needs `server.allowedHosts` and TLS or
+/// `--insecure-remote`. stdin is ignored; SIGTERM shuts down gracefully.
+async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool) -> ExitCode {
+    let config = Arc::new(env.loaded.config);
+    let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host(addr).await {
+        Ok(a) => a.collect(),
+        Err(e) => return fail(format!("--http {addr:?}: not an address to listen on ({e}); use e.g. 127.0.0.1:8765")),
+    };
+    let Some(sock) = addrs.first().copied() else { return fail(format!("--http {addr:?} resolves to nothing")) };
+    if config.server.tls.is_some() {
+        return fail(
+            "server.tls is not supported by this version: terminate TLS in a reverse proxy on loopback, or remove server.tls",
+        );
+    }
+    if !sock.ip().is_loopback() {
+        let loopback_only =
+            config.server.allowed_hosts.iter().all(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "::1"));
+        if loopback_only {
+            return fail(format!(
+                "--http {sock}: a non-loopback bind needs server.allowedHosts listing the host names clients use (now only loopback names)"
+            ));
+        }
+        if !insecure_remote {
+            return fail(format!(
+                "--http {sock}: a non-loopback bind needs TLS; this version has no server.tls, so put a TLS proxy in front and pass --insecure-remote"
+            ));
+        }
+        tracing::warn!(%sock, "serving plain HTTP on a non-loopback address (--insecure-remote): tokens cross the network in clear text");
+    }
+    let listener = match tokio::net::TcpListener::bind(sock).await {
+        Ok(l) => l,
+        Err(e) => return fail(format!("--http {sock}: cannot listen: {e}")),
+    };
+    let access = Access::new(store, config.clone());
+    let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve) {
+        Ok(rt) => rt,
+        Err(e) => return fail(e),
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let options = server::http::HttpOptions::tcp(&config);
+    let router = server::http::router(access, Some(runtime.clone()), cancel.clone(), &options);
+    let limits = server::http::TcpLimits {
+        header_timeout: std::time::Duration::from_secs(config.server.header_timeout_seconds.max(1)),
+        max_connections: config.server.max_connections as usize,
+    };
+    eprintln!("sessions-mcp: listening on http://{}/mcp", listener.local_addr().map_or(sock, |a| a));
+    let serving = tokio::spawn(server::http::serve_tcp(listener, router, limits, cancel.clone()));
+    terminate_signal().await;
+    cancel.cancel();
+    let _ = serving.await;
+    runtime.shutdown(true).await;
     ExitCode::SUCCESS
 }
 

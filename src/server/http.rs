@@ -4,6 +4,7 @@
 //! reuses the same router. A missing, wrong or expired token is 401 with `WWW-Authenticate` and
 //! nothing else.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -84,9 +85,10 @@ pub fn router(
         LocalSessionManager::default().into(),
         config,
     );
+    let auth = Auth { access, static_callers: Arc::new(std::sync::Mutex::new(HashMap::new())) };
     axum::Router::new()
         .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(access, bearer))
+        .layer(axum::middleware::from_fn_with_state(auth, bearer))
         .route("/health", axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }))
 }
 
@@ -94,8 +96,17 @@ fn unauthorized() -> Response {
     (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer realm=\"sessions-mcp\"")]).into_response()
 }
 
+/// The bearer middleware's state: static client tokens are resolved once (acting as their session
+/// writes to the store the first time); run tokens are checked on every request (they expire).
+#[derive(Clone)]
+struct Auth {
+    access: Access,
+    static_callers: Arc<std::sync::Mutex<HashMap<String, crate::caller::Caller>>>,
+}
+
 /// Resolves `Authorization: Bearer <token>` to a caller, or answers 401.
-async fn bearer(State(access): State<Access>, mut req: Request, next: Next) -> Response {
+async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Response {
+    let access = auth.access.clone();
     let token = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -105,11 +116,20 @@ async fn bearer(State(access): State<Access>, mut req: Request, next: Next) -> R
         .filter(|t| !t.is_empty())
         .map(String::from);
     let Some(token) = token else { return unauthorized() };
+    let hash = caller::sha256_hex(&token);
+    let cached = auth.static_callers.lock().expect("static callers").get(&hash).cloned();
+    if let Some(c) = cached {
+        req.extensions_mut().insert(c);
+        return next.run(req).await;
+    }
     let store = access.store.clone();
     let config = access.config.clone();
     let resolved = tokio::task::spawn_blocking(move || caller::by_token(&token, &config, &store)).await;
     match resolved {
         Ok(Ok(Some(caller))) => {
+            if caller.run.is_none() {
+                auth.static_callers.lock().expect("static callers").insert(hash, caller.clone());
+            }
             req.extensions_mut().insert(caller);
             next.run(req).await
         }

@@ -1,0 +1,378 @@
+//! `serve --http`, black-box: the stdio scenarios over streamable HTTP in both protocol eras
+//! (the `initialize` handshake with `Mcp-Session-Id`, and 2026-07-28 stateless requests), bearer
+//! identity, and the hardening: 401s, Host/Origin checks, the body limit, slow headers, load.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::TestEnv;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+fn sha(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A `serve --http 127.0.0.1:0` process and the port it listens on.
+struct HttpServer {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(env: &TestEnv) -> HttpServer {
+    let mut child = env
+        .command(&["serve", "--http", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = loop {
+        let line = lines.next().expect("the server printed its address").unwrap();
+        if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
+            break rest.split('/').next().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    HttpServer { child, port }
+}
+
+/// One HTTP/1.1 request; returns (status, lower-case headers, body).
+fn http(port: u16, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, Vec<(String, String)>, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("{method} /mcp HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    let _ = s.write_all(req.as_bytes());
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or("").split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect::<Vec<_>>();
+    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    (status, headers, if chunked { dechunk(body) } else { body.to_string() })
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// JSON-RPC messages of a JSON or SSE body.
+fn messages(body: &str) -> Vec<Value> {
+    if let Ok(v) = serde_json::from_str::<Value>(body) {
+        return vec![v];
+    }
+    body.split("\n\n")
+        .filter_map(|ev| {
+            let data: Vec<&str> = ev.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
+            serde_json::from_str(&data.join("\n")).ok()
+        })
+        .collect()
+}
+
+/// A client in either protocol era.
+struct Mcp {
+    port: u16,
+    token: String,
+    session: Option<String>,
+    modern: bool,
+    next_id: u64,
+}
+
+impl Mcp {
+    fn legacy(port: u16, token: &str) -> Mcp {
+        let mut c = Mcp { port, token: token.into(), session: None, modern: false, next_id: 1 };
+        let init = c.rpc(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+        );
+        assert_eq!(init["result"]["serverInfo"]["name"], "sessions-mcp", "{init}");
+        c.notify("notifications/initialized");
+        c
+    }
+
+    fn modern(port: u16, token: &str) -> Mcp {
+        Mcp { port, token: token.into(), session: None, modern: true, next_id: 1 }
+    }
+
+    fn post(&mut self, body: Value, method: &str, name: Option<&str>) -> (u16, Vec<(String, String)>, String) {
+        let auth = format!("Bearer {}", self.token);
+        let mut h: Vec<(&str, &str)> = vec![
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ];
+        let sid = self.session.clone();
+        if let Some(s) = &sid {
+            h.push(("Mcp-Session-Id", s));
+        }
+        if self.modern {
+            h.push(("MCP-Protocol-Version", "2026-07-28"));
+            h.push(("Mcp-Method", method));
+            if let Some(n) = name {
+                h.push(("Mcp-Name", n));
+            }
+        }
+        let out = http(self.port, "POST", &h, &body.to_string());
+        if let Some((_, v)) = out.1.iter().find(|(k, _)| k == "mcp-session-id") {
+            self.session = Some(v.clone());
+        }
+        out
+    }
+
+    fn notify(&mut self, method: &str) {
+        let (status, _, _) = self.post(json!({"jsonrpc": "2.0", "method": method}), method, None);
+        assert!(status == 202 || status == 200, "{method}: {status}");
+    }
+
+    fn rpc(&mut self, method: &str, mut params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        if self.modern {
+            params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
+        }
+        let name = params.get("name").and_then(Value::as_str).map(String::from);
+        let (status, _, body) =
+            self.post(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}), method, name.as_deref());
+        assert_eq!(status, 200, "{method}: {body}");
+        messages(&body)
+            .into_iter()
+            .find(|m| m["id"] == json!(id))
+            .unwrap_or_else(|| panic!("no answer to {method}: {body}"))
+    }
+
+    fn call(&mut self, tool: &str, args: Value) -> Value {
+        let r = self.rpc("tools/call", json!({"name": tool, "arguments": args}));
+        let structured = r["result"]["structuredContent"].clone();
+        common::assert_conforms(tool, &structured);
+        structured
+    }
+}
+
+const DESK: &str = "desk-token-0123456789";
+const OTHER: &str = "other-token-0123456789";
+
+fn env_with_tokens(extra: &str) -> TestEnv {
+    let env = TestEnv::with_config(&format!(
+        "{{server: {{tokens: [{{sha256: '{}', sessionKey: 'agent:main:desk'}}, {{sha256: '{}', sessionKey: 'agent:main:other'}}]{extra}}}}}",
+        sha(DESK),
+        sha(OTHER)
+    ));
+    env.seed(json!({"sessions": [{"key": "agent:main:cron:job", "messages": [{"role": "user", "content": "hello"}]}]}));
+    env
+}
+
+#[test]
+fn the_stdio_scenarios_pass_over_http_in_both_eras() {
+    let env = env_with_tokens("");
+    let server = start(&env);
+    for modern in [false, true] {
+        let mut c = if modern { Mcp::modern(server.port, DESK) } else { Mcp::legacy(server.port, DESK) };
+        let tools = c.rpc("tools/list", json!({}));
+        assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 5, "{tools}");
+        let list = c.call("sessions_list", json!({}));
+        let keys = common::keys_of(&list);
+        assert!(keys.contains(&"agent:main:desk".to_string()), "the token's session: {list}");
+        assert!(keys.iter().all(|k| k == "agent:main:desk" || k.starts_with("agent:main:subagent:")), "{keys:?}");
+        let h = c.call("sessions_history", json!({"sessionKey": "agent:main:desk"}));
+        assert_eq!(h["status"], "ok");
+        // A send with a wait: the child of desk answers through the built-in echo agent.
+        let spawn = c.call("sessions_spawn", json!({"task": "compute"}));
+        assert_eq!(spawn["status"], "accepted", "{spawn}");
+        let child = spawn["childSessionKey"].as_str().unwrap().to_string();
+        let after = spawn["inbox"]["afterSeq"].as_i64().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let announce = loop {
+            let h = c.call("sessions_history", json!({"sessionKey": "agent:main:desk", "afterSeq": after}));
+            if let Some(m) = h["messages"].as_array().unwrap().first() {
+                break m.clone();
+            }
+            assert!(Instant::now() < deadline, "no announce");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(announce["content"][0]["text"].as_str().unwrap().starts_with("Status: completed successfully"));
+        let send = c.call("sessions_send", json!({"sessionKey": child, "message": "again?", "timeoutSeconds": 20}));
+        assert_eq!(send["status"], "ok", "{send}");
+        assert_eq!(send["reply"], "ECHO: again?");
+    }
+}
+
+#[test]
+fn bad_tokens_get_401_and_nothing_else() {
+    let env = env_with_tokens("");
+    env.seed(json!({"sessions": [{"key": "agent:main:w"}], "runTokens": [
+        {"token": "smcp_run_ended", "sessionKey": "agent:main:w", "runId": "r1", "expiresAt": 1}]}));
+    let server = start(&env);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    for auth in [None, Some("Bearer nope"), Some("Bearer smcp_run_ended"), Some(&format!("Basic {DESK}") as &str)] {
+        let mut h = vec![("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")];
+        if let Some(a) = auth {
+            h.push(("Authorization", a));
+        }
+        let (status, headers, text) = http(server.port, "POST", &h, &body);
+        assert_eq!(status, 401, "{auth:?}");
+        assert!(headers.iter().any(|(k, v)| k == "www-authenticate" && v.starts_with("Bearer")), "{headers:?}");
+        assert!(text.is_empty(), "no other information: {text}");
+    }
+    // Another session's token acts as that session, and sees nothing of desk's.
+    let mut other = Mcp::legacy(server.port, OTHER);
+    let list = other.call("sessions_list", json!({}));
+    assert_eq!(common::keys_of(&list), ["agent:main:other"]);
+    let h = other.call("sessions_history", json!({"sessionKey": "agent:main:desk"}));
+    assert_eq!(h["status"], "forbidden");
+}
+
+#[test]
+fn foreign_host_and_origin_are_refused() {
+    let env = env_with_tokens("");
+    let server = start(&env);
+    let auth = format!("Bearer {DESK}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string();
+    let base = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let mut evil_host = base.to_vec();
+    evil_host.push(("Host", "evil.example:80"));
+    assert_eq!(http(server.port, "POST", &evil_host, &body).0, 403);
+    let mut evil_origin = base.to_vec();
+    evil_origin.push(("Origin", "http://evil.example"));
+    assert_eq!(http(server.port, "POST", &evil_origin, &body).0, 403);
+    let mut local_origin = base.to_vec();
+    let origin = format!("http://localhost:{}", server.port);
+    local_origin.push(("Origin", &origin));
+    assert_eq!(http(server.port, "POST", &local_origin, &body).0, 200);
+    // The health endpoint needs no token.
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(s, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200") && out.contains("\"ok\""), "{out}");
+}
+
+#[test]
+fn the_body_limit_fits_the_largest_spawn_and_no_more() {
+    let (config, _) = sessions_mcp::config::parse("{}").unwrap();
+    let limit = sessions_mcp::server::http::max_body_bytes(&config);
+    assert!(limit >= 5 * 1024 * 1024 * 4 / 3, "room for 5 MiB of attachments in base64");
+    let env = env_with_tokens("");
+    let server = start(&env);
+    let auth = format!("Bearer {DESK}");
+    let h = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let frame = |len: usize| {
+        let head = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}},"pad":""#;
+        let tail = "\"}";
+        format!("{head}{}{tail}", "x".repeat(len - head.len() - tail.len()))
+    };
+    assert_eq!(http(server.port, "POST", &h, &frame(limit + 1)).0, 413, "one byte over");
+    assert_ne!(http(server.port, "POST", &h, &frame(limit)).0, 413, "exactly at the limit");
+}
+
+#[test]
+fn a_client_sending_one_header_byte_per_second_is_dropped() {
+    let env = env_with_tokens(", headerTimeoutSeconds: 1");
+    let server = start(&env);
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    let mut dropped = false;
+    for b in b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaa" {
+        if s.write_all(&[*b]).is_err() {
+            dropped = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        if started.elapsed() > Duration::from_secs(6) {
+            break;
+        }
+    }
+    if !dropped {
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).unwrap_or(0);
+        let text = String::from_utf8_lossy(&buf[..n]);
+        dropped = n == 0 || text.starts_with("HTTP/1.1 408");
+    }
+    assert!(dropped, "the slow client was not dropped");
+    assert!(started.elapsed() < Duration::from_secs(8));
+}
+
+#[test]
+fn two_hundred_clients_twenty_calls_each() {
+    let n_clients = 200;
+    let tokens: Vec<String> = (0..n_clients).map(|i| format!("load-token-{i:04}-abcdefghij")).collect();
+    let list: Vec<String> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("{{sha256: '{}', sessionKey: 'agent:main:c{i}'}}", sha(t)))
+        .collect();
+    let env = TestEnv::with_config(&format!(
+        "{{server: {{tokens: [{}]}}, tools: {{sessions: {{visibility: 'self'}}}}}}",
+        list.join(", ")
+    ));
+    let server = start(&env);
+    let port = server.port;
+    let handles: Vec<_> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, token)| {
+            std::thread::spawn(move || {
+                let mut c = Mcp::legacy(port, &token);
+                let mut times = Vec::new();
+                for _ in 0..20 {
+                    let t = Instant::now();
+                    let list = c.call("sessions_list", json!({}));
+                    times.push(t.elapsed());
+                    let keys = common::keys_of(&list);
+                    assert_eq!(keys, [format!("agent:main:c{i}")], "only its own session");
+                    assert!(
+                        !list.to_string().contains(&format!("agent:main:c{}", (i + 1) % 200)) || (i + 1) % 200 == i
+                    );
+                }
+                times
+            })
+        })
+        .collect();
+    let mut all: Vec<Duration> = handles.into_iter().flat_map(|h| h.join().expect("a client failed")).collect();
+    all.sort();
+    assert_eq!(all.len(), 4000, "every call answered");
+    let p = |q: f64| all[((all.len() - 1) as f64 * q) as usize];
+    eprintln!("200 clients x 20 calls: p50 {:?}, p99 {:?}, max {:?}", p(0.5), p(0.99), all.last().unwrap());
+}
