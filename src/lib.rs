@@ -7,8 +7,8 @@
 //!
 //! | module      | job |
 //! |-------------|-----|
-//! | [`cli`]     | the command line (`serve`, the operator's commands, `schemas`, `bench`, hidden `dev`) |
-//! | [`server`]  | the rmcp `ServerHandler`: per-caller `tools/list`, routing of `tools/call` |
+//! | [`cli`]     | the command line (`serve`, `daemon`, the operator's commands, `schemas`, `bench`, hidden `dev`) |
+//! | [`server`]  | the rmcp `ServerHandler` (per-caller `tools/list`, `tools/call`); `server::http`: streamable HTTP + bearer auth |
 //! | [`caller`]  | who is calling: a [`caller::Caller`] from the transport credential, never from arguments |
 //! | [`tools`]   | one file per tool; each parses its raw arguments and returns `{status, …}` |
 //! | [`access`]  | the one façade every tool asks: loads facts from the store, asks `policy` |
@@ -18,6 +18,12 @@
 //! | [`sanitize`]| what transcripts look like on the way out: redaction, cuts, the 80 KiB budget |
 //! | [`config`]  | the JSON5 config with the reference's key paths; every default in one place |
 //! | [`schemas`] | the checked-in JSON schemas of the tools and the config |
+//! | [`runtime`] | the runtime owner: lock election, the run queue, waits, the run socket, sweeps |
+//! | [`flows`]   | what happens around runs: send, reply-back, announce, spawn, attachments, deliveries |
+//! | [`runner`]  | one agent turn as a supervised `jsonl/1` subprocess (and its bubblewrap jail) |
+//! | [`supervise`] | the per-run supervisor process (process group, parent death, run-id sweep) |
+//! | [`agent`]   | the built-in scripted agent (`sessions-mcp agent`) |
+//! | [`socket_client`] | `sessions-mcp connect` and agent callbacks over the owner's socket |
 //! | [`import`], [`export`] | OpenClaw's store layout in and out |
 //! | [`ops`]     | the operator's commands: import, export, ls, show, policy, prune, doctor |
 //!

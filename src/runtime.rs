@@ -385,7 +385,7 @@ fn open_lock(path: &Path) -> Result<File, String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The start time of a process (field 22 of /proc/<pid>/stat), to tell a pid from a recycled one.
+/// The start time of a process (field 22 of `/proc/<pid>/stat`), to tell a pid from a recycled one.
 pub fn process_start_time(pid: i64) -> Option<i64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = stat.rsplit_once(") ")?.1;
