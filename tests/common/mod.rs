@@ -185,15 +185,7 @@ impl Client {
     /// Calls a tool; returns the `CallToolResult` JSON and checks the mirror and schema rules.
     pub fn call_result(&mut self, tool: &str, args: Value) -> Value {
         let resp = self.request("tools/call", json!({"name": tool, "arguments": args}));
-        let result = resp.get("result").cloned().unwrap_or_else(|| panic!("{tool}: JSON-RPC error {resp}"));
-        let structured = result["structuredContent"].clone();
-        let text = result["content"][0]["text"].as_str().expect("text content");
-        assert_eq!(serde_json::from_str::<Value>(text).unwrap(), structured, "text mirrors structuredContent");
-        let status = structured["status"].as_str().expect("status");
-        let is_error = matches!(status, "error" | "forbidden" | "not_found" | "invalid");
-        assert_eq!(result["isError"].as_bool().unwrap_or(false), is_error, "isError follows status: {structured}");
-        assert_conforms(tool, &structured);
-        result
+        check_call_response(tool, &resp)
     }
 
     /// Calls a tool and returns its structuredContent.
