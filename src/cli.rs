@@ -380,11 +380,13 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool) -
         Err(e) => return fail(format!("--http {addr:?}: not an address to listen on ({e}); use e.g. 127.0.0.1:8765")),
     };
     let Some(sock) = addrs.first().copied() else { return fail(format!("--http {addr:?} resolves to nothing")) };
-    if config.server.tls.is_some() {
-        return fail(
-            "server.tls is not supported by this version: terminate TLS in a reverse proxy on loopback, or remove server.tls",
-        );
-    }
+    let tls = match &config.server.tls {
+        Some(t) => match server::http::tls_acceptor(Path::new(&t.cert), Path::new(&t.key)) {
+            Ok(a) => Some(a),
+            Err(e) => return fail(e),
+        },
+        None => None,
+    };
     if !sock.ip().is_loopback() {
         let loopback_only =
             config.server.allowed_hosts.iter().all(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "::1"));
@@ -393,12 +395,14 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool) -
                 "--http {sock}: a non-loopback bind needs server.allowedHosts listing the host names clients use (now only loopback names)"
             ));
         }
-        if !insecure_remote {
+        if tls.is_none() && !insecure_remote {
             return fail(format!(
-                "--http {sock}: a non-loopback bind needs TLS; this version has no server.tls, so put a TLS proxy in front and pass --insecure-remote"
+                "--http {sock}: a non-loopback bind needs TLS (server.tls {{cert, key}}) or --insecure-remote"
             ));
         }
-        tracing::warn!(%sock, "serving plain HTTP on a non-loopback address (--insecure-remote): tokens cross the network in clear text");
+        if tls.is_none() {
+            tracing::warn!(%sock, "serving plain HTTP on a non-loopback address (--insecure-remote): tokens cross the network in clear text");
+        }
     }
     let listener = match tokio::net::TcpListener::bind(sock).await {
         Ok(l) => l,
@@ -414,10 +418,12 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool) -
     let router = server::http::router(access, Some(runtime.clone()), cancel.clone(), &options);
     let limits = server::http::TcpLimits {
         header_timeout: std::time::Duration::from_secs(config.server.header_timeout_seconds.max(1)),
+        idle_timeout: std::time::Duration::from_secs(config.server.idle_timeout_seconds.max(1)),
         max_connections: config.server.max_connections as usize,
     };
-    eprintln!("sessions-mcp: listening on http://{}/mcp", listener.local_addr().map_or(sock, |a| a));
-    let serving = tokio::spawn(server::http::serve_tcp(listener, router, limits, cancel.clone()));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    eprintln!("sessions-mcp: listening on {scheme}://{}/mcp", listener.local_addr().map_or(sock, |a| a));
+    let serving = tokio::spawn(server::http::serve_tcp(listener, router, limits, tls, cancel.clone()));
     terminate_signal().await;
     cancel.cancel();
     let _ = serving.await;

@@ -376,3 +376,78 @@ fn two_hundred_clients_twenty_calls_each() {
     let p = |q: f64| all[((all.len() - 1) as f64 * q) as usize];
     eprintln!("200 clients x 20 calls: p50 {:?}, p99 {:?}, max {:?}", p(0.5), p(0.99), all.last().unwrap());
 }
+
+#[test]
+fn tls_serves_https_and_plain_http_is_refused() {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let mut env = env_with_tokens("");
+    let (cert_path, key_path) = (env.dir.path().join("cert.pem"), env.dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    env.set_config(&format!(
+        "{{server: {{tls: {{cert: '{}', key: '{}'}}, tokens: [{{sha256: '{}', sessionKey: 'agent:main:desk'}}]}}}}",
+        cert_path.display(),
+        key_path.display(),
+        sha(DESK)
+    ));
+    let mut child =
+        env.command(&["serve", "--http", "127.0.0.1:0"]).stdin(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port: u16 = loop {
+        let line = lines.next().expect("address line").unwrap();
+        if let Some(rest) = line.split("https://127.0.0.1:").nth(1) {
+            break rest.split('/').next().unwrap().parse().unwrap();
+        }
+    };
+    let server = HttpServer { child, port };
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).unwrap();
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), "localhost".try_into().unwrap()).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, TcpStream::connect(("127.0.0.1", server.port)).unwrap());
+    write!(tls, "GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = tls.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 200") && out.contains("\"ok\""), "{out}");
+    // Plain HTTP on the TLS port gets no HTTP answer.
+    let mut plain = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let _ = plain.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let mut buf = [0u8; 64];
+    let n = plain.read(&mut buf).unwrap_or(0);
+    assert!(!String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn idle_connections_are_closed() {
+    let env = env_with_tokens(", idleTimeoutSeconds: 1");
+    let server = start(&env);
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut buf = [0u8; 1024];
+    let n = s.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let started = Instant::now();
+    let n = s.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the kept-alive connection was closed");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(800) && waited < Duration::from_secs(5), "{waited:?}");
+}
+
+#[test]
+fn a_non_loopback_bind_needs_allowed_hosts_and_tls_or_insecure_remote() {
+    let env = TestEnv::new();
+    let out = env.command(&["serve", "--http", "0.0.0.0:0"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.allowedHosts"));
+    let env = TestEnv::with_config("{server: {allowedHosts: ['mcp.example.org']}}");
+    let out = env.command(&["serve", "--http", "0.0.0.0:0"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--insecure-remote"));
+}

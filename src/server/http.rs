@@ -154,20 +154,42 @@ pub async fn serve_socket(path: &Path, router: axum::Router, cancel: Cancellatio
 #[derive(Debug, Clone, Copy)]
 pub struct TcpLimits {
     pub header_timeout: std::time::Duration,
+    /// A connection with no bytes either way for this long is closed (SSE keep-alives count).
+    pub idle_timeout: std::time::Duration,
     pub max_connections: usize,
 }
 
-/// Serves `router` on a TCP listener until `cancel` fires: HTTP/1.1 with a header-read timeout
-/// (slow-header clients are dropped) and a cap on concurrent connections; on shutdown it stops
-/// accepting and gives open connections a few seconds to finish.
+/// A TLS acceptor from `server.tls {cert, key}` (PEM files).
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("server.tls.cert {}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("server.tls.cert {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("server.tls.cert {}: no certificate in the file", cert.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("server.tls.key {}: {e}", key.display()))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("server.tls: the certificate and key do not fit: {e}"))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serves `router` on a TCP listener until `cancel` fires: HTTP/1.1 (over TLS when given) with a
+/// header-read timeout (slow-header clients are dropped), an idle timeout, and a cap on concurrent
+/// connections; on shutdown it stops accepting and gives open connections a few seconds to finish.
 pub async fn serve_tcp(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     limits: TcpLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let open = tokio_util::task::TaskTracker::new();
     loop {
@@ -185,20 +207,16 @@ pub async fn serve_tcp(
                 }
             },
         };
-        let service = TowerToHyperService::new(router.clone());
-        let cancel = cancel.clone();
+        let (router, cancel, tls) = (router.clone(), cancel.clone(), tls.clone());
         open.spawn(async move {
             let _permit = permit;
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = cancel.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn).await;
+            match tls {
+                None => serve_connection(Idle::new(stream, limits.idle_timeout), router, limits, cancel).await,
+                Some(acceptor) => {
+                    // The handshake is part of the header budget.
+                    if let Ok(Ok(s)) = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
+                        serve_connection(Idle::new(s, limits.idle_timeout), router, limits, cancel).await;
+                    }
                 }
             }
         });
@@ -206,4 +224,97 @@ pub async fn serve_tcp(
     open.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(10), open.wait()).await;
     Ok(())
+}
+
+async fn serve_connection<I>(io: I, router: axum::Router, limits: TcpLimits, cancel: CancellationToken)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = cancel.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn).await;
+        }
+    }
+}
+
+/// A stream that fails with `TimedOut` when no byte moved either way for `idle`.
+struct Idle<T> {
+    inner: T,
+    idle: std::time::Duration,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<T> Idle<T> {
+    fn new(inner: T, idle: std::time::Duration) -> Self {
+        Idle { inner, idle, timer: Box::pin(tokio::time::sleep(idle)) }
+    }
+
+    fn touch(&mut self) {
+        let deadline = tokio::time::Instant::now() + self.idle;
+        self.timer.as_mut().reset(deadline);
+    }
+
+    fn expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        std::future::Future::poll(self.timer.as_mut(), cx).is_ready()
+    }
+}
+
+fn idle_error() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, "idle connection closed (server.idleTimeoutSeconds)")
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Idle<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
+            std::task::Poll::Ready(r) => {
+                this.touch();
+                std::task::Poll::Ready(r)
+            }
+            std::task::Poll::Pending if this.expired(cx) => std::task::Poll::Ready(Err(idle_error())),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Idle<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+        if r.is_ready() {
+            this.touch();
+        }
+        r
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
