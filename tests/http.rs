@@ -451,3 +451,20 @@ fn a_non_loopback_bind_needs_allowed_hosts_and_tls_or_insecure_remote() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--insecure-remote"));
 }
+
+#[test]
+fn attachment_limits_hold_over_http_too() {
+    let env = env_with_tokens(
+        "}, tools: {sessions_spawn: {attachments: {enabled: true, maxFiles: 2, maxFileBytes: 1048576, maxTotalBytes: 1048576}}",
+    );
+    let server = start(&env);
+    let mut c = Mcp::legacy(server.port, DESK);
+    let at = "a".repeat(1024 * 1024);
+    let ok = c.call("sessions_spawn", json!({"task": "x", "attachments": [{"name": "big.txt", "content": at}]}));
+    assert_eq!(ok["status"], "accepted", "exactly at maxFileBytes over HTTP");
+    assert_eq!(ok["attachments"]["totalBytes"], 1024 * 1024);
+    let over = "a".repeat(1024 * 1024 + 1);
+    let bad = c.call("sessions_spawn", json!({"task": "x", "attachments": [{"name": "big.txt", "content": over}]}));
+    assert_eq!(bad["status"], "invalid");
+    assert!(bad["error"].as_str().unwrap().contains("maxFileBytes"));
+}
