@@ -3,10 +3,12 @@
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
 pub mod http;
+mod resources;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, ServerConfig, SubscribeRequestParams, UnsubscribeRequestParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -25,16 +27,17 @@ pub struct SessionsServer {
     /// The stdio process's caller; None when each request carries its own (HTTP).
     caller: Option<Caller>,
     runtime: Option<Arc<Runtime>>,
+    subscriptions: resources::Subscriptions,
 }
 
 impl SessionsServer {
     pub fn new(access: Access, caller: Caller, runtime: Option<Arc<Runtime>>) -> Self {
-        SessionsServer { access, caller: Some(caller), runtime }
+        SessionsServer { access, caller: Some(caller), runtime, subscriptions: Default::default() }
     }
 
     /// A server whose caller comes from each HTTP request (set by the bearer middleware).
     pub fn per_request(access: Access, runtime: Option<Arc<Runtime>>) -> Self {
-        SessionsServer { access, caller: None, runtime }
+        SessionsServer { access, caller: None, runtime, subscriptions: Default::default() }
     }
 
     fn caller_for(&self, context: &RequestContext<RoleServer>) -> Result<Caller, McpError> {
@@ -65,11 +68,67 @@ impl SessionsServer {
     }
 }
 
+impl SessionsServer {
+    /// A tool context for a request (also used to read resources through the tools' path).
+    fn ctx<'a>(&'a self, caller: &'a Caller, context: &RequestContext<RoleServer>) -> Ctx<'a> {
+        Ctx { access: &self.access, caller, runtime: self.runtime.as_ref(), cancel: context.ct.clone(), progress: None }
+    }
+}
+
 impl ServerHandler for SessionsServer {
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        Ok(resources::templates())
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let caller = self.caller_for(&context)?;
+        resources::list(&self.access, &caller, request.and_then(|r| r.cursor))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let caller = self.caller_for(&context)?;
+        resources::read(&self.ctx(&caller, &context), &request.uri).await.map(Into::into)
+    }
+
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller_for(&context)?;
+        let peer = context.peer.clone();
+        self.subscriptions.subscribe(&self.ctx(&caller, &context), &request.uri, peer).await
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.subscriptions.unsubscribe(&request.uri);
+        Ok(())
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")))
-            .with_instructions(self.instructions())
+        ServerConfig::new(
+            ServerCapabilities::builder().enable_tools().enable_resources().enable_resources_subscribe().build(),
+        )
+        .with_server_info(Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")))
+        .with_instructions(self.instructions())
     }
 
     async fn list_tools(

@@ -116,6 +116,8 @@ pub struct Client {
     lines: Receiver<String>,
     next_id: u64,
     pending: Vec<Value>,
+    /// Notifications seen while waiting for responses.
+    notes: Vec<Value>,
 }
 
 impl Client {
@@ -133,7 +135,7 @@ impl Client {
             }
         });
         let stdin = child.stdin.take();
-        let mut c = Client { child, stdin, lines: rx, next_id: 1, pending: Vec::new() };
+        let mut c = Client { child, stdin, lines: rx, next_id: 1, pending: Vec::new(), notes: Vec::new() };
         let init = c.request(
             "initialize",
             json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tests", "version": "1"}}),
@@ -178,8 +180,29 @@ impl Client {
             }
             if msg.get("id").is_some() {
                 self.pending.push(msg);
+            } else {
+                self.notes.push(msg);
             }
         }
+    }
+
+    /// Reads whatever arrives for up to `timeout` (responses are kept, notifications collected).
+    pub fn pump(&mut self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        while let Ok(line) = self.lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            let Ok(msg) = serde_json::from_str::<Value>(&line) else { continue };
+            if msg.get("id").is_some() && msg.get("method").is_none() {
+                self.pending.push(msg);
+            } else {
+                self.notes.push(msg);
+            }
+        }
+    }
+
+    /// Removes and returns the first collected notification with this method.
+    pub fn take_notification(&mut self, method: &str) -> Option<Value> {
+        let pos = self.notes.iter().position(|n| n["method"] == method)?;
+        Some(self.notes.remove(pos))
     }
 
     /// Calls a tool; returns the `CallToolResult` JSON and checks the mirror and schema rules.
