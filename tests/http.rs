@@ -468,3 +468,92 @@ fn attachment_limits_hold_over_http_too() {
     assert_eq!(bad["status"], "invalid");
     assert!(bad["error"].as_str().unwrap().contains("maxFileBytes"));
 }
+
+/// A legacy SSE session: the GET stream and its message endpoint.
+struct SseSession {
+    reader: BufReader<TcpStream>,
+    endpoint: String,
+}
+
+fn open_sse(port: u16, token: &str) -> SseSession {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(s, "GET /sse HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(s);
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let endpoint = loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if let Some(d) = line.trim().strip_prefix("data: ").or_else(|| line.trim().strip_prefix("data:")) {
+            if d.starts_with("/message") {
+                break d.trim().to_string();
+            }
+        }
+    };
+    SseSession { reader, endpoint }
+}
+
+impl SseSession {
+    fn post(&self, port: u16, token: &str, body: Value) -> u16 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let body = body.to_string();
+        write!(
+            s,
+            "POST {} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.endpoint,
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    }
+
+    /// The next JSON-RPC message on the stream with this id.
+    fn response(&mut self, id: u64) -> Value {
+        loop {
+            let mut line = String::new();
+            let n = self.reader.read_line(&mut line).unwrap();
+            assert!(n > 0, "the SSE stream ended");
+            let Some(d) = line.trim().strip_prefix("data:") else { continue };
+            if let Ok(v) = serde_json::from_str::<Value>(d.trim()) {
+                if v["id"] == json!(id) {
+                    return v;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_legacy_sse_transport_serves_tools_with_the_same_bearer() {
+    let env = env_with_tokens("");
+    let server = start(&env);
+    let port = server.port;
+    let mut sse = open_sse(port, DESK);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}});
+    assert_eq!(sse.post(port, DESK, init), 202);
+    assert_eq!(sse.response(1)["result"]["serverInfo"]["name"], "sessions-mcp");
+    assert_eq!(sse.post(port, DESK, json!({"jsonrpc": "2.0", "method": "notifications/initialized"})), 202);
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sessions_list", "arguments": {}}});
+    assert_eq!(sse.post(port, DESK, call.clone()), 202);
+    let list = sse.response(2)["result"]["structuredContent"].clone();
+    common::assert_conforms("sessions_list", &list);
+    assert!(common::keys_of(&list).contains(&"agent:main:desk".to_string()), "{list}");
+    // Another valid token may not post into this session; no token is 401; unknown session 404.
+    assert_eq!(sse.post(port, OTHER, call.clone()), 403);
+    assert_eq!(sse.post(port, "wrong-token", call.clone()), 401);
+    let stray = SseSession {
+        reader: BufReader::new(TcpStream::connect(("127.0.0.1", port)).unwrap()),
+        endpoint: "/message?sessionId=nope".into(),
+    };
+    assert_eq!(stray.post(port, DESK, call), 404);
+    // The GET needs a token too.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET /sse HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+}

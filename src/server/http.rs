@@ -31,12 +31,19 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
     /// The largest request body accepted (413 above it).
     pub max_body_bytes: usize,
+    /// Also serve the legacy HTTP+SSE transport (`/sse`, `/message`).
+    pub legacy_sse: bool,
 }
 
 impl HttpOptions {
     /// The run socket: only local processes with a token reach it.
     pub fn socket(config: &crate::config::Config) -> Self {
-        HttpOptions { allowed_hosts: None, allowed_origins: Vec::new(), max_body_bytes: max_body_bytes(config) }
+        HttpOptions {
+            allowed_hosts: None,
+            allowed_origins: Vec::new(),
+            max_body_bytes: max_body_bytes(config),
+            legacy_sse: false,
+        }
     }
 
     /// A TCP listener: `server.allowedHosts` for Host, the same hosts as Origins.
@@ -50,6 +57,7 @@ impl HttpOptions {
             allowed_origins: origins.collect(),
             allowed_hosts: Some(hosts),
             max_body_bytes: max_body_bytes(config),
+            legacy_sse: true,
         }
     }
 }
@@ -71,6 +79,9 @@ pub fn router(
     options: &HttpOptions,
 ) -> axum::Router {
     let factory_access = access.clone();
+    let sse = options
+        .legacy_sse
+        .then(|| super::sse::router(access.clone(), runtime.clone(), options.clone(), cancel.clone()));
     let mut config = StreamableHttpServerConfig::default().with_cancellation_token(cancel);
     config = match &options.allowed_hosts {
         Some(hosts) => config.with_allowed_hosts(hosts.clone()),
@@ -86,9 +97,11 @@ pub fn router(
         config,
     );
     let auth = Auth { access, static_callers: Arc::new(std::sync::Mutex::new(HashMap::new())) };
-    axum::Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(auth, bearer))
+    let mut app = axum::Router::new().nest_service("/mcp", service);
+    if let Some(sse) = sse {
+        app = app.merge(sse);
+    }
+    app.layer(axum::middleware::from_fn_with_state(auth, bearer))
         .route("/health", axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }))
 }
 

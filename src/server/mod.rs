@@ -4,6 +4,7 @@
 
 pub mod http;
 mod resources;
+mod sse;
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,

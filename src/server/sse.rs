@@ -1,0 +1,161 @@
+//! The legacy HTTP+SSE transport (MCP 2024-11-05: `GET /sse` + `POST /message?sessionId=`) for
+//! older clients. rmcp dropped it, so this adapter feeds an rmcp service through a channel pair.
+//! It is authenticated like `/mcp` (the bearer middleware runs first), checks Host and Origin
+//! like `/mcp`, and a `/message` POST must carry the same bearer as the `/sse` GET that opened
+//! its session (else 403).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{SinkExt, StreamExt, channel::mpsc};
+use rmcp::ServiceExt;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use tokio::sync::RwLock;
+use tokio_util::sync::CancellationToken;
+
+use super::SessionsServer;
+use super::http::HttpOptions;
+use crate::access::Access;
+use crate::caller::{Caller, sha256_hex};
+use crate::runtime::Runtime;
+
+/// Open SSE sessions at most (each holds a stream and a service).
+const MAX_SESSIONS: usize = 256;
+
+struct Session {
+    to_server: mpsc::Sender<ClientJsonRpcMessage>,
+    token_hash: String,
+}
+
+#[derive(Clone)]
+struct SseState {
+    sessions: Arc<RwLock<HashMap<String, Session>>>,
+    access: Access,
+    runtime: Option<Arc<Runtime>>,
+    options: HttpOptions,
+    cancel: CancellationToken,
+}
+
+pub fn router(
+    access: Access,
+    runtime: Option<Arc<Runtime>>,
+    options: HttpOptions,
+    cancel: CancellationToken,
+) -> axum::Router {
+    let state = SseState { sessions: Default::default(), access, runtime, options, cancel };
+    axum::Router::new()
+        .route("/sse", axum::routing::get(open_stream))
+        .route("/message", axum::routing::post(post_message))
+        .with_state(state)
+}
+
+/// The same DNS-rebinding protection as `/mcp`: Host must be allowed; an Origin, if sent, too.
+fn host_and_origin_ok(options: &HttpOptions, headers: &HeaderMap) -> bool {
+    let Some(hosts) = &options.allowed_hosts else { return true };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let name = if host.starts_with('[') {
+        host.split(']').next().unwrap_or("").trim_start_matches('[')
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    if !hosts.iter().any(|h| h.eq_ignore_ascii_case(name)) {
+        return false;
+    }
+    match headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        None => true,
+        Some(origin) => {
+            let origin_host = origin.split("://").nth(1).unwrap_or("");
+            let origin_name = if origin_host.starts_with('[') {
+                origin_host.split(']').next().unwrap_or("").trim_start_matches('[')
+            } else {
+                origin_host.rsplit_once(':').map_or(origin_host, |(h, _)| h)
+            };
+            hosts.iter().any(|h| h.eq_ignore_ascii_case(origin_name))
+        }
+    }
+}
+
+fn bearer_hash(headers: &HeaderMap) -> String {
+    let token =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    sha256_hex(token.unwrap_or("").trim())
+}
+
+async fn open_stream(State(st): State<SseState>, Extension(caller): Extension<Caller>, headers: HeaderMap) -> Response {
+    if !host_and_origin_ok(&st.options, &headers) {
+        return (StatusCode::FORBIDDEN, "Host or Origin not allowed").into_response();
+    }
+    if st.sessions.read().await.len() >= MAX_SESSIONS {
+        return (StatusCode::SERVICE_UNAVAILABLE, "too many SSE sessions").into_response();
+    }
+    let id = uuid::Uuid::new_v4().to_string();
+    let (to_server, from_client) = mpsc::channel::<ClientJsonRpcMessage>(64);
+    let (to_client, from_server) = mpsc::channel::<ServerJsonRpcMessage>(64);
+    st.sessions.write().await.insert(id.clone(), Session { to_server, token_hash: bearer_hash(&headers) });
+    // Dropping the SSE body (the client went away) ends the service.
+    let closed = CancellationToken::new();
+    let guard = closed.clone().drop_guard();
+    let server = SessionsServer::new(st.access.clone(), caller, st.runtime.clone());
+    let (sessions, sid, shutdown) = (st.sessions.clone(), id.clone(), st.cancel.clone());
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve((to_client, from_client)).await {
+            let stop = running.cancellation_token();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = closed.cancelled() => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                stop.cancel();
+            });
+            let _ = running.waiting().await;
+        }
+        sessions.write().await.remove(&sid);
+    });
+    let endpoint = Event::default().event("endpoint").data(format!("/message?sessionId={id}"));
+    let messages = from_server.map(move |msg| {
+        let _keep = &guard;
+        Ok::<_, Infallible>(Event::default().event("message").data(serde_json::to_string(&msg).unwrap_or_default()))
+    });
+    Sse::new(futures::stream::once(async { Ok(endpoint) }).chain(messages))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct SessionQuery {
+    #[serde(rename = "sessionId")]
+    session_id: String,
+}
+
+async fn post_message(
+    State(st): State<SseState>,
+    Query(q): Query<SessionQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, &'static str) {
+    if !host_and_origin_ok(&st.options, &headers) {
+        return (StatusCode::FORBIDDEN, "Host or Origin not allowed");
+    }
+    let (mut tx, owner) = {
+        let sessions = st.sessions.read().await;
+        let Some(s) = sessions.get(&q.session_id) else { return (StatusCode::NOT_FOUND, "unknown sessionId") };
+        (s.to_server.clone(), s.token_hash.clone())
+    };
+    if owner != bearer_hash(&headers) {
+        return (StatusCode::FORBIDDEN, "this SSE session belongs to another token");
+    }
+    let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(&body) else {
+        return (StatusCode::BAD_REQUEST, "body is not a JSON-RPC message");
+    };
+    match tx.send(msg).await {
+        Ok(()) => (StatusCode::ACCEPTED, "Accepted"),
+        Err(_) => (StatusCode::GONE, "session closed"),
+    }
+}
