@@ -486,10 +486,10 @@ fn open_sse(port: u16, token: &str) -> SseSession {
     let endpoint = loop {
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
-        if let Some(d) = line.trim().strip_prefix("data: ").or_else(|| line.trim().strip_prefix("data:")) {
-            if d.starts_with("/message") {
-                break d.trim().to_string();
-            }
+        if let Some(d) = line.trim().strip_prefix("data: ").or_else(|| line.trim().strip_prefix("data:"))
+            && d.starts_with("/message")
+        {
+            break d.trim().to_string();
         }
     };
     SseSession { reader, endpoint }
@@ -518,10 +518,10 @@ impl SseSession {
             let n = self.reader.read_line(&mut line).unwrap();
             assert!(n > 0, "the SSE stream ended");
             let Some(d) = line.trim().strip_prefix("data:") else { continue };
-            if let Ok(v) = serde_json::from_str::<Value>(d.trim()) {
-                if v["id"] == json!(id) {
-                    return v;
-                }
+            if let Ok(v) = serde_json::from_str::<Value>(d.trim())
+                && v["id"] == json!(id)
+            {
+                return v;
             }
         }
     }
