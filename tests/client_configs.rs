@@ -1,0 +1,126 @@
+//! Every client configuration the README shows (`mcp.json`, `examples/clients/*`) parses and
+//! starts a working server: stdio entries are launched as a host would (command + args + env, no
+//! shell), HTTP entries are used against `serve --http` with their headers.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{Client, TestEnv};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn load(path: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The `sessions` entry under `mcpServers` (Claude, Cursor) or `servers` (VS Code).
+fn entry(config: &Value) -> &Value {
+    let e = config.get("mcpServers").or_else(|| config.get("servers")).expect("a servers map");
+    &e["sessions"]
+}
+
+/// A host launches `command` from PATH (or as an absolute path): point both at the built binary.
+fn launch(entry: &Value, env: &TestEnv) -> Client {
+    let command = entry["command"].as_str().unwrap();
+    let bin = Path::new(common::bin());
+    let program = if Path::new(command).is_absolute() { bin.to_path_buf() } else { PathBuf::from(command) };
+    assert_eq!(Path::new(command).file_name().unwrap(), "sessions-mcp", "the entry runs sessions-mcp");
+    let path = format!("{}:{}", bin.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let mut cmd = Command::new(program);
+    cmd.env_clear().env("PATH", path).env("SESSIONS_MCP_STATE_DIR", env.state_dir());
+    for arg in entry["args"].as_array().unwrap() {
+        cmd.arg(arg.as_str().unwrap());
+    }
+    for (k, v) in entry.get("env").and_then(Value::as_object).into_iter().flatten() {
+        cmd.env(k, v.as_str().unwrap());
+    }
+    Client::start(cmd)
+}
+
+#[test]
+fn stdio_configs_start_the_server() {
+    for path in [
+        "mcp.json",
+        "examples/clients/claude-desktop.json",
+        "examples/clients/claude-code.mcp.json",
+        "examples/clients/vscode.mcp.json",
+    ] {
+        let config = load(path);
+        let e = entry(&config);
+        if config.get("servers").is_some() || path.contains("claude-code") {
+            assert_eq!(e["type"], "stdio", "{path}: VS Code and Claude Code name the transport");
+        }
+        let env = TestEnv::new();
+        let mut c = launch(e, &env);
+        let tools = c.request("tools/list", json!({}));
+        assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 5, "{path}");
+        assert_eq!(c.call("sessions_list", json!({}))["sessions"][0]["key"], "main", "{path}");
+        c.close();
+    }
+}
+
+#[test]
+fn http_configs_reach_the_server_with_their_headers() {
+    let token = "client-configs-token-0123";
+    let env = TestEnv::with_config(&format!(
+        "{{server: {{tokens: [{{sha256: '{}', sessionKey: 'agent:main:editor'}}]}}}}",
+        hex::encode(Sha256::digest(token.as_bytes()))
+    ));
+    let mut child =
+        env.command(&["serve", "--http", "127.0.0.1:0"]).stdin(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port: u16 = loop {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
+            break rest.split('/').next().unwrap().parse().unwrap();
+        }
+    };
+    for path in ["examples/clients/http.mcp.json", "examples/clients/vscode-http.mcp.json"] {
+        let config = load(path);
+        let e = entry(&config);
+        assert_eq!(e["type"], "http", "{path}");
+        let url = e["url"].as_str().unwrap().replace("8765", &port.to_string());
+        let target = url.strip_prefix("http://").unwrap();
+        let (hostport, route) = target.split_once('/').unwrap();
+        // The host expands the token variable (`${SESSIONS_MCP_TOKEN}` / `${env:SESSIONS_MCP_TOKEN}`).
+        let auth = e["headers"]["Authorization"].as_str().unwrap();
+        assert!(auth.contains("SESSIONS_MCP_TOKEN"), "{path}: the token comes from the environment");
+        let auth = format!("Bearer {token}");
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string();
+        let mut s = TcpStream::connect(hostport).unwrap();
+        write!(
+            s,
+            "POST /{route} HTTP/1.1\r\nHost: {hostport}\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        assert!(out.contains("\"serverInfo\":{\"name\":\"sessions-mcp\""), "{path}: {out}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn the_readme_shows_every_shipped_config() {
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    for path in [
+        "examples/clients/claude-desktop.json",
+        "examples/clients/claude-code.mcp.json",
+        "examples/clients/vscode.mcp.json",
+        "examples/clients/http.mcp.json",
+        "examples/clients/vscode-http.mcp.json",
+    ] {
+        assert!(readme.contains(path), "README mentions {path}");
+    }
+}
