@@ -152,7 +152,8 @@ struct ServeArgs {
     /// Serve streamable HTTP on ADDR.
     #[arg(long, value_name = "ADDR")]
     http: Option<String>,
-    /// Act as this session (an external session) [env: SESSIONS_MCP_SESSION; default: main]
+    /// Act as this session (an external session) [env: SESSIONS_MCP_SESSION; default: main].
+    /// With --http (loopback only): the session of requests that send no Authorization header
     #[arg(long = "as", value_name = "KEY")]
     as_session: Option<String>,
     /// Allow a non-loopback HTTP bind without TLS.
@@ -332,7 +333,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     if let Some(addr) = &args.http {
-        return serve_http(env, store, addr, args.insecure_remote).await;
+        return serve_http(env, store, addr, args.insecure_remote, args.as_session.as_deref()).await;
     }
     let creds = Credentials {
         token: std::env::var("SESSIONS_MCP_TOKEN").ok(),
@@ -373,7 +374,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
 /// `serve --http ADDR`: streamable HTTP at `/mcp` (both protocol eras), `/health`, bearer tokens.
 /// Loopback unless told otherwise; a non-loopback bind needs `server.allowedHosts` and TLS or
 /// `--insecure-remote`. stdin is ignored; SIGTERM shuts down gracefully.
-async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool) -> ExitCode {
+async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, as_session: Option<&str>) -> ExitCode {
     let config = Arc::new(env.loaded.config);
     let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host(addr).await {
         Ok(a) => a.collect(),
@@ -414,7 +415,18 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool) -
         Err(e) => return fail(e),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
-    let options = server::http::HttpOptions::tcp(&config);
+    let mut options = server::http::HttpOptions::tcp(&config);
+    if let Some(raw) = as_session {
+        // The local operator's shortcut, as on stdio: loopback only, never with requireToken.
+        if !sock.ip().is_loopback() || config.security.require_token {
+            return fail("--as with --http needs a loopback address and security.requireToken=false");
+        }
+        let creds = Credentials { token: None, as_session: Some(raw.to_string()), inside_run: false };
+        match caller::resolve(&creds, &config, &access.store) {
+            Ok(c) => options.anonymous = Some(c),
+            Err(e) => return fail(e),
+        }
+    }
     let router = server::http::router(access, Some(runtime.clone()), cancel.clone(), &options);
     let limits = server::http::TcpLimits {
         header_timeout: std::time::Duration::from_secs(config.server.header_timeout_seconds.max(1)),

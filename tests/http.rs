@@ -31,8 +31,12 @@ impl Drop for HttpServer {
 }
 
 fn start(env: &TestEnv) -> HttpServer {
+    start_with(env, &[])
+}
+
+fn start_with(env: &TestEnv, extra: &[&str]) -> HttpServer {
     let mut child = env
-        .command(&["serve", "--http", "127.0.0.1:0"])
+        .command(&[&["serve", "--http", "127.0.0.1:0"], extra].concat())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -130,11 +134,12 @@ impl Mcp {
 
     fn post(&mut self, body: Value, method: &str, name: Option<&str>) -> (u16, Vec<(String, String)>, String) {
         let auth = format!("Bearer {}", self.token);
-        let mut h: Vec<(&str, &str)> = vec![
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-            ("Accept", "application/json, text/event-stream"),
-        ];
+        let mut h: Vec<(&str, &str)> =
+            vec![("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")];
+        // An empty token sends no Authorization header at all (`serve --http --as`).
+        if !self.token.is_empty() {
+            h.push(("Authorization", &auth));
+        }
         let sid = self.session.clone();
         if let Some(s) = &sid {
             h.push(("Mcp-Session-Id", s));
@@ -253,6 +258,75 @@ fn bad_tokens_get_401_and_nothing_else() {
     assert_eq!(common::keys_of(&list), ["agent:main:other"]);
     let h = other.call("sessions_history", json!({"sessionKey": "agent:main:desk"}));
     assert_eq!(h["status"], "forbidden");
+}
+
+#[test]
+fn serve_http_as_a_session_needs_no_header_on_loopback_but_still_rejects_bad_tokens() {
+    let env = env_with_tokens("");
+    let server = start_with(&env, &["--as", "agent:main:cron:job"]);
+    for modern in [false, true] {
+        let mut c = if modern { Mcp::modern(server.port, "") } else { Mcp::legacy(server.port, "") };
+        let list = c.call("sessions_list", json!({}));
+        assert_eq!(common::keys_of(&list), ["agent:main:cron:job"], "acts as the --as session: {list}");
+    }
+    // A token, when sent, is still checked: a bad one is 401, a good one acts as its own session.
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let h = [("Authorization", "Bearer nope"), ("Content-Type", "application/json"), ("Accept", "application/json")];
+    assert_eq!(http(server.port, "POST", &h, &body).0, 401);
+    let mut desk = Mcp::legacy(server.port, DESK);
+    assert!(common::keys_of(&desk.call("sessions_list", json!({}))).contains(&"agent:main:desk".to_string()));
+    // Never with requireToken.
+    let env = TestEnv::with_config("{security: {requireToken: true}}");
+    let out = env.command(&["serve", "--http", "127.0.0.1:0", "--as", "main"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--as with --http"), "{out:?}");
+}
+
+/// `subscriptions/listen` (2026-07-28): one long-lived POST response that first acknowledges the
+/// accepted filter, then carries `notifications/resources/updated` tagged with the subscription id.
+#[test]
+fn subscriptions_listen_notifies_when_a_watched_transcript_grows() {
+    let env = env_with_tokens("");
+    let server = start(&env);
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mine = "sessions://history/agent:main:desk";
+    let body = json!({"jsonrpc": "2.0", "id": "sub-1", "method": "subscriptions/listen", "params": {
+        "notifications": {"resourceSubscriptions": [mine, "sessions://history/agent:main:other"], "toolsListChanged": true},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}})
+    .to_string();
+    let req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {DESK}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{body}",
+        server.port,
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).unwrap();
+    let mut seen = String::new();
+    let mut read_until = |needle: &str, seen: &mut String| {
+        let mut buf = [0u8; 4096];
+        while !seen.contains(needle) {
+            let n = stream.read(&mut buf).unwrap_or(0);
+            assert!(n > 0, "stream ended before {needle:?}: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    };
+    read_until("notifications/subscriptions/acknowledged", &mut seen);
+    // Only the transcripts are accepted (our tool list never changes), both of them alike:
+    // the acknowledgment does not reveal that agent:main:other exists and is invisible to desk.
+    read_until("sessions://history/agent:main:other", &mut seen);
+    assert!(!seen.contains("toolsListChanged"), "{seen}");
+    // desk's transcript grows: a spawn's announce lands in its inbox.
+    let mut c = Mcp::modern(server.port, DESK);
+    assert_eq!(c.call("sessions_spawn", json!({"task": "compute"}))["status"], "accepted");
+    read_until("notifications/resources/updated", &mut seen);
+    let update = messages(&seen[seen.find("\r\n\r\n").unwrap() + 4..].replace("\r\n", "\n"))
+        .into_iter()
+        .find(|m| m["method"] == "notifications/resources/updated");
+    let update = update.unwrap_or_else(|| panic!("no parsable update in {seen}"));
+    assert_eq!(update["params"]["uri"], mine, "{update}");
+    assert_eq!(update["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "sub-1", "{update}");
 }
 
 #[test]

@@ -33,6 +33,9 @@ pub struct HttpOptions {
     pub max_body_bytes: usize,
     /// Also serve the legacy HTTP+SSE transport (`/sse`, `/message`).
     pub legacy_sse: bool,
+    /// `serve --http --as KEY` on loopback: requests without any Authorization header act as
+    /// this operator session (like stdio's `--as`); a present but bad token is still 401.
+    pub anonymous: Option<crate::caller::Caller>,
 }
 
 impl HttpOptions {
@@ -43,6 +46,7 @@ impl HttpOptions {
             allowed_origins: Vec::new(),
             max_body_bytes: max_body_bytes(config),
             legacy_sse: false,
+            anonymous: None,
         }
     }
 
@@ -58,6 +62,7 @@ impl HttpOptions {
             allowed_hosts: Some(hosts),
             max_body_bytes: max_body_bytes(config),
             legacy_sse: true,
+            anonymous: None,
         }
     }
 }
@@ -96,7 +101,11 @@ pub fn router(
         LocalSessionManager::default().into(),
         config,
     );
-    let auth = Auth { access, static_callers: Arc::new(std::sync::Mutex::new(HashMap::new())) };
+    let auth = Auth {
+        access,
+        static_callers: Arc::new(std::sync::Mutex::new(HashMap::new())),
+        anonymous: options.anonymous.clone(),
+    };
     let mut app = axum::Router::new().nest_service("/mcp", service);
     if let Some(sse) = sse {
         app = app.merge(sse);
@@ -115,6 +124,7 @@ fn unauthorized() -> Response {
 struct Auth {
     access: Access,
     static_callers: Arc<std::sync::Mutex<HashMap<String, crate::caller::Caller>>>,
+    anonymous: Option<crate::caller::Caller>,
 }
 
 /// Resolves `Authorization: Bearer <token>` to a caller, or answers 401.
@@ -128,7 +138,15 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .map(String::from);
-    let Some(token) = token else { return unauthorized() };
+    let Some(token) = token else {
+        if req.headers().get(header::AUTHORIZATION).is_none()
+            && let Some(op) = auth.anonymous.clone()
+        {
+            req.extensions_mut().insert(op);
+            return next.run(req).await;
+        }
+        return unauthorized();
+    };
     let hash = caller::sha256_hex(&token);
     let cached = auth.static_callers.lock().expect("static callers").get(&hash).cloned();
     if let Some(c) = cached {

@@ -1,7 +1,7 @@
 //! Transcripts as MCP resources: the template `sessions://history/{key}`, a paginated list of the
 //! caller's visible sessions, reads through the same path as `sessions_history` (so an invisible
-//! session and an unknown one answer alike), and `resources/subscribe` (handshake era) with
-//! `notifications/resources/updated` when a subscribed transcript grows.
+//! session and an unknown one answer alike), and `notifications/resources/updated` when a watched transcript grows — asked for with
+//! `resources/subscribe` (handshake era) or `subscriptions/listen` (2026-07-28).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use rmcp::model::{
     CacheScope, ListResourceTemplatesResult, ListResourcesResult, ReadResourceResult, Resource, ResourceContents,
-    ResourceTemplate, ResourceUpdatedNotificationParam,
+    ResourceTemplate, ResourceUpdatedNotificationParam, SubscriptionFilter,
 };
-use rmcp::service::Peer;
+use rmcp::service::{Peer, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
 
@@ -23,6 +23,8 @@ use crate::tools::{self, Ctx};
 const PREFIX: &str = "sessions://history/";
 pub const TEMPLATE: &str = "sessions://history/{key}";
 const PAGE: usize = 50;
+/// How often watched transcripts are checked for new messages.
+const POLL: Duration = Duration::from_millis(250);
 
 pub fn uri_of(key: &SessionKey) -> String {
     format!("{PREFIX}{key}")
@@ -84,7 +86,7 @@ async fn history(ctx: &Ctx<'_>, uri: &str) -> Option<Value> {
     (structured.get("status").and_then(Value::as_str) == Some("ok")).then_some(structured)
 }
 
-/// A client's subscriptions: uri → the highest seq it was told about.
+/// The transcripts one client watches: uri → (its session, the highest seq it was told about).
 #[derive(Clone, Default)]
 pub struct Subscriptions {
     seen: Arc<Mutex<HashMap<String, (SessionKey, i64)>>>,
@@ -92,16 +94,10 @@ pub struct Subscriptions {
 }
 
 impl Subscriptions {
-    /// Subscribes to a transcript the caller may read; starts the watcher on first use.
+    /// `resources/subscribe` (handshake era): watches a transcript the caller may read; the first
+    /// subscription starts the watcher, which notifies through `peer`.
     pub async fn subscribe(&self, ctx: &Ctx<'_>, uri: &str, peer: Peer<RoleServer>) -> Result<(), McpError> {
-        let structured = history(ctx, uri).await.ok_or_else(|| not_found(uri))?;
-        let target = ctx.access.resolve(ctx.caller, crate::policy::Action::History, "uri", &uri[PREFIX.len()..]);
-        let key = target.map_err(|_| not_found(uri))?.key;
-        let last = structured["messages"]
-            .as_array()
-            .and_then(|m| m.iter().filter_map(|x| x["seq"].as_i64()).max())
-            .unwrap_or(0);
-        self.seen.lock().expect("subscriptions").insert(uri.to_string(), (key, last));
+        self.add(ctx, uri).await?;
         if !self.watching.swap(true, std::sync::atomic::Ordering::SeqCst) {
             tokio::spawn(watch(self.clone(), ctx.access.clone(), peer));
         }
@@ -111,24 +107,71 @@ impl Subscriptions {
     pub fn unsubscribe(&self, uri: &str) {
         self.seen.lock().expect("subscriptions").remove(uri);
     }
+
+    /// Starts watching `uri` from its current last seq; "not found" if the caller may not read it.
+    async fn add(&self, ctx: &Ctx<'_>, uri: &str) -> Result<(), McpError> {
+        let structured = history(ctx, uri).await.ok_or_else(|| not_found(uri))?;
+        let target = ctx.access.resolve(ctx.caller, crate::policy::Action::History, "uri", &uri[PREFIX.len()..]);
+        let key = target.map_err(|_| not_found(uri))?.key;
+        let last = structured["messages"]
+            .as_array()
+            .and_then(|m| m.iter().filter_map(|x| x["seq"].as_i64()).max())
+            .unwrap_or(0);
+        self.seen.lock().expect("subscriptions").insert(uri.to_string(), (key, last));
+        Ok(())
+    }
+
+    /// The watched transcripts that grew since the last call (the store is polled: other
+    /// processes append too).
+    fn grown(&self, access: &Access) -> Vec<String> {
+        let mut seen = self.seen.lock().expect("subscriptions");
+        let mut grown = Vec::new();
+        for (uri, (key, last)) in seen.iter_mut() {
+            let Ok(now) = access.store.last_seq_of(key) else { continue };
+            if now > *last {
+                *last = now;
+                grown.push(uri.clone());
+            }
+        }
+        grown
+    }
 }
 
-/// Tells the client when a subscribed transcript grows (polls the store: other processes append
-/// too). Ends when the client is gone.
+/// Tells a handshake-era client when a subscribed transcript grows. Ends when the client is gone.
 async fn watch(subs: Subscriptions, access: Access, peer: Peer<RoleServer>) {
     loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let entries: Vec<(String, SessionKey, i64)> =
-            subs.seen.lock().expect("subscriptions").iter().map(|(u, (k, s))| (u.clone(), k.clone(), *s)).collect();
-        for (uri, key, seen) in entries {
-            let Ok(now) = access.store.last_seq_of(&key) else { continue };
-            if now > seen {
-                if let Some(entry) = subs.seen.lock().expect("subscriptions").get_mut(&uri) {
-                    entry.1 = now;
-                }
-                if peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri.clone())).await.is_err() {
-                    return;
-                }
+        tokio::time::sleep(POLL).await;
+        for uri in subs.grown(&access) {
+            if peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The part of a `subscriptions/listen` filter we serve: transcript URIs (our tool, prompt and
+/// resource lists never change while a client is connected).
+pub fn accepted_filter(requested: &SubscriptionFilter) -> SubscriptionFilter {
+    let uris = requested.resource_subscriptions.iter().flatten().filter(|u| u.starts_with(PREFIX));
+    SubscriptionFilter::builder().resource_subscriptions(uris.cloned()).build()
+}
+
+/// `subscriptions/listen` (2026-07-28): notifies while the accepted transcripts grow, until the
+/// client cancels. A transcript the caller may not read is accepted like any other and simply
+/// never updates, so the acknowledgment cannot tell an invisible session from a missing one.
+pub async fn listen(ctx: &Ctx<'_>, context: SubscriptionContext) -> Result<(), McpError> {
+    let subs = Subscriptions::default();
+    for uri in context.accepted().resource_subscriptions.iter().flatten() {
+        let _ = subs.add(ctx, uri).await;
+    }
+    loop {
+        tokio::select! {
+            _ = context.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(POLL) => {}
+        }
+        for uri in subs.grown(ctx.access) {
+            if context.sink().notify_resource_updated(uri).await.is_err() {
+                return Ok(());
             }
         }
     }
