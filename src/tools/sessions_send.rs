@@ -68,6 +68,7 @@ pub struct SendOk {
     pub silent: Option<bool>,
     /// The delivery as the ledger records it: {status, mode}.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub delivery: Option<Value>,
     /// With timeout or error: what happened.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -77,6 +78,7 @@ pub struct SendOk {
     pub note: Option<String>,
     /// For external callers: where replies land ({sessionKey, afterSeq}).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub inbox: Option<Value>,
 }
 

@@ -117,9 +117,11 @@ pub struct SpawnOk {
     /// How the completion reaches you.
     pub note: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub inbox: Option<Value>,
     /// Receipts of the written files: {count, totalBytes, files: [{name, bytes, sha256}], relDir}.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub attachments: Option<Value>,
 }
 
