@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -74,15 +74,8 @@ fn http_configs_reach_the_server_with_their_headers() {
         "{{server: {{tokens: [{{sha256: '{}', sessionKey: 'agent:main:editor'}}]}}}}",
         hex::encode(Sha256::digest(token.as_bytes()))
     ));
-    let mut child =
-        env.command(&["serve", "--http", "127.0.0.1:0"]).stdin(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let port: u16 = loop {
-        let line = lines.next().unwrap().unwrap();
-        if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
-            break rest.split('/').next().unwrap().parse().unwrap();
-        }
-    };
+    let server = env.serve_http(&[]);
+    let port = server.port;
     for path in ["examples/clients/http.mcp.json", "examples/clients/vscode-http.mcp.json"] {
         let config = load(path);
         let e = entry(&config);
@@ -107,8 +100,7 @@ fn http_configs_reach_the_server_with_their_headers() {
         assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
         assert!(out.contains("\"serverInfo\":{\"name\":\"sessions-mcp\""), "{path}: {out}");
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
 }
 
 #[test]

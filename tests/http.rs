@@ -6,10 +6,10 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::TestEnv;
+use common::{HttpServer, TestEnv};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -17,40 +17,8 @@ fn sha(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// A `serve --http 127.0.0.1:0` process and the port it listens on.
-struct HttpServer {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start(env: &TestEnv) -> HttpServer {
-    start_with(env, &[])
-}
-
-fn start_with(env: &TestEnv, extra: &[&str]) -> HttpServer {
-    let mut child = env
-        .command(&[&["serve", "--http", "127.0.0.1:0"], extra].concat())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let port = loop {
-        let line = lines.next().expect("the server printed its address").unwrap();
-        if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
-            break rest.split('/').next().unwrap().parse().unwrap();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    HttpServer { child, port }
+    env.serve_http(&[])
 }
 
 /// One HTTP/1.1 request; returns (status, lower-case headers, body).
@@ -263,7 +231,7 @@ fn bad_tokens_get_401_and_nothing_else() {
 #[test]
 fn serve_http_as_a_session_needs_no_header_on_loopback_but_still_rejects_bad_tokens() {
     let env = env_with_tokens("");
-    let server = start_with(&env, &["--as", "agent:main:cron:job"]);
+    let server = env.serve_http(&["--as", "agent:main:cron:job"]);
     for modern in [false, true] {
         let mut c = if modern { Mcp::modern(server.port, "") } else { Mcp::legacy(server.port, "") };
         let list = c.call("sessions_list", json!({}));
@@ -464,16 +432,7 @@ fn tls_serves_https_and_plain_http_is_refused() {
         key_path.display(),
         sha(DESK)
     ));
-    let mut child =
-        env.command(&["serve", "--http", "127.0.0.1:0"]).stdin(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let port: u16 = loop {
-        let line = lines.next().expect("address line").unwrap();
-        if let Some(rest) = line.split("https://127.0.0.1:").nth(1) {
-            break rest.split('/').next().unwrap().parse().unwrap();
-        }
-    };
-    let server = HttpServer { child, port };
+    let server = env.serve_http(&[]);
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.cert.der().clone()).unwrap();
     let config =

@@ -8,9 +8,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use common::TestEnv;
 use sha2::{Digest, Sha256};
@@ -52,15 +51,6 @@ fn the_python_sdk_drives_stdio() {
     run_client(&python, &["main", "stdio", common::bin(), "serve", "--state-dir", state.to_str().unwrap()]);
 }
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn the_python_sdk_drives_streamable_http_and_legacy_sse() {
     let Some(python) = python() else { return };
@@ -68,22 +58,8 @@ fn the_python_sdk_drives_streamable_http_and_legacy_sse() {
     let sha = hex::encode(Sha256::digest(token.as_bytes()));
     let env =
         TestEnv::with_config(&format!("{{server: {{tokens: [{{sha256: '{sha}', sessionKey: 'agent:main:desk'}}]}}}}"));
-    let mut child = env
-        .command(&["serve", "--http", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let server = Server(child);
-    let base = loop {
-        let line = lines.next().expect("the server printed its address").unwrap();
-        if let Some(at) = line.find("http://127.0.0.1:") {
-            break line[at..].trim_end_matches("/mcp").to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let server = env.serve_http(&[]);
+    let base = format!("http://127.0.0.1:{}", server.port);
     run_client(&python, &["agent:main:desk", "http", &format!("{base}/mcp"), token]);
     run_client(&python, &["agent:main:desk", "sse", &format!("{base}/sse"), token]);
     drop(server);

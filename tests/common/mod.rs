@@ -110,6 +110,42 @@ fn uuid_like() -> String {
 }
 
 /// A running `serve` process and its JSON-RPC stream.
+/// A `serve --http 127.0.0.1:0 [EXTRA…]` process (HTTP or HTTPS) and the port it printed; killed on drop.
+pub struct HttpServer {
+    child: Child,
+    pub port: u16,
+}
+
+impl TestEnv {
+    pub fn serve_http(&self, extra: &[&str]) -> HttpServer {
+        let mut child = self
+            .command(&[&["serve", "--http", "127.0.0.1:0"], extra].concat())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let port = loop {
+            let line = lines.next().expect("the server printed its address").unwrap();
+            // http:// or, with server.tls, https://
+            if let Some(rest) = line.split("://127.0.0.1:").nth(1) {
+                break rest.split('/').next().unwrap().parse().unwrap();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        HttpServer { child, port }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub struct Client {
     child: Child,
     stdin: Option<ChildStdin>,
