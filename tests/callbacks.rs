@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Client, TestEnv};
+use common::{Client, TestEnv, tool_results};
 use serde_json::{Value, json};
 
 /// A `daemon` owning the runtime for the test's state dir; killed on drop.
@@ -129,16 +129,6 @@ fn wait_for(env: &TestEnv, key: &str, what: &str, pred: impl Fn(&Value) -> bool)
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn tool_results(show: &Value) -> Vec<Value> {
-    show["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "toolResult")
-        .map(|m| serde_json::from_str(m["content"][0]["text"].as_str().unwrap_or("null")).unwrap_or(Value::Null))
-        .collect()
 }
 
 fn agent_config(dir: &Path, script: Value, extra: &str) -> String {

@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Client, TestEnv, max_overlap, runs_of, scripted_agent, text_of, wait_until};
+use common::{Client, TestEnv, max_overlap, runs_of, scripted_agent, text_of, tool_results, wait_until};
 use serde_json::{Value, json};
 
 const A: &str = "agent:main:a";
@@ -131,17 +131,6 @@ fn listed(c: &mut Client, include_archived: bool) -> Vec<String> {
     let l = c.call("sessions_list", json!({"includeArchived": include_archived, "limit": 200}));
     assert_eq!(l["status"], "ok", "{l}");
     common::keys_of(&l)
-}
-
-/// The structured tool results in a transcript, in order.
-fn tool_results(show: &Value) -> Vec<Value> {
-    show["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "toolResult")
-        .map(|m| serde_json::from_str(&text_of(&m["content"])).unwrap_or(Value::Null))
-        .collect()
 }
 
 /// The deliveries of the (only) spawn run of a child.

@@ -314,6 +314,17 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
 }
 
 /// The plain text of a message content (string or text blocks).
+/// The structured tool results in a transcript (`show`'s messages), in order.
+pub fn tool_results(show: &Value) -> Vec<Value> {
+    show["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "toolResult")
+        .map(|m| serde_json::from_str(&text_of(&m["content"])).unwrap_or(Value::Null))
+        .collect()
+}
+
 pub fn text_of(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
