@@ -167,18 +167,9 @@ impl Access {
                 visible.push(row);
             }
         }
-        let scope = self.scope(caller);
-        match visible.len() {
-            0 => Err(ToolError::not_found(format!("no visible session with sessionId {id}"))),
-            1 => {
-                let row = visible.remove(0);
-                Ok(Target { key: row.key.clone(), display: scope.display(&row.key), row: Some(row) })
-            }
-            _ => Err(ToolError::invalid(format!(
-                "Multiple sessions found for sessionId: {id} ({}); pass the sessionKey instead",
-                visible.iter().map(|r| scope.display(&r.key)).collect::<Vec<_>>().join(", ")
-            ))),
-        }
+        self.the_one_visible(caller, visible, format!("no visible session with sessionId {id}"), |names| {
+            format!("Multiple sessions found for sessionId: {id} ({names}); pass the sessionKey instead")
+        })
     }
 
     /// Resolves a label among the sessions the caller may see (labels are not unique).
@@ -194,17 +185,31 @@ impl Access {
                 visible.push(row);
             }
         }
+        self.the_one_visible(caller, visible, format!("no visible session with label {label}"), |names| {
+            format!("label {label:?} matches several sessions you can see ({names}); pass sessionKey instead")
+        })
+    }
+
+    /// The single visible match of a sessionId or label lookup: none is `not_found`, several are
+    /// `invalid` (the message lists them, as the caller would name them).
+    fn the_one_visible(
+        &self,
+        caller: &Caller,
+        mut visible: Vec<SessionRow>,
+        none: String,
+        several: impl FnOnce(String) -> String,
+    ) -> Result<Target, ToolError> {
         let scope = self.scope(caller);
         match visible.len() {
-            0 => Err(ToolError::not_found(format!("no visible session with label {label}"))),
+            0 => Err(ToolError::not_found(none)),
             1 => {
                 let row = visible.remove(0);
                 Ok(Target { key: row.key.clone(), display: scope.display(&row.key), row: Some(row) })
             }
-            _ => Err(ToolError::invalid(format!(
-                "label {label:?} matches several sessions you can see ({}); pass sessionKey instead",
-                visible.iter().map(|r| scope.display(&r.key)).collect::<Vec<_>>().join(", ")
-            ))),
+            _ => {
+                let names = visible.iter().map(|r| scope.display(&r.key)).collect::<Vec<_>>().join(", ");
+                Err(ToolError::invalid(several(names)))
+            }
         }
     }
 
