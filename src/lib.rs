@@ -8,7 +8,7 @@
 //! | module      | job |
 //! |-------------|-----|
 //! | [`cli`]     | the command line (`serve`, `daemon`, the operator's commands, `schemas`, `bench`, hidden `dev`) |
-//! | [`server`]  | the rmcp `ServerHandler` (per-caller `tools/list`, `tools/call`); `server::http`: streamable HTTP + bearer auth |
+//! | [`server`]  | the rmcp `ServerHandler` (per-caller `tools/list`, `tools/call`, resources, tasks over the runs table); `server::http`: streamable HTTP + bearer auth |
 //! | [`caller`]  | who is calling: a [`caller::Caller`] from the transport credential, never from arguments |
 //! | [`tools`]   | one file per tool; each parses its raw arguments and returns `{status, …}` |
 //! | [`access`]  | the one façade every tool asks: loads facts from the store, asks `policy` |
@@ -40,6 +40,9 @@
 //! 4. The tool reads messages from the `store`, passes them through `sanitize`, and returns
 //!    `Output::Ok(…)` or `Output::Err(ToolError)`; `tools::call` turns that into
 //!    `structuredContent` plus the same JSON as text, with `isError` set from the status.
+//! 5. When the client declared the Tasks extension, `sessions_send` (with a wait) and
+//!    `sessions_spawn` answer with a task instead (`server::tasks`): the task is the run, and
+//!    `tasks/get` reads the run's row until it ends.
 
 pub mod access;
 pub mod agent;

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::Access;
 use crate::runner::Runner;
-use crate::store::{Caps, RunRow, StoreError};
+use crate::store::{CancelRequest, Caps, RunRow, StoreError};
 
 /// How long a waiter sleeps between looks at a run row it cannot be woken for.
 const POLL_MIN: Duration = Duration::from_millis(50);
@@ -201,6 +201,7 @@ impl Runtime {
                 self.hand_over().await;
                 continue;
             } else if !self.stop_claiming.is_cancelled() {
+                self.stop_flagged();
                 self.claim_all();
                 crate::flows::deliver_due(&self).await;
                 if last_renew.elapsed() > Duration::from_secs(5) {
@@ -302,6 +303,41 @@ impl Runtime {
             Err(e) => tracing::error!(run = %run_id, error = %e, "recording a run failed"),
         }
         self.wake();
+    }
+
+    /// Asks `run_id` to stop (MCP `tasks/cancel`), from any process. A queued run ends
+    /// `cancelled` here and now and takes the steps of an ended run (its requester learns it); a
+    /// running one is stopped by its owner, which sees the request within one scheduler tick.
+    pub fn cancel_run(&self, run_id: &str) -> Result<CancelRequest, StoreError> {
+        let request = self.access.store.request_cancel(run_id)?;
+        match &request {
+            CancelRequest::Dequeued(run) => {
+                let ended = crate::flows::TurnResult { status: "cancelled".into(), reply: None, silent: false };
+                crate::flows::after_run(self, run, &ended);
+            }
+            CancelRequest::Flagged => self.stop_flagged(),
+            CancelRequest::AlreadyEnded => {}
+        }
+        self.wake();
+        Ok(request)
+    }
+
+    /// Cancels this owner's running runs that were asked to stop.
+    fn stop_flagged(&self) {
+        if !self.is_owner() {
+            return;
+        }
+        let flagged = match self.access.store.cancel_requests(&self.owner_id) {
+            Ok(ids) => ids,
+            Err(e) => return tracing::error!(error = %e, "reading cancel requests failed"),
+        };
+        let active = self.active.lock().expect("active");
+        for run_id in flagged {
+            if let Some(token) = active.get(&run_id) {
+                tracing::info!(run = %run_id, "cancelling a run on its requester's request");
+                token.cancel();
+            }
+        }
     }
 
     /// Whether this process is shutting down (a cancelled run then ends `interrupted`).

@@ -82,11 +82,14 @@ struct Mcp {
     session: Option<String>,
     modern: bool,
     next_id: u64,
+    /// What a modern client declares in each request's `_meta`.
+    capabilities: Value,
 }
 
 impl Mcp {
     fn legacy(port: u16, token: &str) -> Mcp {
-        let mut c = Mcp { port, token: token.into(), session: None, modern: false, next_id: 1 };
+        let mut c =
+            Mcp { port, token: token.into(), session: None, modern: false, next_id: 1, capabilities: json!({}) };
         let init = c.rpc(
             "initialize",
             json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
@@ -97,7 +100,7 @@ impl Mcp {
     }
 
     fn modern(port: u16, token: &str) -> Mcp {
-        Mcp { port, token: token.into(), session: None, modern: true, next_id: 1 }
+        Mcp { port, token: token.into(), session: None, modern: true, next_id: 1, capabilities: json!({}) }
     }
 
     fn post(&mut self, body: Value, method: &str, name: Option<&str>) -> (u16, Vec<(String, String)>, String) {
@@ -135,9 +138,11 @@ impl Mcp {
         let id = self.next_id;
         self.next_id += 1;
         if self.modern {
-            params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
+            params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                     "io.modelcontextprotocol/clientCapabilities": self.capabilities});
         }
-        let name = params.get("name").and_then(Value::as_str).map(String::from);
+        // Mcp-Name carries the tool name, or the task id of tasks/*.
+        let name = params.get("name").or_else(|| params.get("taskId")).and_then(Value::as_str).map(String::from);
         let (status, _, body) =
             self.post(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}), method, name.as_deref());
         assert_eq!(status, 200, "{method}: {body}");
@@ -200,6 +205,38 @@ fn the_stdio_scenarios_pass_over_http_in_both_eras() {
         let send = c.call("sessions_send", json!({"sessionKey": child, "message": "again?", "timeoutSeconds": 20}));
         assert_eq!(send["status"], "ok", "{send}");
         assert_eq!(send["reply"], "ECHO: again?");
+    }
+}
+
+#[test]
+fn a_stateless_client_declaring_tasks_polls_a_spawn_to_its_end_and_no_other_token_sees_it() {
+    let env = env_with_tokens("");
+    let server = start(&env);
+    let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let mut desk = Mcp::modern(server.port, DESK);
+    desk.capabilities = tasks.clone();
+    let created = desk.rpc("tools/call", json!({"name": "sessions_spawn", "arguments": {"task": "compute"}}));
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let task_id = created["result"]["taskId"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let t = desk.rpc("tasks/get", json!({"taskId": task_id}));
+        if t["result"]["status"] != "working" {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "the task never ended: {t}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(done["result"]["result"]["structuredContent"]["status"], "ok", "{done}");
+    let mut other = Mcp::modern(server.port, OTHER);
+    other.capabilities = tasks;
+    for method in ["tasks/get", "tasks/cancel"] {
+        let denied = other.rpc(method, json!({"taskId": task_id}));
+        let missing = other.rpc(method, json!({"taskId": "00000000-0000-4000-8000-000000000000"}));
+        assert_eq!(denied["error"]["code"], -32602, "{denied}");
+        let strip = |v: &Value, id: &str| v["error"]["message"].as_str().unwrap().replace(id, "ID");
+        assert_eq!(strip(&denied, &task_id), strip(&missing, "00000000-0000-4000-8000-000000000000"), "{method}");
     }
 }
 

@@ -474,25 +474,8 @@ fn sigterm_after_stdin_eof_interrupts_the_running_run_and_exits() {
 
 #[test]
 fn a_daemon_owns_the_runtime_and_runs_what_a_short_lived_client_sent() {
-    use std::io::BufRead;
     let env = env_with_worker(|e| scripted_agent(e, "worker", &sleepy(800), json!({})), &[WORKER.to_string()]);
-    let mut daemon = env
-        .command(&["daemon"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start daemon");
-    let stderr = daemon.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            let _ = tx.send(line);
-        }
-    });
-    let ready = rx.recv_timeout(Duration::from_secs(10)).expect("the daemon says it runs");
-    assert!(ready.contains("daemon"), "{ready}");
+    let mut daemon = common::start_daemon(&env);
 
     let mut c = env.serve(None);
     let r =

@@ -47,19 +47,9 @@ pub fn start(access: &Access, state_dir: &Path, key: &SessionKey, text: &str) ->
             enqueue(
                 tx,
                 &NewRun {
-                    run_id: run_id.clone(),
-                    session: id,
-                    mode: RunMode::Inject,
-                    input: json!({"role": "user", "content": text}),
                     provenance: Some(provenance.clone()),
-                    requester_key: None,
                     chain_id: Some(chain.clone()),
-                    hop: 0,
-                    announce_kind: None,
-                    model: None,
-                    thinking: None,
-                    timeout_ms: None,
-                    extra: None,
+                    ..NewRun::new(run_id.clone(), id, RunMode::Inject, json!({"role": "user", "content": text}))
                 },
             )?;
             Ok(Some(run_id.clone()))

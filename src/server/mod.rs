@@ -5,12 +5,13 @@
 pub mod http;
 mod resources;
 mod sse;
+mod tasks;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
-    ReadResourceResponse, ServerCapabilities, ServerConfig, SubscribeRequestParams, SubscriptionFilter,
-    UnsubscribeRequestParams,
+    CacheScope, CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult,
+    Implementation, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -146,6 +147,33 @@ impl ServerHandler for SessionsServer {
         resources::listen(&self.ctx(&caller, &request), context).await
     }
 
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let caller = self.caller_for(&context)?;
+        tasks::get(&self.access, &caller, &request.task_id)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller_for(&context)?;
+        tasks::cancel(self.runtime.as_ref(), &self.access, &caller, &request.task_id)
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller_for(&context)?;
+        tasks::update(&self.access, &caller, &request.task_id)
+    }
+
     #[allow(deprecated)] // logging: still part of the 2025-11-25 era we serve
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
@@ -154,6 +182,7 @@ impl ServerHandler for SessionsServer {
                 .enable_resources()
                 .enable_resources_subscribe()
                 .enable_logging()
+                .enable_tasks()
                 .build(),
         )
         .with_server_info(Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")))
@@ -202,6 +231,11 @@ impl ServerHandler for SessionsServer {
             cancel: context.ct.clone(),
             progress,
         };
+        let wants_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
+        if let Some(tool) = tasks::runs_as_task(&request.name, request.arguments.as_ref()).filter(|_| wants_task) {
+            let result = tools::run(&ctx, tool, tasks::without_wait(tool, request.arguments)).await;
+            return Ok(tasks::answer(&self.access, result));
+        }
         match tools::call(&ctx, &request.name, request.arguments).await {
             Some(result) => Ok(CallToolResponse::Complete(result)),
             None => Err(McpError::invalid_params(

@@ -6,6 +6,7 @@
 //! transactions. Schema changes are embedded, versioned migrations; a backup is taken before an
 //! existing store is migrated, and a store written by a newer version is refused.
 
+mod cancel;
 mod ledger;
 mod messages;
 mod operator;
@@ -22,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
+pub use cancel::CancelRequest;
 pub use ledger::{DeliveryKind, DeliveryMode, IdempotencyHit, NewDelivery};
 pub(crate) use ledger::{add_delivery, remember_key, set_delivery_status};
 pub(crate) use messages::append_message;

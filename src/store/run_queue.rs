@@ -61,6 +61,27 @@ pub struct NewRun {
     pub extra: Option<Value>,
 }
 
+impl NewRun {
+    /// A run with this input and nothing else set (no requester, chain, model or flow state).
+    pub fn new(run_id: String, session: i64, mode: RunMode, input: Value) -> Self {
+        NewRun {
+            run_id,
+            session,
+            mode,
+            input,
+            provenance: None,
+            requester_key: None,
+            chain_id: None,
+            hop: 0,
+            announce_kind: None,
+            model: None,
+            thinking: None,
+            timeout_ms: None,
+            extra: None,
+        }
+    }
+}
+
 /// A stored run, as waiters and flows read it.
 #[derive(Debug, Clone)]
 pub struct RunRow {

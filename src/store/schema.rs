@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1];
+pub const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -203,4 +203,11 @@ CREATE TABLE attachments (
     removed_at INTEGER
 );
 CREATE INDEX attachments_run ON attachments (run_id);
+"#;
+
+/// Version 2: a run can be asked to stop (MCP `tasks/cancel`) by any process; the owner, which
+/// alone runs runs, picks the request up and cancels the agent.
+const V2: &str = r#"
+ALTER TABLE runs ADD COLUMN cancel_requested_at INTEGER;
+CREATE INDEX runs_cancel_requested ON runs (owner) WHERE cancel_requested_at IS NOT NULL AND status = 'running';
 "#;

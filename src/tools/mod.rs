@@ -188,7 +188,11 @@ pub fn spec(name: ToolName) -> &'static ToolSpec {
 
 /// Runs tool `name` for the caller. `None` when no such tool exists (a protocol error).
 pub async fn call(ctx: &Ctx<'_>, name: &str, args: Option<Map<String, Value>>) -> Option<CallToolResult> {
-    let tool = ToolName::parse(name)?;
+    Some(run(ctx, ToolName::parse(name)?, args).await)
+}
+
+/// Runs `tool` for the caller.
+pub async fn run(ctx: &Ctx<'_>, tool: ToolName, args: Option<Map<String, Value>>) -> CallToolResult {
     let structured = match ctx.access.check_tool(ctx.caller, tool) {
         Err(e) => to_value(Output::<()>::Err(e)),
         Ok(()) => match tool {
@@ -199,7 +203,12 @@ pub async fn call(ctx: &Ctx<'_>, name: &str, args: Option<Map<String, Value>>) -
             ToolName::SessionsSpawn => to_value(sessions_spawn::run(ctx, args).await),
         },
     };
-    Some(result(structured))
+    result(structured)
+}
+
+/// The result of a tool whose success shape is `ok` (a task's final result).
+pub(crate) fn final_result<T: Serialize>(ok: T) -> CallToolResult {
+    result(to_value(Output::Ok(ok)))
 }
 
 fn to_value<T: Serialize>(out: Output<T>) -> Value {

@@ -13,7 +13,8 @@ use sha2::{Digest, Sha256};
 
 use super::args::Bounds;
 use super::{Ctx, Output, ToolError, ToolSpec};
-use crate::access::Target;
+use crate::access::{Access, Target};
+use crate::caller::Caller;
 use crate::flows::context::is_skip;
 use crate::flows::send::{SendPlan, Started};
 use crate::policy::{Action, ToolName};
@@ -80,6 +81,28 @@ pub struct SendOk {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub inbox: Option<Value>,
+}
+
+impl SendOk {
+    fn new(status: SendStatus, run_id: Option<String>, session_key: String) -> Self {
+        SendOk {
+            status,
+            run_id,
+            session_key,
+            reply: None,
+            silent: None,
+            delivery: None,
+            error: None,
+            note: None,
+            inbox: None,
+        }
+    }
+}
+
+/// The final result of a send that ran as an MCP task: what a wait that saw the run end answers.
+pub fn task_result(access: &Access, caller: &Caller, run: &RunRow) -> SendOk {
+    let base = SendOk::new(SendStatus::Ok, Some(run.run_id.clone()), access.scope(caller).display(&run.session_key));
+    finished(base, run, access.store.delivery_of(&run.run_id).ok().flatten())
 }
 
 pub fn spec() -> ToolSpec {
@@ -267,15 +290,8 @@ async fn finish(
     let inbox = inbox_after
         .map(|seq| json!({"sessionKey": ctx.access.scope(ctx.caller).display(&ctx.caller.key), "afterSeq": seq}));
     let base = |status, run_id: Option<String>| SendOk {
-        status,
-        run_id,
-        session_key: target.display.clone(),
-        reply: None,
-        silent: None,
-        delivery: None,
-        error: None,
-        note: None,
         inbox: inbox.clone(),
+        ..SendOk::new(status, run_id, target.display.clone())
     };
     let Some(run_id) = replay.run_id.filter(|_| !replay.inbox) else {
         let mut ok = base(SendStatus::Accepted, None);

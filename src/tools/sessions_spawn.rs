@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::flows::spawn::{Refused, SpawnPlan, Spawned};
 use crate::keys::{AgentId, SessionKey};
 use crate::policy::ToolName;
+use crate::store::RunRow;
 
 pub const MAX_TASK_BYTES: usize = 64 * 1024;
 pub const MAX_ATTACHMENTS: usize = 50;
@@ -103,6 +104,11 @@ pub struct AttachAs {
 #[serde(rename_all = "lowercase")]
 pub enum SpawnStatus {
     Accepted,
+    /// Only as the final result of a spawn that ran as an MCP task: the child finished.
+    Ok,
+    /// Only as the final result of a spawn that ran as an MCP task: the child failed, timed out
+    /// or was interrupted (isError: true).
+    Error,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -123,6 +129,12 @@ pub struct SpawnOk {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub attachments: Option<Value>,
+    /// As a task's final result: the child's final reply.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+    /// As a task's final result: why the child did not finish.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 pub fn spec() -> ToolSpec {
@@ -473,5 +485,28 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
         note,
         inbox: caller.external.then(|| json!({"sessionKey": me, "afterSeq": inbox_after})),
         attachments: None,
+        reply: None,
+        error: None,
+    }
+}
+
+/// The final result of a spawn that ran as an MCP task: the child's outcome. The announce still
+/// reaches the requester's session as usual.
+pub fn task_result(run: &RunRow) -> SpawnOk {
+    let (status, error) = match run.status.as_str() {
+        "ok" => (SpawnStatus::Ok, None),
+        s => (SpawnStatus::Error, Some(run.error.clone().unwrap_or_else(|| format!("the child's run ended {s}")))),
+    };
+    SpawnOk {
+        status,
+        run_id: run.run_id.clone(),
+        child_session_key: run.session_key.to_string(),
+        mode: "run".into(),
+        queued: false,
+        note: "The child's run has ended; its announce (Status/Result/Notes) also reaches your session.".into(),
+        inbox: None,
+        attachments: None,
+        reply: if error.is_none() { run.reply.clone() } else { None },
+        error,
     }
 }

@@ -157,7 +157,12 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn start(mut cmd: Command) -> Client {
+    pub fn start(cmd: Command) -> Client {
+        Self::start_declaring(cmd, json!({}))
+    }
+
+    /// Starts a server and initializes it declaring these client `capabilities`.
+    pub fn start_declaring(mut cmd: Command, capabilities: Value) -> Client {
         let mut child =
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn serve");
         let stdout: ChildStdout = child.stdout.take().unwrap();
@@ -174,7 +179,7 @@ impl Client {
         let mut c = Client { child, stdin, lines: rx, next_id: 1, pending: Vec::new(), notes: Vec::new() };
         let init = c.request(
             "initialize",
-            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tests", "version": "1"}}),
+            json!({"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "tests", "version": "1"}}),
         );
         assert!(init.get("result").is_some(), "initialize failed: {init}");
         c.notify("notifications/initialized", json!({}));
@@ -604,4 +609,26 @@ impl Client {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// Starts `daemon` on the env's state dir and waits until it says it runs.
+pub fn start_daemon(env: &TestEnv) -> Child {
+    let mut daemon = env
+        .command(&["daemon"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start daemon");
+    let stderr = daemon.stderr.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(10)).expect("the daemon says it runs");
+    assert!(ready.contains("daemon"), "{ready}");
+    daemon
 }
