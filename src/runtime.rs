@@ -26,6 +26,9 @@ use crate::store::{CancelRequest, Caps, RunRow, StoreError};
 /// How long a waiter sleeps between looks at a run row it cannot be woken for.
 const POLL_MIN: Duration = Duration::from_millis(50);
 const POLL_MAX: Duration = Duration::from_secs(1);
+/// A run that ended this long ago without its steps taken lost them (a process died, or a step
+/// failed); the owner's sweep takes them again.
+const STEPS_GRACE_MS: i64 = 30_000;
 
 /// Which kind of process this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +166,8 @@ impl Runtime {
         tracing::info!("runtime ownership released");
     }
 
-    /// Runs whose owner died become `interrupted` (never re-run); their requesters learn it.
+    /// Runs whose owner died become `interrupted` (never re-run); their requesters learn it when
+    /// the steps a dead owner left are taken.
     fn recover(&self) {
         match self.access.store.interrupt_orphans(&self.owner_id) {
             Ok(runs) => {
@@ -171,11 +175,11 @@ impl Runtime {
                 kill_leftover_groups(&self.access.store.supervisors(&ids).unwrap_or_default());
                 for run in runs {
                     tracing::warn!(run = %run.run_id, "run interrupted: its owner died");
-                    crate::flows::after_interrupted(self, &run);
                 }
             }
             Err(e) => tracing::error!(error = %e, "recovery failed"),
         }
+        crate::flows::catch_up(self, 0);
     }
 
     /// Wakes the scheduler and waiters of this process.
@@ -209,6 +213,7 @@ impl Runtime {
                     last_renew = tokio::time::Instant::now();
                 }
                 if last_sweep.elapsed() >= sweep_every {
+                    crate::flows::catch_up(&self, STEPS_GRACE_MS);
                     match self.access.store.archive_due() {
                         Ok(keys) if !keys.is_empty() => {
                             tracing::info!(count = keys.len(), "archived finished sub-agent sessions");
@@ -299,7 +304,7 @@ impl Runtime {
         self.active.lock().expect("active").remove(&run_id);
         self.progress.lock().expect("progress").remove(&run_id);
         match finished {
-            Ok(outcome) => crate::flows::after_run(&self, &run, &outcome),
+            Ok(outcome) => crate::flows::take_steps(&self, &run, &outcome),
             Err(e) => tracing::error!(run = %run_id, error = %e, "recording a run failed"),
         }
         self.wake();
@@ -313,7 +318,7 @@ impl Runtime {
         match &request {
             CancelRequest::Dequeued(run) => {
                 let ended = crate::flows::TurnResult { status: "cancelled".into(), reply: None, silent: false };
-                crate::flows::after_run(self, run, &ended);
+                crate::flows::take_steps(self, run, &ended);
             }
             CancelRequest::Flagged => self.stop_flagged(),
             CancelRequest::AlreadyEnded => {}

@@ -22,7 +22,7 @@ use crate::runner::{Hooks, Launch, RunStatus, resolve_runner, sandbox};
 use crate::runtime::Runtime;
 use crate::store::{
     DeliveryKind, DeliveryMode, Finished, NewDelivery, NewMessage, NewRun, RunMode, RunRow, SessionRow, StoreError,
-    TokenRow, add_delivery, append_message, enqueue, now_ms, set_delivery_status,
+    TokenRow, add_delivery, append_message, enqueue, set_delivery_status,
 };
 use context::{ANNOUNCE_INPUT, Parties, is_skip};
 
@@ -267,9 +267,34 @@ pub async fn run_turn(
     Ok(TurnResult { status, reply: outcome.reply, silent })
 }
 
+/// Takes the steps after a run's end and records them as taken. Every step is idempotent (derived
+/// run ids, one delivery per run and kind, final delivery statuses stay final), so taking them
+/// again — after an owner died between recording the end and taking the steps — adds nothing.
+pub fn take_steps(rt: &Runtime, run: &RunRow, result: &TurnResult) {
+    if let Err(e) = after_run(rt, run, result).and_then(|()| rt.access.store.steps_taken(&run.run_id)) {
+        tracing::error!(run = %run.run_id, error = %e, "a flow step failed; the next owner takes it again");
+    }
+}
+
+/// Takes the steps of runs that ended at least `min_age_ms` ago and never got them (their owner
+/// died first, or a step failed), e.g. runs that recovery just marked `interrupted`: an
+/// interrupted child still announces (`Status: interrupted`).
+pub fn catch_up(rt: &Runtime, min_age_ms: i64) {
+    let runs = match rt.access.store.runs_with_steps_pending(min_age_ms) {
+        Ok(runs) => runs,
+        Err(e) => return tracing::error!(error = %e, "reading runs whose steps are pending failed"),
+    };
+    for run in runs {
+        let silent = run.reply.as_deref().is_some_and(is_skip);
+        let result = TurnResult { status: run.status.clone(), reply: run.reply.clone(), silent };
+        tracing::info!(run = %run.run_id, status = %run.status, "taking the steps a dead owner left");
+        take_steps(rt, &run, &result);
+    }
+}
+
 /// The next step after a run ended.
-pub fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) {
-    let outcome = match run.mode {
+fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    match run.mode {
         RunMode::Send | RunMode::Reply => reply_back(rt, run, result),
         RunMode::Announce if run.announce_kind.as_deref() == Some("subagent") => {
             spawn::after_child_run(rt, run, result)
@@ -280,32 +305,17 @@ pub fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) {
             completion_delivery(rt, run, result).and_then(|_| spawn::after_child_run(rt, run, result))
         }
         RunMode::Inject => Ok(()),
-    };
-    if let Err(e) = outcome {
-        tracing::error!(run = %run.run_id, error = %e, "a flow step failed");
     }
 }
 
-/// A run whose owner died: its pending deliveries fail with `interrupted`; an interrupted child
-/// still announces (`Status: interrupted`).
-pub fn after_interrupted(rt: &Runtime, run: &RunRow) {
-    if matches!(run.mode, RunMode::Spawn | RunMode::Completion) {
-        let result = TurnResult { status: "interrupted".into(), reply: None, silent: false };
-        if let Err(e) = spawn::after_child_run(rt, run, &result) {
-            tracing::error!(run = %run.run_id, error = %e, "announcing an interrupted child failed");
-        }
-    }
-    let result = rt.access.store.write(|tx| -> Result<(), StoreError> {
-        tx.execute(
-            "UPDATE deliveries SET status = 'failed', last_error = 'interrupted: the run was interrupted', updated_at = ?2
-             WHERE run_id = ?1 AND status IN ('queued', 'running')",
-            rusqlite::params![run.run_id, now_ms()],
-        )?;
-        Ok(())
-    });
-    if let Err(e) = result {
-        tracing::error!(error = %e, "marking an interrupted run's deliveries failed");
-    }
+/// The id of the run that step `step` of run `run_id` queues: the same every time the step is
+/// taken, so that taking it again queues nothing new.
+pub fn step_id(run_id: &str, step: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{run_id}/{step}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
 }
 
 /// The flow state a step carries from run to run.
@@ -374,7 +384,7 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
     let provenance = json!({"kind": "inter_session", "sourceSessionKey": run.session_key.as_str(),
         "sourceChannel": channel_of_row(&run.session_key, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
     let step = NewRun {
-        run_id: uuid::Uuid::new_v4().to_string(),
+        run_id: step_id(&run.run_id, "reply"),
         session: other_id,
         mode: RunMode::Reply,
         input: json!({"role": "user", "content": text}),
@@ -418,7 +428,8 @@ fn chain_full(rt: &Runtime, run: &RunRow) -> Result<bool, StoreError> {
     Ok(n >= i64::from(rt.access.config.session.agent_to_agent.max_chain_messages))
 }
 
-/// Appends `text` to an external session (its inbox) as an inter-session message.
+/// Appends `text` to an external session (its inbox) as an inter-session message, handing over
+/// the run's pending reply delivery in the same transaction: once delivered, never appended again.
 fn append_inbox(
     rt: &Runtime,
     to: &SessionKey,
@@ -426,10 +437,14 @@ fn append_inbox(
     text: &str,
     delivery: Option<i64>,
 ) -> Result<(), StoreError> {
+    let Some(delivery) = delivery else { return Ok(()) };
     let from = &run.session_key;
     let provenance = json!({"kind": "inter_session", "sourceSessionKey": from.as_str(),
         "sourceChannel": channel_of_row(from, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
     rt.access.store.write(|tx| -> Result<(), StoreError> {
+        if !set_delivery_status(tx, delivery, "delivered", None)? {
+            return Ok(());
+        }
         let id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [to.as_str()], |r| r.get(0))?;
         append_message(
             tx,
@@ -443,9 +458,6 @@ fn append_inbox(
                 ..Default::default()
             },
         )?;
-        if let Some(d) = delivery {
-            set_delivery_status(tx, d, "delivered", None)?;
-        }
         Ok(())
     })
 }
@@ -459,7 +471,7 @@ fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Value)
     }
     let requester = flow.get("requester").and_then(Value::as_str).map(SessionKey::from_canonical);
     let step = NewRun {
-        run_id: uuid::Uuid::new_v4().to_string(),
+        run_id: step_id(&run.run_id, "announce"),
         session: row.id,
         mode: RunMode::Announce,
         input: json!({"role": "user", "content": ANNOUNCE_INPUT}),

@@ -281,7 +281,7 @@ pub fn after_child_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Resul
 
 fn queue_notes(rt: &Runtime, child: &SessionRow, run: &RunRow) -> Result<(), StoreError> {
     let step = NewRun {
-        run_id: uuid::Uuid::new_v4().to_string(),
+        run_id: super::step_id(&run.run_id, "notes"),
         session: child.id,
         mode: RunMode::Announce,
         input: json!({"role": "user", "content": NOTES_PROMPT}),
@@ -318,6 +318,11 @@ fn announce(
         "sourceTool": "subagent_announce", "chainId": spawn_run.chain_id});
     store.write(|tx| -> Result<(), StoreError> {
         let Some(r) = &requester_row else { return Ok(()) };
+        // One announce per child: the delivery row goes first, and a step taken again stops here.
+        let kind = if r.external { DeliveryKind::Announce } else { DeliveryKind::Completion };
+        if !add_delivery(tx, &delivery(spawn_run, kind, requester.as_str(), "delivered"))? {
+            return Ok(());
+        }
         if r.external {
             append_message(
                 tx,
@@ -331,9 +336,8 @@ fn announce(
                     ..Default::default()
                 },
             )?;
-            add_delivery(tx, &delivery(spawn_run, DeliveryKind::Announce, requester.as_str(), "delivered"))?;
         } else {
-            let run_id = uuid::Uuid::new_v4().to_string();
+            let run_id = super::step_id(&spawn_run.run_id, "completion");
             enqueue(
                 tx,
                 &NewRun {
@@ -352,7 +356,6 @@ fn announce(
                     extra: Some(json!({"flow": "completion", "child": child.key.as_str()})),
                 },
             )?;
-            add_delivery(tx, &delivery(spawn_run, DeliveryKind::Completion, requester.as_str(), "delivered"))?;
         }
         Ok(())
     })?;

@@ -83,7 +83,7 @@ mod tests {
         let run_id = uuid::Uuid::new_v4().to_string();
         let run =
             NewRun::new(run_id.clone(), session, RunMode::Send, serde_json::json!({"role": "user", "content": "hi"}));
-        store.write(|tx| -> Result<()> { Ok(enqueue(tx, &run)?) }).unwrap();
+        store.write(|tx| -> Result<bool> { Ok(enqueue(tx, &run)?) }).unwrap();
         run_id
     }
 

@@ -55,38 +55,46 @@ pub struct NewDelivery<'a> {
     pub last_error: Option<&'a str>,
 }
 
-pub(crate) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Result<i64> {
+/// Records a delivery, once: a run has at most one delivery of each kind, so a flow step that is
+/// taken again after a crash adds nothing. Returns false when the delivery was already there.
+pub(crate) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Result<bool> {
     let now = now_ms();
-    tx.prepare_cached(
-        "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, last_error, attempts, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
-    )?
-    .execute(params![
-        d.run_id,
-        d.kind.as_str(),
-        d.mode.as_str(),
-        d.status,
-        d.target_key,
-        d.channel,
-        d.last_error,
-        i64::from(d.status != "queued"),
-        now
-    ])?;
-    Ok(tx.last_insert_rowid())
+    let added = tx
+        .prepare_cached(
+            "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, last_error, attempts, created_at, updated_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9
+             WHERE NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND kind = ?2)",
+        )?
+        .execute(params![
+            d.run_id,
+            d.kind.as_str(),
+            d.mode.as_str(),
+            d.status,
+            d.target_key,
+            d.channel,
+            d.last_error,
+            i64::from(d.status != "queued"),
+            now
+        ])?;
+    Ok(added == 1)
 }
 
+/// Moves a pending delivery to `status`. Returns false when it had already reached a final
+/// status (a step taken again after a crash): final is final.
 pub(crate) fn set_delivery_status(
     tx: &Transaction,
     id: i64,
     status: &str,
     error: Option<&str>,
-) -> rusqlite::Result<()> {
-    tx.prepare_cached(
-        "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1, updated_at = ?4
-         WHERE id = ?1",
-    )?
-    .execute(params![id, status, error, now_ms()])?;
-    Ok(())
+) -> rusqlite::Result<bool> {
+    let changed = tx
+        .prepare_cached(
+            "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
+                 updated_at = ?4
+             WHERE id = ?1 AND status IN ('queued', 'running')",
+        )?
+        .execute(params![id, status, error, now_ms()])?;
+    Ok(changed == 1)
 }
 
 /// A remembered idempotency key.
@@ -172,7 +180,8 @@ pub struct DueDelivery {
 }
 
 impl Store {
-    /// Adds a channel delivery to attempt now (payload is what the deliverer gets on stdin).
+    /// Adds a channel delivery to attempt now (payload is what the deliverer gets on stdin), once
+    /// per run and kind.
     pub fn queue_channel_delivery(
         &self,
         run_id: &str,
@@ -180,16 +189,17 @@ impl Store {
         target: &str,
         channel: &str,
         payload: &Value,
-    ) -> Result<i64> {
-        self.write(|tx| -> Result<i64> {
+    ) -> Result<()> {
+        self.write(|tx| -> Result<()> {
             let now = now_ms();
             tx.execute(
                 "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, payload, attempts,
                      next_attempt_at, deadline_at, created_at, updated_at)
-                 VALUES (?1, ?7, 'channel', 'queued', ?2, ?3, ?4, 0, ?5, ?6, ?5, ?5)",
+                 SELECT ?1, ?7, 'channel', 'queued', ?2, ?3, ?4, 0, ?5, ?6, ?5, ?5
+                 WHERE NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND kind = ?7)",
                 params![run_id, target, channel, payload.to_string(), now, now + 30 * 60 * 1000, kind.as_str()],
             )?;
-            Ok(tx.last_insert_rowid())
+            Ok(())
         })
     }
 

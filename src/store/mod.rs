@@ -54,10 +54,12 @@ pub enum StoreError {
     TooNew { path: PathBuf, found: i64, supported: i64 },
     #[error("cannot create the state directory {path}: {source}")]
     StateDir { path: PathBuf, source: std::io::Error },
-    #[error("store is read-only or the disk is full: {0}")]
+    #[error(
+        "store is read-only or the disk is full ({0}); nothing of this request was stored: free space or fix the permissions of the state directory, then retry"
+    )]
     Unwritable(String),
     #[error("store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     #[error("store: stored data is corrupt: {0}")]
     Corrupt(String),
 }
@@ -67,7 +69,18 @@ impl StoreError {
         use rusqlite::ErrorCode as C;
         match e.sqlite_error_code() {
             Some(C::NotADatabase) => Self::NotADatabase { path: path.to_path_buf(), detail: e.to_string() },
-            Some(C::ReadOnly | C::DiskFull | C::CannotOpen) => Self::Unwritable(e.to_string()),
+            _ => e.into(),
+        }
+    }
+}
+
+/// Every failed write says what the operator can do about it, wherever it surfaced. A write
+/// error (`SQLITE_IOERR`, e.g. EFBIG or EIO) rolls the transaction back like a full disk does.
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode as C;
+        match e.sqlite_error_code() {
+            Some(C::ReadOnly | C::DiskFull | C::CannotOpen | C::SystemIoFailure) => Self::Unwritable(e.to_string()),
             _ => Self::Sqlite(e),
         }
     }

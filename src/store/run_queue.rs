@@ -172,30 +172,34 @@ pub struct Finished {
     pub exit_status: Option<i32>,
 }
 
-pub(crate) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<()> {
+/// Queues a run, once: a flow step that is taken again after a crash derives the same run id
+/// (`flows::step_id`) and adds nothing. Returns false when the run was already there.
+pub(crate) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<bool> {
     let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
-    tx.prepare_cached(
-        "INSERT INTO runs (run_id, session, mode, status, input, provenance, requester_key, chain_id, hop,
-             announce_kind, model, thinking, timeout_ms, extra, created_at)
-         VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-    )?
-    .execute(params![
-        run.run_id,
-        run.session,
-        run.mode.as_str(),
-        run.input.to_string(),
-        json(&run.provenance),
-        run.requester_key.as_ref().map(SessionKey::as_str),
-        run.chain_id,
-        run.hop,
-        run.announce_kind,
-        run.model,
-        run.thinking,
-        run.timeout_ms,
-        json(&run.extra),
-        now_ms(),
-    ])?;
-    Ok(())
+    let added = tx
+        .prepare_cached(
+            "INSERT INTO runs (run_id, session, mode, status, input, provenance, requester_key, chain_id, hop,
+                 announce_kind, model, thinking, timeout_ms, extra, created_at)
+             VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+             ON CONFLICT (run_id) DO NOTHING",
+        )?
+        .execute(params![
+            run.run_id,
+            run.session,
+            run.mode.as_str(),
+            run.input.to_string(),
+            json(&run.provenance),
+            run.requester_key.as_ref().map(SessionKey::as_str),
+            run.chain_id,
+            run.hop,
+            run.announce_kind,
+            run.model,
+            run.thinking,
+            run.timeout_ms,
+            json(&run.extra),
+            now_ms(),
+        ])?;
+    Ok(added == 1)
 }
 
 pub(crate) fn run_by_id(c: &rusqlite::Connection, run_id: &str) -> rusqlite::Result<Option<RunRow>> {
@@ -370,6 +374,28 @@ impl Store {
                 }
             }
             Ok(out)
+        })
+    }
+
+    /// Records that the steps after `run_id`'s end (reply-back, announce, deliveries) were taken.
+    pub fn steps_taken(&self, run_id: &str) -> Result<()> {
+        self.write(|tx| -> Result<()> {
+            tx.execute("UPDATE runs SET steps_done_at = ?2 WHERE run_id = ?1", params![run_id, now_ms()])?;
+            Ok(())
+        })
+    }
+
+    /// Ended runs whose steps were never taken: their owner died between recording the end and
+    /// taking the steps. The next owner takes them (every step is idempotent).
+    /// Only runs that ended at least `min_age_ms` ago (a younger one may be taking its steps now).
+    pub fn runs_with_steps_pending(&self, min_age_ms: i64) -> Result<Vec<RunRow>> {
+        self.read(|c| {
+            let sql = format!(
+                "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
+                 WHERE r.steps_done_at IS NULL AND r.status NOT IN ('queued', 'running') AND r.ended_at <= ?1
+                 ORDER BY r.ended_at"
+            );
+            c.prepare(&sql)?.query_map([now_ms() - min_age_ms], run_from_row)?.collect()
         })
     }
 

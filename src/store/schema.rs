@@ -206,8 +206,13 @@ CREATE INDEX attachments_run ON attachments (run_id);
 "#;
 
 /// Version 2: a run can be asked to stop (MCP `tasks/cancel`) by any process; the owner, which
-/// alone runs runs, picks the request up and cancels the agent.
+/// alone runs runs, picks the request up and cancels the agent. And the steps after a run's end
+/// are recorded as taken, so that an owner that died between the two is caught up (runs that had
+/// ended before this version count as done).
 const V2: &str = r#"
 ALTER TABLE runs ADD COLUMN cancel_requested_at INTEGER;
 CREATE INDEX runs_cancel_requested ON runs (owner) WHERE cancel_requested_at IS NOT NULL AND status = 'running';
+ALTER TABLE runs ADD COLUMN steps_done_at INTEGER;
+UPDATE runs SET steps_done_at = coalesce(ended_at, 0) WHERE status NOT IN ('queued', 'running');
+CREATE INDEX runs_steps_pending ON runs (ended_at) WHERE steps_done_at IS NULL;
 "#;

@@ -206,18 +206,31 @@ impl Client {
     }
 
     pub fn wait_for(&mut self, id: u64) -> Value {
+        self.try_wait_for(id).unwrap_or_else(|| panic!("no response to request {id}"))
+    }
+
+    /// Sends a request; None when the server died (or stayed silent 30 s) before answering.
+    pub fn try_request(&mut self, method: &str, params: Value) -> Option<Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string();
+        let stdin = self.stdin.as_mut()?;
+        stdin.write_all(format!("{line}\n").as_bytes()).ok()?;
+        stdin.flush().ok()?;
+        self.try_wait_for(id)
+    }
+
+    /// The response to request `id`; None when the stream ended (or stayed silent 30 s) first.
+    pub fn try_wait_for(&mut self, id: u64) -> Option<Value> {
         if let Some(pos) = self.pending.iter().position(|m| m.get("id") == Some(&json!(id))) {
-            return self.pending.remove(pos);
+            return Some(self.pending.remove(pos));
         }
         loop {
-            let line = self
-                .lines
-                .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|_| panic!("no response to request {id}"));
+            let line = self.lines.recv_timeout(Duration::from_secs(30)).ok()?;
             let msg: Value =
                 serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
             if msg.get("id") == Some(&json!(id)) {
-                return msg;
+                return Some(msg);
             }
             if msg.get("id").is_some() {
                 self.pending.push(msg);
