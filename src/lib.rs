@@ -20,7 +20,7 @@
 //! | [`schemas`] | the checked-in JSON schemas of the tools and the config |
 //! | [`runtime`] | the runtime owner: lock election, the run queue, waits, the run socket, sweeps |
 //! | [`flows`]   | what happens around runs: send, reply-back, announce, spawn, attachments, deliveries |
-//! | [`runner`]  | one agent turn as a supervised `jsonl/1` subprocess (and its bubblewrap jail) |
+//! | [`runner`]  | one agent turn as a supervised subprocess: `jsonl/1`, or an agent CLI through its adapter (and the bubblewrap jail) |
 //! | [`supervise`] | the per-run supervisor process (process group, parent death, run-id sweep) |
 //! | [`agent`]   | the built-in scripted agent (`sessions-mcp agent`) |
 //! | [`socket_client`] | `sessions-mcp connect` and agent callbacks over the owner's socket |

@@ -147,6 +147,8 @@ pub struct RequestParts<'a> {
     pub session_id: &'a str,
     pub system: Option<String>,
     pub messages: Vec<Value>,
+    /// The stored external session id this run resumes (`RunnerSpec::resume`).
+    pub resume: Option<&'a str>,
     pub workdir: &'a str,
     pub socket: &'a str,
     pub timeout_ms: u64,
@@ -158,7 +160,7 @@ pub fn request(p: RequestParts) -> Value {
     let mut req = json!({
         "type": "run", "protocol": 1, "runId": run.run_id, "sessionKey": run.session_key.as_str(),
         "sessionId": p.session_id, "agentId": run.agent_id.as_str(), "mode": run.mode.as_str(),
-        "model": run.model, "thinking": run.thinking, "resume": {"externalSessionId": null},
+        "model": run.model, "thinking": run.thinking, "resume": {"externalSessionId": p.resume},
         "messages": p.messages,
         "input": render(run.input.get("role").and_then(Value::as_str).unwrap_or("user"), &input_content, run.provenance.as_ref()),
         "workdir": p.workdir, "mcp": {"socket": p.socket},

@@ -17,8 +17,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::caller::{configured_sandbox, key_scope, sha256_hex};
+use crate::config::RunnerKind;
 use crate::keys::{self, SessionKey};
-use crate::runner::{Hooks, Launch, RunStatus, resolve_runner, sandbox};
+use crate::runner::mcp_config::McpConfigFile;
+use crate::runner::template::CliTurn;
+use crate::runner::{Hooks, Input, Launch, RunStatus, RunnerSpec, resolve_runner, sandbox};
 use crate::runtime::Runtime;
 use crate::store::{
     DeliveryKind, DeliveryMode, Finished, NewDelivery, NewMessage, NewRun, RunMode, RunRow, SessionRow, StoreError,
@@ -124,6 +127,50 @@ fn parties_of(flow: &Value) -> Option<Parties> {
     })
 }
 
+/// The agent's argv and stdin for a run, from its `request`: `jsonl` agents get the request line;
+/// CLI adapters get their command template filled and the prompt rendered from the same request
+/// (Claude Code also an MCP config file, removed when the returned guard drops).
+fn agent_input(
+    spec: &RunnerSpec,
+    run: &RunRow,
+    session_id: &str,
+    request: Value,
+    env: &[(String, String)],
+    exe: &str,
+) -> Result<(Vec<String>, Input, Option<McpConfigFile>), String> {
+    let resume = request.pointer("/resume/externalSessionId").and_then(Value::as_str).map(String::from);
+    // sessionMode "always" on a fresh session: the CLI is handed a new id of our choosing.
+    let external = resume.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let workdir = spec.workdir.display().to_string();
+    let vars = [
+        ("sessionKey", run.session_key.as_str()),
+        ("sessionId", session_id),
+        ("runId", &run.run_id),
+        ("model", run.model.as_deref().unwrap_or("")),
+        ("thinking", run.thinking.as_deref().unwrap_or("")),
+        ("workdir", &workdir),
+        ("externalSessionId", if spec.cli.is_some() { &external } else { resume.as_deref().unwrap_or("") }),
+    ];
+    let Some(cli) = &spec.cli else { return Ok((spec.argv(&vars), Input::Request(request), None)) };
+    let mcp_config = (spec.kind == RunnerKind::ClaudeStreamJson)
+        .then(|| McpConfigFile::write(&spec.workdir.join(".tmp"), &run.run_id, exe, env))
+        .transpose()
+        .map_err(|e| format!("cannot write the MCP config file for Claude Code: {e}"))?;
+    let extra = mcp_config.iter().flat_map(|f| ["--mcp-config".to_string(), f.path().display().to_string()]).collect();
+    let history = request["messages"].as_array().filter(|_| resume.is_none()).map_or(&[][..], Vec::as_slice);
+    let turn = CliTurn {
+        resuming: resume.is_some(),
+        model: run.model.as_deref(),
+        thinking: run.thinking.as_deref(),
+        system: request["system"].as_str(),
+        history,
+        input: &request["input"],
+        extra,
+    };
+    let invocation = cli.invocation(&spec.args, &vars, turn);
+    Ok((invocation.args, Input::Prompt(invocation.stdin), mcp_config))
+}
+
 /// Executes one claimed run and commits its outcome.
 pub async fn run_turn(
     rt: &Arc<Runtime>,
@@ -144,6 +191,7 @@ pub async fn run_turn(
             model: None,
             error: Some(error),
             exit_status: None,
+            external_session_id: None,
         };
         store.finish_run(&run.run_id, &f)?;
         Ok(TurnResult { status: "error".into(), reply: None, silent: false })
@@ -178,6 +226,7 @@ pub async fn run_turn(
     }
     let history = store.context_before(session.id, input_seq, 2000)?;
     let messages = context::fit_context(&history, spec.context_budget_bytes);
+    let resume = spec.resume(session.external_session_id.as_deref(), session.aborted_last_run == Some(true));
     let token = format!("smcp_run_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
     store.insert_run_token(
         &sha256_hex(&token),
@@ -198,19 +247,16 @@ pub async fn run_turn(
         session_id: &session.session_id,
         system: system_for(rt, run),
         messages,
+        resume,
         workdir: &workdir,
         socket: &socket,
         timeout_ms: spec.timeout.as_millis() as u64,
     });
-    let argv = spec.argv(&[
-        ("sessionKey", run.session_key.as_str()),
-        ("sessionId", &session.session_id),
-        ("runId", &run.run_id),
-        ("model", run.model.as_deref().unwrap_or("")),
-        ("thinking", run.thinking.as_deref().unwrap_or("")),
-        ("workdir", &workdir),
-        ("externalSessionId", ""),
-    ]);
+    let exe = if sandboxed { sandbox::BIN_INSIDE.to_string() } else { rt.runner.exe.display().to_string() };
+    let (argv, input, _mcp_config) = match agent_input(&spec, run, &session.session_id, request, &env, &exe) {
+        Ok(parts) => parts,
+        Err(e) => return fail(e),
+    };
     let store_for_spawn = store.clone();
     let run_id = run.run_id.clone();
     let on_spawn = move |pid: i32| {
@@ -227,11 +273,12 @@ pub async fn run_turn(
             exe: rt.runner.exe.clone(),
         };
         let (program, args) = jail.argv(&spec.command, &argv, &env);
-        Launch { program, args, env, workdir: spec.workdir.clone(), uid_gid: None }
+        Launch { run_id: run.run_id.clone(), program, args, env, workdir: spec.workdir.clone(), uid_gid: None }
     } else {
-        Launch { program: spec.command.clone(), args: argv, env, workdir: spec.workdir.clone(), uid_gid: None }
+        let workdir = spec.workdir.clone();
+        Launch { run_id: run.run_id.clone(), program: spec.command.clone(), args: argv, env, workdir, uid_gid: None }
     };
-    let outcome = rt.runner.execute(&spec, &launch, &request, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
+    let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
     let status = match outcome.status {
         RunStatus::Cancelled if rt.shutting_down() => "interrupted".to_string(),
         s => s.as_str().to_string(),
@@ -262,6 +309,7 @@ pub async fn run_turn(
         model: outcome.model,
         error,
         exit_status: outcome.exit_status,
+        external_session_id: outcome.external_session_id,
     };
     store.finish_run(&run.run_id, &finished)?;
     Ok(TurnResult { status, reply: outcome.reply, silent })

@@ -1,12 +1,16 @@
-//! The runner: one agent turn as a supervised subprocess speaking `jsonl/1`
-//! (RUNNER-PROTOCOL.md). [`Runner::execute`] starts `sessions-mcp supervise -- <agent>`, writes the
-//! request line, reads events under the line, byte, idle and run-time limits, forwards
-//! `text_delta`s, handles cancellation (cancel line, grace, then the supervisor's group kill) and
-//! returns an [`Outcome`]: the status, the reply, the messages to persist, usage and errors.
+//! The runner: one agent turn as a supervised subprocess (RUNNER-PROTOCOL.md).
+//! [`Runner::execute`] starts `sessions-mcp supervise -- <agent>`, writes its [`Input`] (a `jsonl/1`
+//! request line, or a CLI's prompt), reads stdout through the agent kind's [`adapters`] decoder as
+//! `jsonl/1` events under the line, byte, idle and run-time limits, forwards `text_delta`s, handles
+//! cancellation (cancel line or signal, grace, then the supervisor's group kill) and returns an
+//! [`Outcome`]: the status, the reply, the messages to persist, usage and errors.
 //! It never touches the store: the runtime persists the outcome.
 
+pub mod adapters;
+pub mod mcp_config;
 pub mod sandbox;
 mod spec;
+pub mod template;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -20,6 +24,8 @@ use tokio_util::sync::CancellationToken;
 use crate::store::NewMessage;
 
 pub use spec::{RunnerSpec, resolve_runner};
+
+use adapters::Decoder;
 
 /// How a run ended (the run row's status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +124,7 @@ impl Transcript {
         match e.get("type").and_then(Value::as_str) {
             Some("tool_call") => {
                 let mut args = e.get("arguments").cloned().unwrap_or(json!({}));
-                if s("name") == "sessions_spawn" {
+                if is_spawn_tool(&s("name")) {
                     omit_attachment_content(&mut args);
                 }
                 let block = json!({"type": "toolCall", "id": s("id"), "name": s("name"), "arguments": args});
@@ -150,6 +156,11 @@ impl Transcript {
     }
 }
 
+/// Our spawn tool by its bare name, or as a CLI names MCP tools (Claude Code: `mcp__<server>__<tool>`).
+fn is_spawn_tool(name: &str) -> bool {
+    name == "sessions_spawn" || name.ends_with("__sessions_spawn")
+}
+
 /// `sessions_spawn` call arguments never keep attachment content in a transcript.
 fn omit_attachment_content(args: &mut Value) {
     if let Some(list) = args.get_mut("attachments").and_then(Value::as_array_mut) {
@@ -164,12 +175,22 @@ fn omit_attachment_content(args: &mut Value) {
 /// What to start for a run: the agent itself, or bwrap around it.
 #[derive(Debug, Clone)]
 pub struct Launch {
+    pub run_id: String,
     pub program: String,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub workdir: std::path::PathBuf,
     /// Run the agent as this uid/gid (sandboxed runs of a root server).
     pub uid_gid: Option<(u32, u32)>,
+}
+
+/// What the agent reads on stdin.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// `jsonl/1`: one request line; stdin stays open for control lines (`cancel`).
+    Request(Value),
+    /// CLI adapters: the rendered prompt, then EOF; cancellation is by signal only.
+    Prompt(String),
 }
 
 /// Callbacks during a run: the supervisor's pid once started, and streamed text.
@@ -185,22 +206,180 @@ pub struct Runner {
     pub exe: std::path::PathBuf,
 }
 
+/// What the events of a run add up to while it is read.
+struct Collected {
+    transcript: Transcript,
+    usage: Option<Value>,
+    model: Option<String>,
+    external_session_id: Option<String>,
+    final_event: Option<Value>,
+    error_event: Option<Value>,
+}
+
+impl Collected {
+    fn new(run_id: &str) -> Self {
+        Collected {
+            transcript: Transcript { run_id: run_id.to_string(), ..Default::default() },
+            usage: None,
+            model: None,
+            external_session_id: None,
+            final_event: None,
+            error_event: None,
+        }
+    }
+
+    /// Takes the events of one line in order; true once `final` came (the rest is ignored).
+    fn take(&mut self, events: Vec<Value>, on_delta: &(dyn Fn(&str) + Send + Sync)) -> bool {
+        for event in events {
+            let s = |k: &str| event.get(k).and_then(Value::as_str).map(String::from);
+            match event.get("type").and_then(Value::as_str) {
+                Some("start") => {
+                    self.model = s("model").filter(|m| !m.is_empty()).or(self.model.take());
+                    self.external_session_id = s("externalSessionId").or(self.external_session_id.take());
+                }
+                Some("text_delta") => on_delta(event.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("usage") => self.usage = Some(event),
+                Some("error") => self.error_event = Some(event),
+                Some("final") => {
+                    self.external_session_id = s("externalSessionId").or(self.external_session_id.take());
+                    self.final_event = Some(event);
+                    return true;
+                }
+                _ => self.transcript.event(&event),
+            }
+        }
+        false
+    }
+
+    fn outcome(
+        mut self,
+        stop: Option<Stop>,
+        spec: &RunnerSpec,
+        exit_status: Option<i32>,
+        stderr_tail: String,
+    ) -> Outcome {
+        self.transcript.close();
+        let field =
+            |k: &str| self.final_event.as_ref().and_then(|f| f.get(k)).and_then(Value::as_str).map(String::from);
+        let (final_text, stop_reason) = (field("text"), field("stopReason"));
+        if !self.transcript.saw_message && final_text.as_deref().is_some_and(|t| !t.is_empty()) {
+            self.transcript.push("assistant", Value::String(final_text.clone().unwrap_or_default()), Map::new());
+        }
+        let reply = final_text.filter(|t| !t.is_empty()).or(self.transcript.last_assistant_text.clone());
+        let (status, error) = match stop {
+            Some(Stop::Cancelled) => (RunStatus::Cancelled, Some("cancelled".to_string())),
+            Some(Stop::Timeout) => (RunStatus::Timeout, Some(format!("timed out after {}s", spec.timeout.as_secs()))),
+            Some(Stop::Idle) => (
+                RunStatus::Error,
+                Some(format!("idle timeout: no output for {}s", spec.idle_timeout.map_or(0, |d| d.as_secs()))),
+            ),
+            Some(Stop::Protocol(e)) => (RunStatus::Error, Some(e)),
+            None if self.final_event.is_some() && exit_status == Some(0) => (RunStatus::Ok, None),
+            None => (
+                RunStatus::Error,
+                Some(failure_text(self.error_event.as_ref(), self.final_event.is_some(), exit_status, &stderr_tail)),
+            ),
+        };
+        Outcome {
+            status,
+            reply,
+            messages: self.transcript.messages,
+            usage: self.usage,
+            model: self.model,
+            stop_reason,
+            external_session_id: self.external_session_id,
+            error,
+            exit_status,
+            stderr_tail,
+        }
+    }
+}
+
 impl Runner {
     pub fn new() -> std::io::Result<Self> {
         Ok(Runner { exe: std::env::current_exe()? })
     }
 
     /// Executes one turn: `launch` says what to start (the agent, or bwrap around it); `spec`
-    /// gives the limits; `cancel` ends the run early.
+    /// gives the limits and the kind of agent; `cancel` ends the run early.
     pub async fn execute(
         &self,
         spec: &RunnerSpec,
         launch: &Launch,
-        request: &Value,
+        input: &Input,
         cancel: CancellationToken,
         hooks: &Hooks<'_>,
     ) -> Outcome {
-        let run_id = request.get("runId").and_then(Value::as_str).unwrap_or("").to_string();
+        let mut child = match self.supervised(spec, launch).spawn() {
+            Ok(c) => c,
+            Err(e) => return Outcome::failed(format!("cannot start the supervisor: {e}")),
+        };
+        let pid = child.id().map(|p| p as i32);
+        if let Some(p) = pid {
+            (hooks.on_spawn)(p);
+        }
+        let mut stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr_task = tokio::spawn(read_tail(child.stderr.take().expect("piped stderr")));
+        let bytes = match input {
+            Input::Request(request) => request.to_string() + "\n",
+            Input::Prompt(prompt) => prompt.clone(),
+        };
+        if let Some(pipe) = stdin.as_mut() {
+            let _ = pipe.write_all(bytes.as_bytes()).await;
+            let _ = pipe.flush().await;
+        }
+        if matches!(input, Input::Prompt(_)) {
+            // The CLI reads its prompt up to EOF.
+            stdin = None;
+        }
+
+        let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(spec.max_line_bytes));
+        let mut decoder = adapters::decoder(spec.kind);
+        let mut collected = Collected::new(&launch.run_id);
+        let stop = read_events(spec, &mut lines, decoder.as_mut(), &mut collected, &cancel, hooks).await;
+        if matches!(stop, Some(Stop::Cancelled | Stop::Timeout)) {
+            match stdin.as_mut() {
+                Some(pipe) => {
+                    let _ = pipe.write_all(b"{\"type\":\"cancel\",\"reason\":\"timeout\"}\n").await;
+                    let _ = pipe.flush().await;
+                }
+                None => terminate(pid),
+            }
+            // A final with stopReason "cancelled" within the grace is kept as the partial result.
+            let grace = tokio::time::sleep(spec.cancel_grace);
+            tokio::pin!(grace);
+            loop {
+                tokio::select! {
+                    _ = &mut grace => break,
+                    next = lines.next() => match next {
+                        Some(Ok(t)) => {
+                            let events = decoder.line(&t).unwrap_or_default();
+                            if collected.take(events, hooks.on_delta) {
+                                break;
+                            }
+                        }
+                        _ => break,
+                    },
+                }
+            }
+        }
+        drop(stdin);
+        let wait = if collected.final_event.is_some() { EXIT_AFTER_FINAL } else { spec.cancel_grace };
+        let exit = if stop.is_none()
+            && let Ok(Ok(status)) = tokio::time::timeout(wait, child.wait()).await
+        {
+            Some(status)
+        } else {
+            terminate(pid);
+            child.wait().await.ok()
+        };
+        let stderr_tail = stderr_task.await.unwrap_or_default();
+        collected.outcome(stop, spec, exit.and_then(|s| s.code()), stderr_tail)
+    }
+
+    /// `sessions-mcp supervise [--uid U --gid G] -- <program> <args>` with the run's environment.
+    fn supervised(&self, spec: &RunnerSpec, launch: &Launch) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.arg("supervise")
             .arg("--deadline-ms")
@@ -218,170 +397,63 @@ impl Runner {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => return Outcome::failed(format!("cannot start the supervisor: {e}")),
-        };
-        let pid = child.id().map(|p| p as i32);
-        if let Some(p) = pid {
-            (hooks.on_spawn)(p);
-        }
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let stderr_task = tokio::spawn(read_tail(stderr));
-        let line = request.to_string() + "\n";
-        let _ = stdin.write_all(line.as_bytes()).await;
-        let _ = stdin.flush().await;
+        cmd
+    }
+}
 
-        let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(spec.max_line_bytes));
-        let mut transcript = Transcript { run_id: run_id.clone(), ..Default::default() };
-        let (mut usage, mut model, mut final_event, mut error_event) = (None, None, None::<Value>, None::<Value>);
-        let mut external_session_id = None;
-        let mut total_bytes = 0usize;
-        let deadline = tokio::time::Instant::now() + spec.timeout;
-        let mut line_no = 0usize;
-        let stop: Option<Stop> = loop {
-            let idle = async {
-                match spec.idle_timeout {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let next = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break Some(Stop::Cancelled),
-                _ = tokio::time::sleep_until(deadline) => break Some(Stop::Timeout),
-                _ = idle => break Some(Stop::Idle),
-                next = lines.next() => next,
-            };
-            let text = match next {
-                None => break None,
-                Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                    break Some(Stop::Protocol(format!(
-                        "protocol: line {} is longer than maxLineBytes ({})",
-                        line_no + 1,
-                        spec.max_line_bytes
-                    )));
-                }
-                Some(Err(e)) => break Some(Stop::Protocol(format!("protocol: reading stdout: {e}"))),
-                Some(Ok(t)) => t,
-            };
-            line_no += 1;
-            total_bytes += text.len() + 1;
-            if total_bytes > spec.max_stdout_bytes {
-                break Some(Stop::Protocol(format!(
-                    "protocol: stdout exceeded maxStdoutBytes ({})",
-                    spec.max_stdout_bytes
+/// Reads stdout until `final`, EOF (then the decoder's end events) or a stop condition.
+async fn read_events(
+    spec: &RunnerSpec,
+    lines: &mut FramedRead<tokio::process::ChildStdout, LinesCodec>,
+    decoder: &mut dyn Decoder,
+    collected: &mut Collected,
+    cancel: &CancellationToken,
+    hooks: &Hooks<'_>,
+) -> Option<Stop> {
+    let deadline = tokio::time::Instant::now() + spec.timeout;
+    let (mut line_no, mut total_bytes) = (0usize, 0usize);
+    loop {
+        let idle = async {
+            match spec.idle_timeout {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let next = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Some(Stop::Cancelled),
+            _ = tokio::time::sleep_until(deadline) => return Some(Stop::Timeout),
+            _ = idle => return Some(Stop::Idle),
+            next = lines.next() => next,
+        };
+        let text = match next {
+            None => {
+                collected.take(decoder.end(), hooks.on_delta);
+                return None;
+            }
+            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                return Some(Stop::Protocol(format!(
+                    "protocol: line {} is longer than maxLineBytes ({})",
+                    line_no + 1,
+                    spec.max_line_bytes
                 )));
             }
-            if text.trim().is_empty() {
-                continue;
-            }
-            let Ok(event) = serde_json::from_str::<Value>(&text) else {
-                break Some(Stop::Protocol(format!("protocol: line {line_no} is not JSON")));
-            };
-            match event.get("type").and_then(Value::as_str) {
-                Some("start") => {
-                    model = event.get("model").and_then(Value::as_str).map(String::from).or(model);
-                    external_session_id = event.get("externalSessionId").and_then(Value::as_str).map(String::from);
-                }
-                Some("text_delta") => (hooks.on_delta)(event.get("text").and_then(Value::as_str).unwrap_or("")),
-                Some("usage") => usage = Some(event.clone()),
-                Some("error") => error_event = Some(event.clone()),
-                Some("final") => {
-                    final_event = Some(event);
-                    break None;
-                }
-                _ => transcript.event(&event),
-            }
+            Some(Err(e)) => return Some(Stop::Protocol(format!("protocol: reading stdout: {e}"))),
+            Some(Ok(t)) => t,
         };
-        // Stop reading: after `final`, at EOF, or on a stop condition.
-        let cancelled = matches!(stop, Some(Stop::Cancelled | Stop::Timeout));
-        if cancelled {
-            let _ = stdin.write_all(b"{\"type\":\"cancel\",\"reason\":\"timeout\"}\n").await;
-            let _ = stdin.flush().await;
-            // A final with stopReason "cancelled" within the grace is kept as the partial result.
-            let grace = tokio::time::sleep(spec.cancel_grace);
-            tokio::pin!(grace);
-            loop {
-                tokio::select! {
-                    _ = &mut grace => break,
-                    next = lines.next() => match next {
-                        Some(Ok(t)) => {
-                            if let Ok(e) = serde_json::from_str::<Value>(&t) {
-                                if e.get("type").and_then(Value::as_str) == Some("final") {
-                                    final_event = Some(e);
-                                    break;
-                                }
-                                transcript.event(&e);
-                            }
-                        }
-                        _ => break,
-                    },
-                }
-            }
+        line_no += 1;
+        total_bytes += text.len() + 1;
+        if total_bytes > spec.max_stdout_bytes {
+            return Some(Stop::Protocol(format!(
+                "protocol: stdout exceeded maxStdoutBytes ({})",
+                spec.max_stdout_bytes
+            )));
         }
-        drop(stdin);
-        let exit = match &stop {
-            None => {
-                match tokio::time::timeout(
-                    if final_event.is_some() { EXIT_AFTER_FINAL } else { spec.cancel_grace },
-                    child.wait(),
-                )
-                .await
-                {
-                    Ok(Ok(status)) => Some(status),
-                    _ => {
-                        terminate(pid);
-                        child.wait().await.ok()
-                    }
-                }
-            }
-            Some(_) => {
-                terminate(pid);
-                child.wait().await.ok()
-            }
+        let Ok(events) = decoder.line(&text) else {
+            return Some(Stop::Protocol(format!("protocol: line {line_no} is not JSON")));
         };
-        let stderr_tail = stderr_task.await.unwrap_or_default();
-        let exit_status = exit.and_then(|s| s.code());
-        transcript.close();
-        let final_text = final_event.as_ref().and_then(|f| f.get("text")).and_then(Value::as_str).map(String::from);
-        if !transcript.saw_message && final_text.as_deref().is_some_and(|t| !t.is_empty()) {
-            transcript.push("assistant", Value::String(final_text.clone().unwrap_or_default()), Map::new());
-        }
-        let reply = final_text.filter(|t| !t.is_empty()).or(transcript.last_assistant_text.clone());
-        let stop_reason =
-            final_event.as_ref().and_then(|f| f.get("stopReason")).and_then(Value::as_str).map(String::from);
-        if let Some(f) = &final_event {
-            external_session_id =
-                f.get("externalSessionId").and_then(Value::as_str).map(String::from).or(external_session_id);
-        }
-        let (status, error) = match stop {
-            Some(Stop::Cancelled) => (RunStatus::Cancelled, Some("cancelled".to_string())),
-            Some(Stop::Timeout) => (RunStatus::Timeout, Some(format!("timed out after {}s", spec.timeout.as_secs()))),
-            Some(Stop::Idle) => (
-                RunStatus::Error,
-                Some(format!("idle timeout: no output for {}s", spec.idle_timeout.map_or(0, |d| d.as_secs()))),
-            ),
-            Some(Stop::Protocol(e)) => (RunStatus::Error, Some(e)),
-            None if final_event.is_some() && exit_status == Some(0) => (RunStatus::Ok, None),
-            None => (
-                RunStatus::Error,
-                Some(failure_text(error_event.as_ref(), final_event.is_some(), exit_status, &stderr_tail)),
-            ),
-        };
-        Outcome {
-            status,
-            reply,
-            messages: transcript.messages,
-            usage,
-            model,
-            stop_reason,
-            external_session_id,
-            error,
-            exit_status,
-            stderr_tail,
+        if collected.take(events, hooks.on_delta) {
+            return None;
         }
     }
 }

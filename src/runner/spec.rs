@@ -3,12 +3,22 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{Config, HomeMode, RunnerKind, SandboxNetwork, WorkspaceAccess, defaults};
+use super::template::{CliTemplate, Thinking};
+use crate::config::{
+    Config, ContextMode, HomeMode, PromptInput, RunnerConfig, RunnerKind, SandboxNetwork, SessionMode,
+    SystemPromptWhen, WorkspaceAccess, defaults,
+};
 use crate::keys::AgentId;
 
 /// Everything needed to start one agent's runs.
 #[derive(Debug, Clone)]
 pub struct RunnerSpec {
+    /// How stdout is read (RUNNER-PROTOCOL "Adapters").
+    pub kind: RunnerKind,
+    /// The command template of CLI adapters; None for `jsonl`.
+    pub cli: Option<CliTemplate>,
+    /// Whether a stored external session id is resumed (`runner.context`).
+    pub context: ContextMode,
     pub command: String,
     pub args: Vec<String>,
     pub workdir: PathBuf,
@@ -40,18 +50,23 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         (None, "main") => (exe.display().to_string(), vec!["agent".to_string()]),
         (None, id) => return Err(format!("agent \"{id}\" has no runner configured (agents.list[].runner)")),
     };
-    if let Some(kind) = r.kind.filter(|k| *k != RunnerKind::Jsonl) {
-        return Err(format!(
-            "agent \"{agent}\": runner kind {kind:?} is not available in this version; use kind \"jsonl\""
-        ));
-    }
+    let kind = r.kind.unwrap_or(RunnerKind::Jsonl);
+    let cli = (kind != RunnerKind::Jsonl)
+        .then(|| cli_template(&r))
+        .transpose()
+        .map_err(|e| format!("agent \"{agent}\": {e}"))?;
     let workspace = config
         .agent(agent)
         .and_then(|a| a.workspace.as_deref())
         .map(expand_home)
         .unwrap_or_else(|| state_dir.join("workspaces").join(agent.as_str()));
-    let idle = r.idle_timeout_seconds.unwrap_or(defaults::RUNNER_IDLE_TIMEOUT_SECONDS_JSONL);
+    // CLIs are silent while a long tool runs: no idle timeout unless configured.
+    let idle_default = if cli.is_some() { 0 } else { defaults::RUNNER_IDLE_TIMEOUT_SECONDS_JSONL };
+    let idle = r.idle_timeout_seconds.unwrap_or(idle_default);
     Ok(RunnerSpec {
+        kind,
+        cli,
+        context: r.context.unwrap_or(ContextMode::Auto),
         command,
         args,
         workdir: workspace,
@@ -76,55 +91,57 @@ fn expand_home(p: &str) -> PathBuf {
     }
 }
 
+/// The command template of a CLI adapter, checked for settings that exclude each other.
+fn cli_template(r: &RunnerConfig) -> Result<CliTemplate, String> {
+    let session_args = match (&r.session_arg, &r.session_args) {
+        (Some(_), Some(_)) => return Err("set runner.sessionArg or runner.sessionArgs, not both".into()),
+        (Some(flag), None) => vec![flag.clone(), "{externalSessionId}".into()],
+        (None, list) => list.clone().unwrap_or_default(),
+    };
+    let thinking = match (&r.thinking_args, &r.thinking_map) {
+        (Some(_), Some(_)) => return Err("set runner.thinkingArgs or runner.thinkingMap, not both".into()),
+        (Some(args), None) => Thinking::Args(args.clone()),
+        (None, Some(map)) => Thinking::Map(map.clone()),
+        (None, None) => Thinking::Ignored,
+    };
+    Ok(CliTemplate {
+        resume_args: r.resume_args.clone(),
+        session_args,
+        session_mode: r.session_mode.unwrap_or(SessionMode::Existing),
+        system_prompt_arg: r.system_prompt_arg.clone(),
+        system_prompt_when: r.system_prompt_when.unwrap_or(SystemPromptWhen::First),
+        model_arg: r.model_arg.clone(),
+        model_aliases: r.model_aliases.clone().unwrap_or_default(),
+        thinking,
+        input: r.input.unwrap_or(PromptInput::Stdin),
+        max_prompt_arg_chars: r.max_prompt_arg_chars.unwrap_or(defaults::RUNNER_MAX_PROMPT_ARG_CHARS) as usize,
+    })
+}
+
 impl RunnerSpec {
-    /// Substitutes `{name}` placeholders inside argv elements; an element whose placeholders all
-    /// resolve to empty is dropped.
+    /// `args` with the placeholders substituted (jsonl agents; CLI adapters use [`CliTemplate`]).
     pub fn argv(&self, vars: &[(&str, &str)]) -> Vec<String> {
-        self.args
-            .iter()
-            .filter_map(|arg| {
-                let mut out = arg.clone();
-                let mut had = false;
-                let mut empty = true;
-                for (name, value) in vars {
-                    let ph = format!("{{{name}}}");
-                    if out.contains(&ph) {
-                        had = true;
-                        empty &= value.is_empty();
-                        out = out.replace(&ph, value);
-                    }
-                }
-                (!had || !empty).then_some(out)
-            })
-            .collect()
+        super::template::substitute(&self.args, vars)
+    }
+
+    /// The stored external session id this run resumes, if any: never with `context: "replay"` or
+    /// `sessionMode: "none"`; with `auto` only after a run that succeeded (a failed or aborted
+    /// run may have left the CLI's own store disagreeing with ours; the runtime also clears the
+    /// id then).
+    pub fn resume<'a>(&self, stored: Option<&'a str>, last_run_failed: bool) -> Option<&'a str> {
+        let sessions = self.cli.as_ref().is_none_or(|c| c.session_mode != SessionMode::None);
+        let allowed = match self.context {
+            ContextMode::Replay => false,
+            ContextMode::Native => true,
+            ContextMode::Auto => !last_run_failed,
+        };
+        stored.filter(|id| sessions && allowed && !id.is_empty())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn placeholders_substitute_and_empty_ones_drop() {
-        let spec = RunnerSpec {
-            command: "x".into(),
-            args: vec!["--model={model}".into(), "{sessionKey}".into(), "plain".into()],
-            workdir: PathBuf::new(),
-            timeout: Duration::ZERO,
-            idle_timeout: None,
-            cancel_grace: Duration::ZERO,
-            max_stdout_bytes: 0,
-            max_line_bytes: 0,
-            max_concurrent: 1,
-            context_budget_bytes: 0,
-            passthrough: vec![],
-            home_inherit: false,
-            network_host: false,
-            workspace_rw: false,
-        };
-        assert_eq!(spec.argv(&[("model", ""), ("sessionKey", "agent:main:main")]), ["agent:main:main", "plain"]);
-        assert_eq!(spec.argv(&[("model", "m1"), ("sessionKey", "k")]), ["--model=m1", "k", "plain"]);
-    }
 
     #[test]
     fn main_defaults_to_the_echo_agent_and_others_need_a_runner() {
@@ -134,5 +151,46 @@ mod tests {
         assert_eq!(s.workdir, Path::new("/state/workspaces/main"));
         let ops = AgentId::parse("ops").unwrap();
         assert!(resolve_runner(&c, &ops, Path::new("/s"), Path::new("/b")).unwrap_err().contains("no runner"));
+    }
+
+    fn agent_with(runner: &str) -> RunnerSpec {
+        let (c, _) =
+            crate::config::parse(&format!("{{ agents: {{ list: [ {{ id: 'cli', runner: {runner} }} ] }} }}")).unwrap();
+        resolve_runner(&c, &AgentId::parse("cli").unwrap(), Path::new("/s"), Path::new("/b")).unwrap()
+    }
+
+    #[test]
+    fn cli_adapters_get_a_template_and_no_idle_timeout_by_default() {
+        let claude = agent_with("{ kind: 'claude-stream-json', command: 'claude', sessionArg: '--resume' }");
+        assert_eq!(claude.kind, RunnerKind::ClaudeStreamJson);
+        assert_eq!(claude.idle_timeout, None);
+        assert_eq!(claude.cli.unwrap().session_args, ["--resume", "{externalSessionId}"]);
+        let jsonl = agent_with("{ command: 'agent' }");
+        assert!(jsonl.cli.is_none());
+        assert_eq!(jsonl.idle_timeout, Some(Duration::from_secs(defaults::RUNNER_IDLE_TIMEOUT_SECONDS_JSONL)));
+    }
+
+    #[test]
+    fn settings_that_exclude_each_other_are_refused_by_name() {
+        let (c, _) = crate::config::parse(
+            "{ agents: { list: [ { id: 'x', runner: { kind: 'text', command: 'llm', sessionArg: '-c', sessionArgs: ['--cid'] } } ] } }",
+        )
+        .unwrap();
+        let err = resolve_runner(&c, &AgentId::parse("x").unwrap(), Path::new("/s"), Path::new("/b")).unwrap_err();
+        assert!(err.contains("runner.sessionArg or runner.sessionArgs"), "{err}");
+    }
+
+    #[test]
+    fn a_stored_id_is_resumed_unless_replay_none_or_auto_after_a_failure() {
+        let auto = agent_with("{ kind: 'codex-exec-json', command: 'codex' }");
+        assert_eq!(auto.resume(Some("t1"), false), Some("t1"));
+        assert_eq!(auto.resume(Some("t1"), true), None);
+        assert_eq!(auto.resume(None, false), None);
+        let native = agent_with("{ kind: 'codex-exec-json', command: 'codex', context: 'native' }");
+        assert_eq!(native.resume(Some("t1"), true), Some("t1"));
+        let replay = agent_with("{ kind: 'codex-exec-json', command: 'codex', context: 'replay' }");
+        assert_eq!(replay.resume(Some("t1"), false), None);
+        let none = agent_with("{ kind: 'text', command: 'llm', sessionMode: 'none' }");
+        assert_eq!(none.resume(Some("t1"), false), None);
     }
 }

@@ -170,6 +170,9 @@ pub struct Finished {
     pub model: Option<String>,
     pub error: Option<String>,
     pub exit_status: Option<i32>,
+    /// The agent's own session id; kept on the session only when the run succeeded (after a
+    /// failed or aborted run the next one replays the transcript).
+    pub external_session_id: Option<String>,
 }
 
 /// Queues a run, once: a flow step that is taken again after a crash derives the same run id
@@ -305,9 +308,19 @@ impl Store {
             tx.execute(
                 "UPDATE sessions SET tokens_in = tokens_in + ?2, tokens_out = tokens_out + ?3,
                      tokens_total = tokens_total + ?2 + ?3, cost = CASE WHEN ?4 IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END,
-                     model = coalesce(?5, model), aborted_last_run = ?6, updated_at = max(updated_at, ?7)
+                     model = coalesce(?5, model), aborted_last_run = ?6, updated_at = max(updated_at, ?7),
+                     external_session_id = ?8
                  WHERE id = ?1",
-                params![session, tin, tout, f.cost, f.model, f.status != "ok", now],
+                params![
+                    session,
+                    tin,
+                    tout,
+                    f.cost,
+                    f.model,
+                    f.status != "ok",
+                    now,
+                    f.external_session_id.as_deref().filter(|_| f.status == "ok")
+                ],
             )?;
             // The run's token stays valid 30 s after the run ends.
             tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'", params![run_id, now + 30_000])?;

@@ -60,6 +60,8 @@ pub struct SessionRow {
     pub tokens_out: i64,
     pub tokens_total: i64,
     pub cost: Option<f64>,
+    /// The agent CLI's own session id, resumed by the next run (RUNNER-PROTOCOL `context`).
+    pub external_session_id: Option<String>,
     pub transcript_path: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
@@ -74,7 +76,7 @@ const COLUMNS: &str = "id, key, session_id, agent_id, kind, state, driver, chat_
     last_to, last_account_id, delivery_context, label, display_name, spawned_by, spawn_depth, subagent_role, \
     sandboxed, send_policy, model, thinking_level, verbose_level, context_tokens, system_sent, \
     aborted_last_run, tokens_in, tokens_out, tokens_total, cost, transcript_path, created_at, updated_at, \
-    archived_at, deleted_at, spawn_run, announced_at";
+    archived_at, deleted_at, spawn_run, announced_at, external_session_id";
 
 /// The column list `SessionRow::from_row` reads.
 pub(super) fn session_columns() -> &'static str {
@@ -124,6 +126,7 @@ impl SessionRow {
             deleted_at: r.get(34)?,
             spawn_run: r.get(35)?,
             announced_at: r.get(36)?,
+            external_session_id: r.get(37)?,
         })
     }
 }

@@ -1,0 +1,163 @@
+//! `claude-stream-json`: Claude Code's `-p --output-format stream-json --verbose` NDJSON
+//! (notes/runner.md §1.1, §2.3). `system/init` → `start` (its `session_id` is the id to resume);
+//! `stream_event` text deltas (with `--include-partial-messages`) → `text_delta`; `assistant` text
+//! blocks → `message`, `tool_use` blocks → `tool_call`; `user` `tool_result` blocks →
+//! `tool_result`; `result` → `usage` plus `final`, or `error` when `is_error` (an API error or an
+//! interrupted turn: Claude Code exits 0 after SIGINT, so the error is what makes such a run fail).
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::event::{self, Usage};
+use super::{Decoder, NotJson, parse, text_of};
+
+/// Remembers tool names by id: Claude's `tool_result` blocks carry only the id.
+#[derive(Default)]
+pub struct Claude {
+    tools: HashMap<String, String>,
+}
+
+impl Decoder for Claude {
+    fn line(&mut self, line: &str) -> Result<Vec<Value>, NotJson> {
+        let Some(v) = parse(line)? else { return Ok(Vec::new()) };
+        // Lines of a sub-agent (the Task tool) carry its parent's tool id: they are that agent's
+        // own turns; the parent sees its result as the Task tool's result.
+        if v.get("parent_tool_use_id").is_some_and(Value::is_string) {
+            return Ok(Vec::new());
+        }
+        Ok(match (text_of(&v, "type"), text_of(&v, "subtype")) {
+            ("system", "init") => vec![event::start(Some(text_of(&v, "model")), Some(text_of(&v, "session_id")))],
+            ("stream_event", _) => text_delta(&v).into_iter().collect(),
+            ("assistant", _) => self.assistant(&v),
+            ("user", _) => self.tool_results(&v),
+            ("result", _) => result(&v),
+            _ => Vec::new(),
+        })
+    }
+}
+
+fn blocks(v: &Value) -> &[Value] {
+    v.pointer("/message/content").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+fn text_delta(v: &Value) -> Option<Value> {
+    let delta =
+        v.pointer("/event/delta").filter(|_| v.pointer("/event/type") == Some(&"content_block_delta".into()))?;
+    (text_of(delta, "type") == "text_delta").then(|| event::text_delta(text_of(delta, "text")))
+}
+
+impl Claude {
+    /// One assistant message: its text as one `message`, then its tool calls in order.
+    fn assistant(&mut self, v: &Value) -> Vec<Value> {
+        let blocks = blocks(v);
+        let text: Vec<&str> =
+            blocks.iter().filter(|b| text_of(b, "type") == "text").map(|b| text_of(b, "text")).collect();
+        let mut out: Vec<Value> = (!text.is_empty()).then(|| event::message(&text.join("\n"))).into_iter().collect();
+        for b in blocks.iter().filter(|b| text_of(b, "type") == "tool_use") {
+            let (id, name) = (text_of(b, "id"), text_of(b, "name"));
+            self.tools.insert(id.to_string(), name.to_string());
+            out.push(event::tool_call(id, name, b.get("input").cloned().unwrap_or_default()));
+        }
+        out
+    }
+
+    fn tool_results(&self, v: &Value) -> Vec<Value> {
+        blocks(v)
+            .iter()
+            .filter(|b| text_of(b, "type") == "tool_result")
+            .map(|b| {
+                let id = text_of(b, "tool_use_id");
+                let name = self.tools.get(id).map_or("", String::as_str);
+                let is_error = b.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+                event::tool_result(id, name, b.get("content").cloned().unwrap_or_default(), is_error)
+            })
+            .collect()
+    }
+}
+
+/// The run's summary: cumulative usage and cost, then the final reply or the error.
+fn result(v: &Value) -> Vec<Value> {
+    let n = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_i64).unwrap_or(0);
+    let usage = event::usage(Usage {
+        input: n("input_tokens"),
+        output: n("output_tokens"),
+        cache_read: n("cache_read_input_tokens"),
+        cache_write: n("cache_creation_input_tokens"),
+        cost_usd: v.get("total_cost_usd").and_then(Value::as_f64),
+    });
+    let session = v.get("session_id").and_then(Value::as_str);
+    let last = if v.get("is_error").and_then(Value::as_bool).unwrap_or(false) {
+        let code = v.get("api_error_type").and_then(Value::as_str).unwrap_or(text_of(v, "subtype"));
+        let message = match v.get("result").and_then(Value::as_str) {
+            Some(r) => r.to_string(),
+            None => {
+                format!("Claude Code ended the turn with {} ({})", text_of(v, "subtype"), text_of(v, "terminal_reason"))
+            }
+        };
+        event::error(code, &message)
+    } else {
+        let stop = v.get("stop_reason").and_then(Value::as_str).unwrap_or("end_turn");
+        event::final_(text_of(v, "result"), stop, session)
+    };
+    vec![usage, last]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{decode_fixture, of_type};
+    use crate::config::RunnerKind::ClaudeStreamJson;
+
+    const SESSION: &str = "8a56f4b5-3d3c-4d3b-856e-abebb7877338";
+
+    #[test]
+    fn a_normal_turn_streams_deltas_and_ends_with_usage_cost_and_the_session_id() {
+        let events = decode_fixture(ClaudeStreamJson, "claude-normal.jsonl");
+        let start = of_type(&events, "start");
+        assert_eq!(
+            (start[0]["model"].as_str(), start[0]["externalSessionId"].as_str()),
+            (Some("claude-sonnet-4-5"), Some(SESSION))
+        );
+        let deltas: String = of_type(&events, "text_delta").iter().map(|e| e["text"].as_str().unwrap()).collect();
+        assert_eq!(deltas, "Hello from the fake API (1 messages)");
+        assert_eq!(of_type(&events, "message")[0]["content"], "Hello from the fake API (1 messages)");
+        let usage = of_type(&events, "usage")[0];
+        assert_eq!((usage["inputTokens"].as_i64(), usage["outputTokens"].as_i64()), (Some(10), Some(6)));
+        assert!(usage["costUsd"].as_f64().unwrap() > 0.0);
+        let last = events.last().unwrap();
+        assert_eq!((last["type"].as_str(), last["stopReason"].as_str()), (Some("final"), Some("end_turn")));
+        assert_eq!(last["text"], "Hello from the fake API (1 messages)");
+        assert_eq!(last["externalSessionId"], SESSION);
+    }
+
+    #[test]
+    fn tool_use_and_tool_result_blocks_become_tool_events_with_the_tool_name() {
+        let events = decode_fixture(ClaudeStreamJson, "claude-tools.jsonl");
+        let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["start", "tool_call", "tool_result", "message", "usage", "final"]);
+        assert_eq!(events[1]["name"], "Bash");
+        assert_eq!(events[1]["arguments"]["command"], "echo tool-ran");
+        assert_eq!((events[2]["id"].clone(), events[2]["name"].clone()), (events[1]["id"].clone(), "Bash".into()));
+        assert_eq!((events[2]["content"].as_str(), events[2]["isError"].as_bool()), (Some("tool-ran"), Some(false)));
+        assert_eq!(events[5]["text"], "done: tool-ran");
+    }
+
+    #[test]
+    fn an_api_error_is_an_error_event_and_no_final() {
+        let events = decode_fixture(ClaudeStreamJson, "claude-error.jsonl");
+        assert!(of_type(&events, "final").is_empty());
+        let error = events.last().unwrap();
+        assert_eq!((error["type"].as_str(), error["code"].as_str()), (Some("error"), Some("invalid_request_error")));
+        assert_eq!(error["message"], "API Error: 400 fake: this request is refused");
+    }
+
+    #[test]
+    fn an_interrupted_turn_keeps_its_partial_text_and_reports_an_error() {
+        let events = decode_fixture(ClaudeStreamJson, "claude-cancelled.jsonl");
+        assert_eq!(of_type(&events, "message")[0]["content"], "Working");
+        assert!(of_type(&events, "final").is_empty());
+        let error = events.last().unwrap();
+        assert_eq!(error["code"], "error_during_execution");
+        assert!(error["message"].as_str().unwrap().contains("aborted_streaming"), "{error}");
+    }
+}

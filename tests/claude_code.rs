@@ -1,0 +1,182 @@
+//! The real Claude Code CLI as a `claude-stream-json` agent, offline: a fake Anthropic Messages API
+//! on loopback (below) answers it. One session, three sends: a plain reply; a second turn that
+//! resumes the CLI's own session (`--resume <stored session_id>`, so the API sees the earlier
+//! turns); and a turn in which Claude calls our `sessions_list` through the generated
+//! `--mcp-config` file (`sessions-mcp connect` with the run token) and answers with its result.
+//!
+//! The CLI is `SESSIONS_MCP_CLAUDE`, else `claude` on PATH (`.ci/run --extended` installs npm
+//! `@anthropic-ai/claude-code`). Without it the test prints why and passes — except in CI's
+//! extended tier (`CI` and `SESSIONS_MCP_EXTENDED` set), where it fails.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+
+use common::{TestEnv, agents_config, text_of};
+use serde_json::{Value, json};
+
+const KEY: &str = "agent:claude:main";
+
+fn claude_cli() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("SESSIONS_MCP_CLAUDE") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join("claude")).find(|p| p.is_file())
+}
+
+/// A fake Anthropic Messages API: streams one deterministic message per request, from the last
+/// user turn: a tool result → "done: <its text>"; text with LIST → a `sessions_list` call through
+/// MCP; the announce step → ANNOUNCE_SKIP; anything else → "Hello from the fake API (<n> messages)".
+fn fake_api() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || answer(stream));
+        }
+    });
+    port
+}
+
+fn answer(stream: TcpStream) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    let request: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let mut out = stream;
+    let _ = out.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n");
+    let _ = out.write_all(reply_events(&request).as_bytes());
+}
+
+fn reply_events(request: &Value) -> String {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let last = messages.iter().rev().find(|m| m["role"] == "user").map(|m| m["content"].clone()).unwrap_or_default();
+    let blocks = match last {
+        Value::String(s) => vec![json!({"type": "text", "text": s})],
+        Value::Array(b) => b,
+        _ => vec![],
+    };
+    let result = blocks.iter().find(|b| b["type"] == "tool_result");
+    let text = blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(" ");
+    let (block, stop) = if let Some(r) = result {
+        let output = match &r["content"] {
+            Value::String(s) => s.clone(),
+            other => text_of(other),
+        };
+        let output = output.split("<system-reminder>").next().unwrap_or("").trim().to_string();
+        (json!({"type": "text", "text": format!("done: {output}")}), "end_turn")
+    } else if text.contains("Agent-to-agent announce step") {
+        (json!({"type": "text", "text": "ANNOUNCE_SKIP"}), "end_turn")
+    } else if text.contains("LIST") {
+        (
+            json!({"type": "tool_use", "id": "toolu_list", "name": "mcp__sessions__sessions_list", "input": {}}),
+            "tool_use",
+        )
+    } else {
+        (json!({"type": "text", "text": format!("Hello from the fake API ({} messages)", messages.len())}), "end_turn")
+    };
+    let (start, delta) = match block["type"].as_str() {
+        Some("text") => (json!({"type": "text", "text": ""}), json!({"type": "text_delta", "text": block["text"]})),
+        _ => (
+            json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}),
+            json!({"type": "input_json_delta", "partial_json": block["input"].to_string()}),
+        ),
+    };
+    let events = [
+        json!({"type": "message_start", "message": {"id": format!("msg_{}", messages.len()), "type": "message",
+            "role": "assistant", "model": "claude-sonnet-4-5", "content": [], "stop_reason": null,
+            "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": start}),
+        json!({"type": "content_block_delta", "index": 0, "delta": delta}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 6}}),
+        json!({"type": "message_stop"}),
+    ];
+    events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect()
+}
+
+#[test]
+fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
+    let Some(claude) = claude_cli() else {
+        let reason = "the Claude Code CLI is not installed (set SESSIONS_MCP_CLAUDE or put claude on PATH)";
+        assert!(std::env::var_os("CI").is_none() || std::env::var_os("SESSIONS_MCP_EXTENDED").is_none(), "{reason}");
+        eprintln!("skipped: {reason}");
+        return;
+    };
+    let port = fake_api();
+    let mut env = TestEnv::new();
+    let passthrough = [
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+        "DISABLE_AUTOUPDATER",
+        "DISABLE_TELEMETRY",
+    ];
+    let runner = json!({
+        "kind": "claude-stream-json",
+        "command": claude,
+        // Only our MCP tools, allowed without a prompt (never the permission bypass).
+        "args": ["-p", "--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5",
+                 "--tools", "", "--strict-mcp-config", "--allowedTools", "mcp__sessions"],
+        "sessionArgs": ["--resume", "{externalSessionId}"],
+        "systemPromptArg": "--append-system-prompt",
+        "env": {"passthrough": passthrough},
+        "timeoutSeconds": 120,
+    });
+    env.set_config(&agents_config(vec![json!({"id": "main"}), json!({"id": "claude", "runner": runner})], json!({})));
+    env.seed(json!({"sessions": [{"key": KEY}]}));
+    let base = format!("http://127.0.0.1:{port}");
+    let vars = [
+        ("ANTHROPIC_BASE_URL", base.as_str()),
+        ("ANTHROPIC_API_KEY", "sk-fake"),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ("DISABLE_AUTOUPDATER", "1"),
+        ("DISABLE_TELEMETRY", "1"),
+    ];
+    let mut c = env.serve_with(None, &vars);
+    let mut send = |message: &str| {
+        let r = c.call("sessions_send", json!({"sessionKey": KEY, "message": message, "timeoutSeconds": 120}));
+        assert_eq!(r["status"], "ok", "{message}: {r}");
+        r["reply"].as_str().unwrap_or_default().to_string()
+    };
+
+    assert_eq!(send("Say hello"), "Hello from the fake API (1 messages)");
+    // Resumed natively: the CLI sends the earlier turns (and the announce step's) upstream again.
+    let second = send("Again");
+    let seen: usize = second
+        .strip_prefix("Hello from the fake API (")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{second}"));
+    assert!(seen >= 3, "the second turn resumed the first: {second}");
+    let third = send("LIST the sessions");
+    assert!(third.starts_with("done: ") && third.contains(KEY), "sessions_list answered through MCP: {third}");
+
+    let show = env.show(KEY);
+    let messages = show["messages"].as_array().unwrap();
+    let call = messages
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["type"] == "toolCall");
+    assert_eq!(call.expect("a toolCall block")["name"], "mcp__sessions__sessions_list");
+    let result = messages.iter().find(|m| m["role"] == "toolResult").expect("a toolResult message");
+    assert!(text_of(&result["content"]).contains("\"status\""), "{result}");
+    let cost = messages.iter().filter_map(|m| m["usage"]["costUsd"].as_f64()).next();
+    assert!(cost.is_some_and(|c| c > 0.0), "Claude Code's cost on the reply: {messages:?}");
+}
