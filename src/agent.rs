@@ -6,7 +6,8 @@
 //! Script: `{"rules": [{"match": {...}, ...actions}], "default": {...actions}}`. The first rule
 //! whose `match` fits the request wins. Match keys (all optional): `mode`, `input` (substring),
 //! `inputRegex`, `session` (exact key), `sessionPrefix`, `turn` (1-based count of user messages
-//! including this one). Actions: `reply` (text; `{input}` is replaced), `messages` (assistant
+//! including this one). Actions: `reply` (text; `{input}` is replaced, and `{1}`…`{9}` by the
+//! capture groups of the rule's `inputRegex`), `messages` (assistant
 //! texts emitted as `message` events before the final), `toolCalls` (`[{name, arguments, result}]`
 //! emitted as `tool_call` + `tool_result`), `usage`, `sleepMs`, `deltas` (emit the reply as
 //! `text_delta`s), `error` (`{code, message}`), `exitCode`, `ignoreCancel`, `noFinal`,
@@ -140,12 +141,54 @@ impl Script {
     }
 
     fn actions_for(&self, req: &Value, input: &str) -> Actions {
-        self.rules
-            .iter()
-            .find(|r| r.when.fits(req, input))
+        self.rule_for(req, input)
             .map(|r| r.actions.clone())
             .or_else(|| self.default.clone())
             .unwrap_or_else(|| Actions { reply: Some("ECHO: {input}".into()), ..Default::default() })
+    }
+
+    fn rule_for(&self, req: &Value, input: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.when.fits(req, input))
+    }
+
+    /// What `{input}` and `{1}`…`{9}` stand for in this turn's reply and call arguments.
+    fn fill_for(&self, req: &Value, input: &str) -> Fill {
+        let groups =
+            self.rule_for(req, input)
+                .and_then(|r| r.when.input_regex.as_deref())
+                .and_then(|re| {
+                    regex::Regex::new(re).ok()?.captures(input).map(|c| {
+                        c.iter().skip(1).map(|g| g.map_or(String::new(), |g| g.as_str().to_string())).collect()
+                    })
+                })
+                .unwrap_or_default();
+        Fill { input: input.to_string(), groups }
+    }
+}
+
+/// The placeholders of a turn: `{input}` and the capture groups `{1}`…`{9}`.
+struct Fill {
+    input: String,
+    groups: Vec<String>,
+}
+
+impl Fill {
+    fn apply(&self, text: &str) -> String {
+        let mut out = text.replace("{input}", &self.input);
+        for (i, g) in self.groups.iter().enumerate().take(9) {
+            out = out.replace(&format!("{{{}}}", i + 1), g);
+        }
+        out
+    }
+
+    /// The placeholders inside the string values of call arguments.
+    fn apply_value(&self, v: &Value) -> Value {
+        match v {
+            Value::String(s) => Value::String(self.apply(s)),
+            Value::Array(a) => Value::Array(a.iter().map(|x| self.apply_value(x)).collect()),
+            Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), self.apply_value(x))).collect()),
+            other => other.clone(),
+        }
     }
 }
 
@@ -178,6 +221,7 @@ pub fn run(script: Option<&Path>) -> ExitCode {
     };
     let input = strip_marker(&content_text(req.get("input").and_then(|i| i.get("content")).unwrap_or(&Value::Null)));
     let a = script.actions_for(&req, &input);
+    let fill = script.fill_for(&req, &input);
     let cancelled = watch_for_cancel(a.ignore_cancel);
     let mut out = std::io::stdout().lock();
     emit(&mut out, json!({"type": "start", "model": req.get("model")}));
@@ -215,7 +259,7 @@ pub fn run(script: Option<&Path>) -> ExitCode {
     }
     let mut call_result = Value::Null;
     if let Some(call) = &a.call {
-        let arguments = substitute(&call.arguments, &input);
+        let arguments = fill.apply_value(&call.arguments);
         emit(&mut out, json!({"type": "tool_call", "id": "callback", "name": call.tool, "arguments": arguments}));
         let (result, is_error) = match call_back(&call.tool, &arguments) {
             Ok(r) => {
@@ -233,8 +277,7 @@ pub fn run(script: Option<&Path>) -> ExitCode {
     for m in &a.messages {
         emit(&mut out, json!({"type": "message", "role": "assistant", "content": m}));
     }
-    let reply =
-        a.reply.as_deref().unwrap_or("").replace("{input}", &input).replace("{result}", &call_result.to_string());
+    let reply = fill.apply(a.reply.as_deref().unwrap_or("")).replace("{result}", &call_result.to_string());
     if a.deltas {
         for chunk in reply.as_bytes().chunks(8) {
             emit(&mut out, json!({"type": "text_delta", "text": String::from_utf8_lossy(chunk)}));
@@ -254,16 +297,6 @@ pub fn run(script: Option<&Path>) -> ExitCode {
         emit(&mut out, json!({"type": "final", "text": reply, "stopReason": "end_turn"}));
     }
     ExitCode::from(a.exit_code.unwrap_or(if a.error.is_some() { 1 } else { 0 }))
-}
-
-/// `{input}` inside the string values of call arguments.
-fn substitute(v: &Value, input: &str) -> Value {
-    match v {
-        Value::String(s) => Value::String(s.replace("{input}", input)),
-        Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, input)).collect()),
-        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), substitute(x, input))).collect()),
-        other => other.clone(),
-    }
 }
 
 /// Calls a session tool through the owner's socket with this run's token.
@@ -311,6 +344,17 @@ mod tests {
         assert_eq!(s.actions_for(&req, "other").reply.as_deref(), Some("ECHO: {input}"));
         let req = json!({"mode": "reply", "messages": [{"role": "user", "content": "a"}]});
         assert_eq!(s.actions_for(&req, "x").reply.as_deref(), Some("second"));
+    }
+
+    #[test]
+    fn capture_groups_of_the_matching_rule_fill_reply_and_call_arguments() {
+        let s = script(r#"{"rules": [{"match": {"inputRegex": "^relay (\\S+) (\\d+)$"}, "reply": "sent {2}"}]}"#);
+        let req = json!({"mode": "send", "messages": []});
+        let fill = s.fill_for(&req, "relay agent:b:main 42");
+        assert_eq!(fill.apply("sent {2} to {1} ({input})"), "sent 42 to agent:b:main (relay agent:b:main 42)");
+        let args = fill.apply_value(&json!({"sessionKey": "{1}", "message": ["n={2}"], "timeoutSeconds": 0}));
+        assert_eq!(args, json!({"sessionKey": "agent:b:main", "message": ["n=42"], "timeoutSeconds": 0}));
+        assert_eq!(s.fill_for(&req, "no match").apply("{1}|{input}"), "{1}|no match");
     }
 
     #[test]
