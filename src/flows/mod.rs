@@ -3,6 +3,9 @@
 //! inbox, the reply-back ping-pong between driven sessions, the announce step and its delivery to
 //! the target's channel. Steps are queued runs: nothing blocks inside a run, and late replies get
 //! the same steps as prompt ones (**Fix**). Every cross-session effect is a ledger row.
+//!
+//! The steps of a run are recorded as taken (`take_steps`) and are idempotent, so an owner that dies
+//! between recording a run's end and taking its steps loses nothing: the next owner `catch_up`s.
 
 pub mod attachments;
 pub mod context;
