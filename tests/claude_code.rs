@@ -3,6 +3,9 @@
 //! resumes the CLI's own session (`--resume <stored session_id>`, so the API sees the earlier
 //! turns); and a turn in which Claude calls our `sessions_list` through the generated
 //! `--mcp-config` file (`sessions-mcp connect` with the run token) and answers with its result.
+//! Then Claude Code as a spawned sub-agent: its reply, usage and cost land in the child session and
+//! the announce reaches the requester; and a child allowed `sessions_list`
+//! (`tools.subagents.tools.allow`) lists its own tree through this server.
 //!
 //! The CLI is `SESSIONS_MCP_CLAUDE`, else `claude` on PATH (`.ci/run --extended` installs npm
 //! `@anthropic-ai/claude-code`). Without it the test prints why and passes — except in CI's
@@ -81,7 +84,7 @@ fn reply_events(request: &Value) -> String {
         };
         let output = output.split("<system-reminder>").next().unwrap_or("").trim().to_string();
         (json!({"type": "text", "text": format!("done: {output}")}), "end_turn")
-    } else if text.contains("Agent-to-agent announce step") {
+    } else if text.contains("Agent-to-agent announce step") || text.contains("Reply exactly ANNOUNCE_SKIP") {
         (json!({"type": "text", "text": "ANNOUNCE_SKIP"}), "end_turn")
     } else if text.contains("LIST") {
         (
@@ -111,14 +114,20 @@ fn reply_events(request: &Value) -> String {
     events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect()
 }
 
-#[test]
-fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
-    let Some(claude) = claude_cli() else {
+/// The CLI, or None after saying why the test is skipped (a failure in CI's extended tier).
+fn cli_or_skip() -> Option<PathBuf> {
+    let cli = claude_cli();
+    if cli.is_none() {
         let reason = "the Claude Code CLI is not installed (set SESSIONS_MCP_CLAUDE or put claude on PATH)";
         assert!(std::env::var_os("CI").is_none() || std::env::var_os("SESSIONS_MCP_EXTENDED").is_none(), "{reason}");
         eprintln!("skipped: {reason}");
-        return;
-    };
+    }
+    cli
+}
+
+/// An env with agents `main` (the caller, may spawn `claude` children) and `claude` (the real CLI
+/// against a fake API), plus `extra` config keys; and the variables `serve` needs for the CLI.
+fn claude_env(claude: &PathBuf, extra: Value) -> (TestEnv, Vec<(&'static str, String)>) {
     let port = fake_api();
     let mut env = TestEnv::new();
     let passthrough = [
@@ -139,17 +148,83 @@ fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
         "env": {"passthrough": passthrough},
         "timeoutSeconds": 120,
     });
-    env.set_config(&agents_config(vec![json!({"id": "main"}), json!({"id": "claude", "runner": runner})], json!({})));
+    let main = json!({"id": "main", "subagents": {"allowAgents": ["claude"]}});
+    env.set_config(&agents_config(vec![main, json!({"id": "claude", "runner": runner})], extra));
     env.seed(json!({"sessions": [{"key": KEY}]}));
-    let base = format!("http://127.0.0.1:{port}");
-    let vars = [
-        ("ANTHROPIC_BASE_URL", base.as_str()),
-        ("ANTHROPIC_API_KEY", "sk-fake"),
-        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
-        ("DISABLE_AUTOUPDATER", "1"),
-        ("DISABLE_TELEMETRY", "1"),
+    let vars = vec![
+        ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}")),
+        ("ANTHROPIC_API_KEY", "sk-fake".to_string()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
+        ("DISABLE_AUTOUPDATER", "1".to_string()),
+        ("DISABLE_TELEMETRY", "1".to_string()),
     ];
-    let mut c = env.serve_with(None, &vars);
+    (env, vars)
+}
+
+fn serve(env: &TestEnv, vars: &[(&'static str, String)]) -> common::Client {
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.serve_with(None, &vars)
+}
+
+/// Spawns a `claude` child with `task` and waits for its announce in `main`'s inbox.
+fn spawn_and_wait(c: &mut common::Client, task: &str) -> (String, String) {
+    let r = c.call("sessions_spawn", json!({"task": task, "agentId": "claude"}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    let after = r["inbox"]["afterSeq"].as_i64().unwrap();
+    let announce = common::wait_until(std::time::Duration::from_secs(150), "the announce", || {
+        let h = c.call("sessions_history", json!({"sessionKey": "main", "afterSeq": after}));
+        h["messages"].as_array().unwrap().iter().map(|m| text_of(&m["content"])).find(|t| t.starts_with("Status:"))
+    });
+    (child, announce)
+}
+
+#[test]
+fn claude_code_as_a_spawned_child_replies_with_usage_and_cost_and_is_announced() {
+    let Some(claude) = cli_or_skip() else { return };
+    let (env, vars) = claude_env(&claude, json!({}));
+    let mut c = serve(&env, &vars);
+    let (child, announce) = spawn_and_wait(&mut c, "Say hello");
+    assert!(announce.starts_with("Status: completed successfully"), "{announce}");
+    assert!(announce.contains("Result: Hello from the fake API"), "{announce}");
+    let show = env.show(&child);
+    let reply = show["messages"].as_array().unwrap().iter().find(|m| m["role"] == "assistant").cloned().unwrap();
+    assert!(text_of(&reply["content"]).starts_with("Hello from the fake API"), "{reply}");
+    assert!(reply["usage"]["outputTokens"].as_i64().is_some_and(|n| n > 0), "usage: {reply}");
+    assert!(reply["usage"]["costUsd"].as_f64().is_some_and(|c| c > 0.0), "cost: {reply}");
+    assert!(show["session"]["totalTokens"].as_i64().is_some_and(|n| n > 0), "{show}");
+}
+
+#[test]
+fn a_claude_child_allowed_sessions_list_lists_its_own_tree_through_this_server() {
+    let Some(claude) = cli_or_skip() else { return };
+    // visibility `tree` (the default): a child sees itself and its own children
+    let allow = json!({"tools": {"subagents": {"tools": {"allow": ["sessions_list"]}}}});
+    let (env, vars) = claude_env(&claude, allow);
+    let mut c = serve(&env, &vars);
+    let (child, announce) = spawn_and_wait(&mut c, "LIST the sessions");
+    assert!(announce.starts_with("Status: completed successfully"), "{announce}");
+    // its tree is itself alone: not main, not agent:claude:main
+    let listed: Value = serde_json::from_str(
+        announce.split("Result: done: ").nth(1).and_then(|r| r.lines().next()).expect("the listing in the Result"),
+    )
+    .expect("the Result is the sessions_list answer");
+    assert_eq!(common::keys_of(&listed), vec![child.clone()], "{announce}");
+    let show = env.show(&child);
+    let call = show["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["type"] == "toolCall");
+    assert_eq!(call.expect("a toolCall block")["name"], "mcp__sessions__sessions_list");
+}
+
+#[test]
+fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
+    let Some(claude) = cli_or_skip() else { return };
+    let (env, vars) = claude_env(&claude, json!({}));
+    let mut c = serve(&env, &vars);
     let mut send = |message: &str| {
         let r = c.call("sessions_send", json!({"sessionKey": KEY, "message": message, "timeoutSeconds": 120}));
         assert_eq!(r["status"], "ok", "{message}: {r}");
