@@ -2,6 +2,8 @@
 //! worlds with `dev seed`, fingerprint the store, validate results against the checked-in schemas.
 #![allow(dead_code)]
 
+pub mod inproc;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
