@@ -161,6 +161,107 @@ fn omit_attachment_content(args: &mut Value) {
     }
 }
 
+/// Reads an agent's `jsonl/1` stdout, one line at a time, into the transcript and the parts of the
+/// result. No I/O: [`Runner::execute`] feeds it the lines it reads, and the fuzz target feeds it
+/// arbitrary ones.
+pub struct EventReader {
+    transcript: Transcript,
+    usage: Option<Value>,
+    model: Option<String>,
+    final_event: Option<Value>,
+    error_event: Option<Value>,
+    external_session_id: Option<String>,
+}
+
+/// What the events of one run amount to once reading stopped.
+#[derive(Debug)]
+pub struct Read {
+    /// `final.text` if non-empty, else the last assistant message text.
+    pub reply: Option<String>,
+    pub messages: Vec<NewMessage>,
+    pub usage: Option<Value>,
+    pub model: Option<String>,
+    pub stop_reason: Option<String>,
+    pub external_session_id: Option<String>,
+    pub final_event: Option<Value>,
+    pub error_event: Option<Value>,
+}
+
+impl EventReader {
+    pub fn new(run_id: &str) -> Self {
+        EventReader {
+            transcript: Transcript { run_id: run_id.to_string(), ..Default::default() },
+            usage: None,
+            model: None,
+            final_event: None,
+            error_event: None,
+            external_session_id: None,
+        }
+    }
+
+    /// Line `line_no` (1-based) of stdout. `Ok(true)` once `final` arrived (stop reading);
+    /// `Err` is the protocol failure that fails the run.
+    pub fn line(&mut self, line_no: usize, text: &str, on_delta: &dyn Fn(&str)) -> Result<bool, String> {
+        if text.trim().is_empty() {
+            return Ok(false);
+        }
+        let Ok(event) = serde_json::from_str::<Value>(text) else {
+            return Err(format!("protocol: line {line_no} is not JSON"));
+        };
+        match event.get("type").and_then(Value::as_str) {
+            Some("start") => {
+                self.model = event.get("model").and_then(Value::as_str).map(String::from).or(self.model.take());
+                self.external_session_id = event.get("externalSessionId").and_then(Value::as_str).map(String::from);
+            }
+            Some("text_delta") => on_delta(event.get("text").and_then(Value::as_str).unwrap_or("")),
+            Some("usage") => self.usage = Some(event),
+            Some("error") => self.error_event = Some(event),
+            Some("final") => {
+                self.final_event = Some(event);
+                return Ok(true);
+            }
+            _ => self.transcript.event(&event),
+        }
+        Ok(false)
+    }
+
+    /// A line read during the cancel grace: only a `final` (true: stop) or transcript events count.
+    fn late_line(&mut self, text: &str) -> bool {
+        let Ok(e) = serde_json::from_str::<Value>(text) else { return false };
+        if e.get("type").and_then(Value::as_str) == Some("final") {
+            self.final_event = Some(e);
+            return true;
+        }
+        self.transcript.event(&e);
+        false
+    }
+
+    /// Closes the transcript and picks the reply.
+    pub fn finish(mut self) -> Read {
+        let t = &mut self.transcript;
+        t.close();
+        let final_text =
+            self.final_event.as_ref().and_then(|f| f.get("text")).and_then(Value::as_str).map(String::from);
+        if !t.saw_message && final_text.as_deref().is_some_and(|t| !t.is_empty()) {
+            t.push("assistant", Value::String(final_text.clone().unwrap_or_default()), Map::new());
+        }
+        let reply = final_text.filter(|t| !t.is_empty()).or(t.last_assistant_text.clone());
+        let stop_reason =
+            self.final_event.as_ref().and_then(|f| f.get("stopReason")).and_then(Value::as_str).map(String::from);
+        let final_session = self.final_event.as_ref().and_then(|f| f.get("externalSessionId")).and_then(Value::as_str);
+        Read {
+            reply,
+            messages: std::mem::take(&mut t.messages),
+            usage: self.usage,
+            model: self.model,
+            stop_reason,
+            external_session_id: final_session.map(String::from).or(self.external_session_id),
+            final_event: self.final_event,
+            error_event: self.error_event,
+        }
+    }
+}
+
 /// What to start for a run: the agent itself, or bwrap around it.
 #[derive(Debug, Clone)]
 pub struct Launch {
@@ -235,9 +336,7 @@ impl Runner {
         let _ = stdin.flush().await;
 
         let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(spec.max_line_bytes));
-        let mut transcript = Transcript { run_id: run_id.clone(), ..Default::default() };
-        let (mut usage, mut model, mut final_event, mut error_event) = (None, None, None::<Value>, None::<Value>);
-        let mut external_session_id = None;
+        let mut events = EventReader::new(&run_id);
         let mut total_bytes = 0usize;
         let deadline = tokio::time::Instant::now() + spec.timeout;
         let mut line_no = 0usize;
@@ -275,25 +374,10 @@ impl Runner {
                     spec.max_stdout_bytes
                 )));
             }
-            if text.trim().is_empty() {
-                continue;
-            }
-            let Ok(event) = serde_json::from_str::<Value>(&text) else {
-                break Some(Stop::Protocol(format!("protocol: line {line_no} is not JSON")));
-            };
-            match event.get("type").and_then(Value::as_str) {
-                Some("start") => {
-                    model = event.get("model").and_then(Value::as_str).map(String::from).or(model);
-                    external_session_id = event.get("externalSessionId").and_then(Value::as_str).map(String::from);
-                }
-                Some("text_delta") => (hooks.on_delta)(event.get("text").and_then(Value::as_str).unwrap_or("")),
-                Some("usage") => usage = Some(event.clone()),
-                Some("error") => error_event = Some(event.clone()),
-                Some("final") => {
-                    final_event = Some(event);
-                    break None;
-                }
-                _ => transcript.event(&event),
+            match events.line(line_no, &text, hooks.on_delta) {
+                Ok(false) => {}
+                Ok(true) => break None,
+                Err(e) => break Some(Stop::Protocol(e)),
             }
         };
         // Stop reading: after `final`, at EOF, or on a stop condition.
@@ -309,12 +393,8 @@ impl Runner {
                     _ = &mut grace => break,
                     next = lines.next() => match next {
                         Some(Ok(t)) => {
-                            if let Ok(e) = serde_json::from_str::<Value>(&t) {
-                                if e.get("type").and_then(Value::as_str) == Some("final") {
-                                    final_event = Some(e);
-                                    break;
-                                }
-                                transcript.event(&e);
+                            if events.late_line(&t) {
+                                break;
                             }
                         }
                         _ => break,
@@ -326,7 +406,7 @@ impl Runner {
         let exit = match &stop {
             None => {
                 match tokio::time::timeout(
-                    if final_event.is_some() { EXIT_AFTER_FINAL } else { spec.cancel_grace },
+                    if events.final_event.is_some() { EXIT_AFTER_FINAL } else { spec.cancel_grace },
                     child.wait(),
                 )
                 .await
@@ -345,18 +425,7 @@ impl Runner {
         };
         let stderr_tail = stderr_task.await.unwrap_or_default();
         let exit_status = exit.and_then(|s| s.code());
-        transcript.close();
-        let final_text = final_event.as_ref().and_then(|f| f.get("text")).and_then(Value::as_str).map(String::from);
-        if !transcript.saw_message && final_text.as_deref().is_some_and(|t| !t.is_empty()) {
-            transcript.push("assistant", Value::String(final_text.clone().unwrap_or_default()), Map::new());
-        }
-        let reply = final_text.filter(|t| !t.is_empty()).or(transcript.last_assistant_text.clone());
-        let stop_reason =
-            final_event.as_ref().and_then(|f| f.get("stopReason")).and_then(Value::as_str).map(String::from);
-        if let Some(f) = &final_event {
-            external_session_id =
-                f.get("externalSessionId").and_then(Value::as_str).map(String::from).or(external_session_id);
-        }
+        let read = events.finish();
         let (status, error) = match stop {
             Some(Stop::Cancelled) => (RunStatus::Cancelled, Some("cancelled".to_string())),
             Some(Stop::Timeout) => (RunStatus::Timeout, Some(format!("timed out after {}s", spec.timeout.as_secs()))),
@@ -365,20 +434,20 @@ impl Runner {
                 Some(format!("idle timeout: no output for {}s", spec.idle_timeout.map_or(0, |d| d.as_secs()))),
             ),
             Some(Stop::Protocol(e)) => (RunStatus::Error, Some(e)),
-            None if final_event.is_some() && exit_status == Some(0) => (RunStatus::Ok, None),
+            None if read.final_event.is_some() && exit_status == Some(0) => (RunStatus::Ok, None),
             None => (
                 RunStatus::Error,
-                Some(failure_text(error_event.as_ref(), final_event.is_some(), exit_status, &stderr_tail)),
+                Some(failure_text(read.error_event.as_ref(), read.final_event.is_some(), exit_status, &stderr_tail)),
             ),
         };
         Outcome {
             status,
-            reply,
-            messages: transcript.messages,
-            usage,
-            model,
-            stop_reason,
-            external_session_id,
+            reply: read.reply,
+            messages: read.messages,
+            usage: read.usage,
+            model: read.model,
+            stop_reason: read.stop_reason,
+            external_session_id: read.external_session_id,
             error,
             exit_status,
             stderr_tail,
