@@ -371,6 +371,11 @@ fn battery(models: &[Model], caller: &Caller) -> Vec<(&'static str, Value)> {
     names.extend(["agent:main:discord:group:ghost", "agent:ops:main", "agent:dev:cron:j9"].map(String::from));
     let mut out = vec![("sessions_list", json!({"limit": 200, "includeArchived": true})), ("agents_list", json!({}))];
     out.push(("sessions_history", json!({"sessionKey": "main"})));
+    // Without a runtime a spawn stops before it creates anything; it must still leave no trace
+    // of another session's idempotency key.
+    for m in models.iter().filter(|m| m.idem) {
+        out.push(("sessions_spawn", json!({"task": "t", "idempotencyKey": format!("idem-{}", m.key)})));
+    }
     for key in &names {
         let bare = key.splitn(3, ':').nth(2).unwrap_or(key);
         out.push(("sessions_history", json!({"sessionKey": key, "includeRuns": true})));
