@@ -599,6 +599,8 @@ fn run_share(cases: u32) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
     let config = RunnerConfig {
         cases,
+        // A failing case is saved next to this file (visibility_props.regressions) and replayed first.
+        source_file: Some(file!()),
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
         ..RunnerConfig::default()
     };
