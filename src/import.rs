@@ -8,7 +8,7 @@
 //! id is not present yet, so importing the same store twice changes nothing. Every file or entry
 //! that is not imported gets a report line saying why.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
@@ -75,8 +75,10 @@ pub fn import(dir: &Path, store: &Store, config: &Config) -> Result<Report, Stor
     for agent_dir in agent_dirs {
         read_agent(&agent_dir, config, &mut pending, &mut report);
     }
-    // Parents before children, so the spawn tree links as rows arrive.
-    pending.sort_by_key(|p| (p.session.spawn_depth, p.session.key.clone()));
+    // Parents before children, so the spawn tree links as rows arrive. The depth comes from the
+    // lineage itself: a reference entry's `spawnDepth` may be missing or wrong.
+    let depths = lineage_depths(&pending);
+    pending.sort_by_cached_key(|p| (depths.get(&p.session.key).copied().unwrap_or(0), p.session.key.clone()));
     report.sessions_seen = pending.len();
     let progress = std::io::stderr().is_terminal() && pending.len() > BATCH;
     let total = pending.len();
@@ -98,6 +100,22 @@ pub fn import(dir: &Path, store: &Store, config: &Config) -> Result<Report, Stor
         eprintln!();
     }
     Ok(report)
+}
+
+/// Each pending session's depth in the lineage among the pending ones (0 for a root, or for a
+/// session whose parent is not imported now). A cycle in `spawnedBy` stops the count.
+fn lineage_depths(pending: &[Pending]) -> HashMap<SessionKey, usize> {
+    let parent: HashMap<&SessionKey, &SessionKey> =
+        pending.iter().filter_map(|p| p.session.spawned_by.as_ref().map(|by| (&p.session.key, by))).collect();
+    let depth = |key: &SessionKey| {
+        let (mut n, mut cur) = (0, key);
+        while let Some(up) = parent.get(cur).filter(|_| n < pending.len()) {
+            n += 1;
+            cur = up;
+        }
+        n
+    };
+    pending.iter().map(|p| (p.session.key.clone(), depth(&p.session.key))).collect()
 }
 
 fn read_agent(agent_dir: &Path, config: &Config, pending: &mut Vec<Pending>, report: &mut Report) {

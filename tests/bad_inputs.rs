@@ -800,3 +800,36 @@ fn bad_as_keys_make_serve_exit_2_naming_the_key() {
         assert_eq!(env.fingerprint(), before, "--as {key:?} created nothing");
     }
 }
+
+/// Inputs that the reference's bug reports and peers' issues point at (notes/reference-openclaw.md
+/// §9, notes/peers.md §4): a caller trying to set provenance or a requester itself (impersonation,
+/// peers §4.4), a resource URI or a cron run key where a session key goes, a model name that
+/// would be an option in argv, and a wait longer than any allowed.
+#[test]
+fn inputs_from_reference_bugs_and_peer_issues_are_refused() {
+    let cases: Vec<Case> = vec![
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "message": "hi", "provenance": {"kind": "external_user"}}),
+            "invalid",
+            &["provenance", "sessionKey", "message"],
+        ),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "message": "hi", "sourceSessionKey": "agent:main:main"}),
+            "invalid",
+            &["sourceSessionKey", "sessionKey"],
+        ),
+        ("sessions_spawn", json!({"task": "x", "requester": "agent:ops:main"}), "invalid", &["requester", "task"]),
+        ("sessions_history", json!({"sessionKey": "sessions://history/main"}), "invalid", &["sessionKey"]),
+        ("sessions_spawn", json!({"task": "x", "model": "--dangerously-skip"}), "invalid", &["model", "'-'"]),
+        (
+            "sessions_send",
+            json!({"sessionKey": "main", "message": "hi", "timeoutSeconds": "90"}),
+            "invalid",
+            &["timeoutSeconds"],
+        ),
+        ("sessions_list", json!({"messageLimit": -1}), "invalid", &["messageLimit"]),
+    ];
+    run_table("inputs from reference bugs and peer issues", cases);
+}

@@ -362,3 +362,38 @@ fn serve_refuses_a_state_dir_holding_an_openclaw_store() {
     let forced = env.command(&["serve", "--force"]).stdin(std::process::Stdio::null()).output().unwrap();
     assert!(forced.status.success());
 }
+
+/// Regression: a reference store without `spawnDepth` imported a grandchild before its parent
+/// (both sorted as depth 1, by key), so the spawn-tree index missed it: under `tree`,
+/// `sessions_list` left out a session that `sessions_history` let the caller read.
+#[test]
+fn an_imported_grandchild_is_listed_in_its_tree_whatever_the_file_order() {
+    let src = tempfile::tempdir().unwrap();
+    let sessions = src.path().join("agents/main/sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let entry = |id: &str, parent: Option<&str>| {
+        let mut e = json!({"sessionId": id, "sessionFile": format!("{id}.jsonl"), "updatedAt": 1_796_000_000_000i64});
+        if let Some(p) = parent {
+            e["spawnedBy"] = json!(p);
+        }
+        e
+    };
+    let index = json!({
+        "agent:main:main": entry("s-main", None),
+        "agent:main:subagent:a-grandchild": entry("s-grandchild", Some("agent:main:subagent:b-child")),
+        "agent:main:subagent:b-child": entry("s-child", Some("agent:main:main")),
+    });
+    std::fs::write(sessions.join("sessions.json"), index.to_string()).unwrap();
+    for id in ["s-main", "s-grandchild", "s-child"] {
+        let line = json!({"type": "message", "id": format!("m-{id}"), "message": {"role": "user", "content": "hi"}});
+        std::fs::write(sessions.join(format!("{id}.jsonl")), format!("{line}\n")).unwrap();
+    }
+    let env = TestEnv::new();
+    import(&env, src.path());
+    let mut c = env.serve(None);
+    let listed = c.call("sessions_list", json!({}));
+    let keys: Vec<&str> = listed["sessions"].as_array().unwrap().iter().filter_map(|r| r["key"].as_str()).collect();
+    assert!(keys.contains(&"agent:main:subagent:a-grandchild"), "{listed}");
+    let h = c.call("sessions_history", json!({"sessionKey": "agent:main:subagent:a-grandchild"}));
+    assert_eq!(h["status"], "ok", "{h}");
+}

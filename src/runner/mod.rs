@@ -206,6 +206,19 @@ pub struct Runner {
     pub exe: std::path::PathBuf,
 }
 
+/// The limits a run's outcome names when it hit one.
+#[derive(Default, Clone, Copy)]
+struct Limits {
+    timeout: Duration,
+    idle: Option<Duration>,
+}
+
+impl Limits {
+    fn of(spec: &RunnerSpec) -> Self {
+        Limits { timeout: spec.timeout, idle: spec.idle_timeout }
+    }
+}
+
 /// What the events of a run add up to while it is read.
 struct Collected {
     transcript: Transcript,
@@ -251,13 +264,7 @@ impl Collected {
         false
     }
 
-    fn outcome(
-        mut self,
-        stop: Option<Stop>,
-        spec: &RunnerSpec,
-        exit_status: Option<i32>,
-        stderr_tail: String,
-    ) -> Outcome {
+    fn outcome(mut self, stop: Option<Stop>, limits: Limits, exit_status: Option<i32>, stderr_tail: String) -> Outcome {
         self.transcript.close();
         let field =
             |k: &str| self.final_event.as_ref().and_then(|f| f.get(k)).and_then(Value::as_str).map(String::from);
@@ -268,10 +275,10 @@ impl Collected {
         let reply = final_text.filter(|t| !t.is_empty()).or(self.transcript.last_assistant_text.clone());
         let (status, error) = match stop {
             Some(Stop::Cancelled) => (RunStatus::Cancelled, Some("cancelled".to_string())),
-            Some(Stop::Timeout) => (RunStatus::Timeout, Some(format!("timed out after {}s", spec.timeout.as_secs()))),
+            Some(Stop::Timeout) => (RunStatus::Timeout, Some(format!("timed out after {}s", limits.timeout.as_secs()))),
             Some(Stop::Idle) => (
                 RunStatus::Error,
-                Some(format!("idle timeout: no output for {}s", spec.idle_timeout.map_or(0, |d| d.as_secs()))),
+                Some(format!("idle timeout: no output for {}s", limits.idle.map_or(0, |d| d.as_secs()))),
             ),
             Some(Stop::Protocol(e)) => (RunStatus::Error, Some(e)),
             None if self.final_event.is_some() && exit_status == Some(0) => (RunStatus::Ok, None),
@@ -293,6 +300,29 @@ impl Collected {
             stderr_tail,
         }
     }
+}
+
+/// Reads a whole stdout the way a run reads it, without a process: the transcript messages and the
+/// reply it adds up to. The fuzz targets drive the decoders and the event rules through this.
+pub fn decode_stdout(kind: crate::config::RunnerKind, run_id: &str, stdout: &str) -> (Vec<NewMessage>, Option<String>) {
+    let mut decoder = adapters::decoder(kind);
+    let mut collected = Collected::new(run_id);
+    let ignore = |_: &str| {};
+    let mut stop = None;
+    for (n, line) in stdout.lines().enumerate() {
+        let Ok(events) = decoder.line(line) else {
+            stop = Some(Stop::Protocol(format!("protocol: line {} is not JSON", n + 1)));
+            break;
+        };
+        if collected.take(events, &ignore) {
+            break;
+        }
+    }
+    if stop.is_none() && collected.final_event.is_none() {
+        collected.take(decoder.end(), &ignore);
+    }
+    let outcome = collected.outcome(stop, Limits::default(), Some(0), String::new());
+    (outcome.messages, outcome.reply)
 }
 
 impl Runner {
@@ -375,7 +405,7 @@ impl Runner {
             child.wait().await.ok()
         };
         let stderr_tail = stderr_task.await.unwrap_or_default();
-        collected.outcome(stop, spec, exit.and_then(|s| s.code()), stderr_tail)
+        collected.outcome(stop, Limits::of(spec), exit.and_then(|s| s.code()), stderr_tail)
     }
 
     /// `sessions-mcp supervise [--uid U --gid G] -- <program> <args>` with the run's environment.
@@ -504,6 +534,24 @@ async fn read_tail(mut stderr: tokio::process::ChildStderr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decode_stdout_reads_a_whole_stdout_like_a_run_and_never_keeps_attachment_content() {
+        let out = concat!(
+            r#"{"type":"start","model":"m"}"#,
+            "\n",
+            r#"{"type":"tool_call","id":"1","name":"sessions_spawn","arguments":{"task":"t","attachments":[{"name":"a","content":"secret"}]}}"#,
+            "\n",
+            r#"{"type":"final","text":"done"}"#,
+            "\n",
+        );
+        let (messages, reply) = decode_stdout(crate::config::RunnerKind::Jsonl, "r", out);
+        assert_eq!(reply.as_deref(), Some("done"));
+        assert!(!messages.is_empty());
+        assert!(messages.iter().all(|m| !m.content.to_string().contains("secret")), "{messages:?}");
+        let (_, reply) = decode_stdout(crate::config::RunnerKind::Text, "r", "plain\ntext\n");
+        assert_eq!(reply.as_deref(), Some("plain\ntext"));
+    }
 
     #[test]
     fn tool_calls_join_the_open_assistant_message_and_results_close_it() {

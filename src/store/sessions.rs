@@ -192,7 +192,8 @@ impl NewSession {
 pub enum SliceScope<'a> {
     /// Every session of one agent (served by the agent/state/updated indexes: O(limit)).
     Agent(&'a str),
-    /// Every session spawned by this key, transitively (O(tree)).
+    /// Every session of the key's own agent spawned by this key, transitively (O(tree)): a child
+    /// of another agent is in the tree but visible only under `all` with agent-to-agent on.
     TreeOf(&'a str),
 }
 
@@ -352,7 +353,8 @@ fn list_slice(c: &Connection, q: &ListQuery) -> rusqlite::Result<Vec<SessionRow>
                 key,
                 format!(
                     "SELECT {} FROM session_tree t JOIN sessions s ON s.id = t.session
-                     WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1)",
+                     WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1)
+                       AND s.agent_id = (SELECT agent_id FROM sessions WHERE key = ?1)",
                     cols.join(", ")
                 ),
             )

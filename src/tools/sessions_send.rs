@@ -163,9 +163,6 @@ pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<Send
 
 async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk, ToolError> {
     let args = parse(ctx, args)?;
-    let Some(rt) = ctx.runtime else {
-        return Err(ToolError::error("sessions_send needs the runtime, which this server was started without"));
-    };
     let access = ctx.access;
     let caller = ctx.caller;
     let target: Target = match (&args.session_key, &args.label) {
@@ -188,7 +185,7 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
             run_id: hit.run_id,
             inbox: hit.result.and_then(|r| r.get("inbox").and_then(Value::as_bool)).unwrap_or(false),
         };
-        return finish(ctx, rt, &target, &args, replay, inbox_after).await;
+        return finish(ctx, runtime(ctx)?, &target, &args, replay, inbox_after).await;
     }
     let decision = access.send_decision(&target.key, target.row.as_ref());
     if !decision.allowed() {
@@ -215,6 +212,7 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
     if args.timeout > 0 && !target_external {
         check_deadlock(ctx, &target)?;
     }
+    let rt = runtime(ctx)?;
     if !target_external {
         let agent = target.key.agent_id(&access.config.default_agent());
         crate::runner::resolve_runner(&access.config, &agent, &rt.state_dir, &rt.runner.exe)
@@ -239,6 +237,13 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
         Started::Inbox => Replay { run_id: None, inbox: true },
     };
     finish(ctx, rt, &target, &args, replay, inbox_after).await
+}
+
+/// The runtime, needed only from the first step that starts or waits for a run: every refusal
+/// before it (visibility, existence, policy, guards) is the same for an in-process caller.
+fn runtime<'a>(ctx: &Ctx<'a>) -> Result<&'a std::sync::Arc<crate::runtime::Runtime>, ToolError> {
+    ctx.runtime
+        .ok_or_else(|| ToolError::error("sessions_send needs the runtime, which this server was started without"))
 }
 
 /// The run a call attaches to (a new one, or the first one for a replayed idempotency key).

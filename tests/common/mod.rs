@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod http_client;
+pub mod inproc;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
