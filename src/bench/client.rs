@@ -42,7 +42,28 @@ pub fn serve_command(state_dir: &Path, args: &[&str]) -> anyhow::Result<Command>
     Ok(cmd)
 }
 
-type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<Value>>>>;
+/// Waiters by request id; each gets its response line unparsed.
+type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<String>>>>;
+
+/// What routing needs of a line: a response has an id and no method. The rest is skipped
+/// unparsed, so that the reader costs little next to the server it measures.
+#[derive(serde::Deserialize)]
+struct Head {
+    id: Option<u64>,
+    method: Option<serde::de::IgnoredAny>,
+}
+
+/// What a latency row checks of a tool result: that it is one, and not an error.
+#[derive(serde::Deserialize)]
+struct Outcome {
+    result: Option<OutcomeResult>,
+}
+
+#[derive(serde::Deserialize)]
+struct OutcomeResult {
+    #[serde(rename = "isError", default)]
+    is_error: bool,
+}
 
 /// A `serve` process over stdio. Requests may be outstanding together: a reader task hands each
 /// response to the request with its id.
@@ -70,13 +91,10 @@ impl StdioServer {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 // Only responses: a request or notification from the server is not ours to route.
-                let Ok(msg) = serde_json::from_str::<Value>(&line) else { continue };
-                if msg.get("method").is_some() {
-                    continue;
-                }
-                let waiter = msg.get("id").and_then(Value::as_u64).and_then(|id| routes.lock().unwrap().remove(&id));
+                let Ok(Head { id: Some(id), method: None }) = serde_json::from_str::<Head>(&line) else { continue };
+                let waiter = routes.lock().unwrap().remove(&id);
                 if let Some(tx) = waiter {
-                    let _ = tx.send(msg);
+                    let _ = tx.send(line);
                 }
             }
         });
@@ -110,18 +128,32 @@ impl StdioServer {
         stdin.flush().await.map_err(Into::into)
     }
 
-    /// Sends a request and waits for its response (an error if the server answered with one).
-    pub async fn request(&self, method: &str, params: Value) -> anyhow::Result<Value> {
+    /// Sends a request and waits for its response line.
+    async fn exchange(&self, method: &str, params: Value) -> anyhow::Result<String> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap().insert(id, tx);
         self.line(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await?;
-        let msg =
-            rx.await.with_context(|| format!("serve exited before answering {method}; see {}", self.log.display()))?;
-        match msg.get("result") {
-            Some(r) => Ok(r.clone()),
+        rx.await.with_context(|| format!("serve exited before answering {method}; see {}", self.log.display()))
+    }
+
+    /// Sends a request and waits for its result (an error if the server answered with one).
+    pub async fn request(&self, method: &str, params: Value) -> anyhow::Result<Value> {
+        let mut msg: Value = serde_json::from_str(&self.exchange(method, params).await?)?;
+        match msg.get_mut("result") {
+            Some(r) => Ok(r.take()),
             None => anyhow::bail!("{method}: {}", msg.get("error").unwrap_or(&msg)),
         }
+    }
+
+    /// Calls a tool and checks only that it succeeded, leaving the result unparsed: the latency
+    /// rows time the server and the transport, as `curl` timed the reference, not a client's
+    /// JSON parser.
+    pub async fn call_ok(&self, tool: &str, args: Value) -> anyhow::Result<()> {
+        let line = self.exchange("tools/call", json!({"name": tool, "arguments": args})).await?;
+        let outcome: Outcome = serde_json::from_str(&line)?;
+        anyhow::ensure!(outcome.result.is_some_and(|r| !r.is_error), "{tool} failed: {line}");
+        Ok(())
     }
 
     /// Calls a tool; its structuredContent, an error unless the tool answered ok or accepted.

@@ -82,7 +82,7 @@ async fn history(bench: &mut Bench) -> anyhow::Result<()> {
 async fn calls(server: &StdioServer, tool: &str, args: Value, n: usize) -> anyhow::Result<Samples> {
     sample(n, || {
         let args = args.clone();
-        async move { server.call(tool, args).await.map(drop) }
+        async move { server.call_ok(tool, args).await }
     })
     .await
 }
