@@ -109,12 +109,12 @@ impl StdioServer {
         Ok(server)
     }
 
-    pub async fn initialize(&self) -> anyhow::Result<Value> {
+    /// `initialize`, answered, then `notifications/initialized`.
+    pub async fn initialize(&self) -> anyhow::Result<()> {
         let params = json!({"protocolVersion": "2025-11-25", "capabilities": {},
                             "clientInfo": {"name": "sessions-mcp-bench", "version": "1"}});
-        let init = self.request("initialize", params).await?;
-        self.line(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await?;
-        Ok(init)
+        self.request("initialize", params).await?;
+        self.line(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await
     }
 
     pub fn pid(&self) -> u32 {
@@ -164,6 +164,7 @@ impl StdioServer {
         Ok(structured)
     }
 
+    /// The server's memory and threads now.
     pub fn memory(&self) -> Memory {
         Memory::of(self.pid())
     }

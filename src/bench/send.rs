@@ -54,9 +54,9 @@ async fn accepts(bench: &mut Bench) -> anyhow::Result<()> {
     let started = Instant::now();
     for i in 0..n {
         let t = Instant::now();
-        let r =
-            server.call("sessions_send", json!({"sessionKey": HOLD, "message": format!("m{i}"), "timeoutSeconds": 0}));
-        anyhow::ensure!(r.await?["status"] == "accepted", "a fire-and-forget send was not accepted");
+        let args = json!({"sessionKey": HOLD, "message": format!("m{i}"), "timeoutSeconds": 0});
+        let r = server.call("sessions_send", args).await?;
+        anyhow::ensure!(r["status"] == "accepted", "a fire-and-forget send was not accepted: {r}");
         samples.push_since(t);
     }
     let rate = format!("{:.0} accepts/s", n as f64 / started.elapsed().as_secs_f64());
