@@ -131,11 +131,15 @@ enum Command {
     /// Internal: supervises one run's process group.
     #[command(hide = true)]
     Supervise(crate::supervise::SuperviseArgs),
-    /// Measure tool latency on generated stores (in-process).
+    /// Measure start-up, tool latency, sends, concurrency, memory and import on generated stores
+    /// (whole processes over stdio and HTTP, and in-process); prints one table.
     Bench {
-        /// Small sizes, for CI.
+        /// Small sizes, for CI (under a minute in a debug build).
         #[arg(long)]
         quick: bool,
+        /// Only this group of rows.
+        #[arg(long, value_enum)]
+        only: Option<crate::bench::Group>,
         #[command(flatten)]
         paths: Paths,
     },
@@ -271,7 +275,7 @@ pub fn main() -> ExitCode {
         Command::Agent { script } => crate::agent::run(script.as_deref()),
         Command::Connect => runtime.block_on(crate::socket_client::connect()),
         Command::Supervise(args) => crate::supervise::run(&args),
-        Command::Bench { quick, .. } => runtime.block_on(crate::bench::run(quick)),
+        Command::Bench { quick, only, .. } => runtime.block_on(crate::bench::run(quick, only)),
         Command::Dev(DevCommand::Seed(args)) => crate::dev::seed(&args),
         Command::Dev(DevCommand::Dump { paths }) => with_store(&paths, crate::ops::dump),
         Command::Dev(DevCommand::Fingerprint { paths }) => match open_store(&paths.state_dir()) {

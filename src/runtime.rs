@@ -193,6 +193,11 @@ impl Runtime {
         let sweep_every =
             Duration::from_secs(self.access.config.agents.defaults.subagents.sweep_interval_seconds.max(1));
         loop {
+            // Registered before the work below, so that a wake during it (a run that ends, a
+            // send that queues) is not lost until the next tick.
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             if self.shutting_down() {
                 return; // `shutdown` finishes the running runs and releases the lock
             }
@@ -225,7 +230,6 @@ impl Runtime {
                     last_sweep = tokio::time::Instant::now();
                 }
             }
-            let notified = self.changed.notified();
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}

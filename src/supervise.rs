@@ -8,8 +8,9 @@
 //! Finally it kills every process of its uid that still carries the run's `SESSIONS_MCP_RUN_ID`
 //! (catching `setsid` escapers; best effort without a PID namespace).
 
-use std::process::{Command, ExitCode};
+use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -97,21 +98,26 @@ pub fn run(args: &SuperviseArgs) -> ExitCode {
     };
     let started = Instant::now();
     let deadline = (args.deadline_ms > 0).then(|| started + Duration::from_millis(args.deadline_ms));
+    // A thread blocks in wait(2), so an exit is seen at once (polling cost each run up to a poll
+    // interval, see BENCHMARKS.md); this thread only watches for stop signals and the deadline.
+    let (exited, exit) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exited.send(child.wait());
+    });
     let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) => {}
-            Err(_) => break None,
+        match exit.recv_timeout(Duration::from_millis(10)) {
+            Ok(status) => break status.ok(),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break None,
         }
         if STOP.load(Ordering::SeqCst) != 0 || deadline.is_some_and(|d| Instant::now() >= d) {
             break None;
         }
-        std::thread::sleep(Duration::from_millis(10));
     };
     let step = Duration::from_millis(args.step_ms);
     let status = match status {
         Some(s) => s,
-        None => escalate(&mut child, pgid, step),
+        None => escalate(&exit, pgid, step),
     };
     kill_leftovers(pgid, &run_id);
     use std::os::unix::process::ExitStatusExt;
@@ -123,18 +129,17 @@ pub fn run(args: &SuperviseArgs) -> ExitCode {
 }
 
 /// SIGINT → SIGTERM → SIGKILL to the group, `step` apart, until the agent is gone.
-fn escalate(child: &mut std::process::Child, pgid: i32, step: Duration) -> std::process::ExitStatus {
+fn escalate(exit: &Receiver<std::io::Result<ExitStatus>>, pgid: i32, step: Duration) -> ExitStatus {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
         signal_group(pgid, sig);
-        let until = Instant::now() + step;
-        while Instant::now() < until {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if let Ok(Ok(status)) = exit.recv_timeout(step) {
+            return status;
         }
     }
-    child.wait().unwrap_or_else(|_| std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL))
+    exit.recv()
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL))
 }
 
 /// Signals every member of the group except this process (we must live to escalate).

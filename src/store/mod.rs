@@ -207,6 +207,11 @@ fn open_connection(path: &Path, read_only: bool) -> Result<Connection> {
             conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
         }
         conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY;")?;
+        // Without the planner stability guarantee SQLite plans `LIMIT ?n` with the bound value,
+        // so every new binding re-prepares the statement: 40% of a sessions_list with
+        // messageLimit went to re-parsing the same SQL (BENCHMARKS.md). No plan here depends on
+        // bound values (no ANALYZE, partial indexes are matched by literals).
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))?;
         Ok(())
     };
