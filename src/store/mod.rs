@@ -290,6 +290,74 @@ mod tests {
     }
 
     #[test]
+    fn a_parent_written_after_its_children_adopts_them_and_their_descendants() {
+        use crate::keys::{AgentId, SessionKey, SessionKind};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let key = |k: &str| SessionKey::from_canonical(k);
+        let insert = |k: &str, parent: Option<&str>| {
+            let mut n = NewSession::new(key(k), AgentId::parse("main").unwrap(), SessionKind::Other, false);
+            n.spawned_by = parent.map(key);
+            store.write(|tx| insert_session(tx, &n).map_err(StoreError::from)).unwrap();
+        };
+        // grandchild, then child, then the root: every link arrives late
+        insert("agent:main:subagent:g", Some("agent:main:subagent:c"));
+        insert("agent:main:subagent:c", Some("agent:main:main"));
+        insert("agent:main:main", None);
+        let links: Vec<(String, String)> = store
+            .read(|c| {
+                c.prepare(
+                    "SELECT a.key, d.key FROM session_tree t JOIN sessions a ON a.id = t.ancestor
+                     JOIN sessions d ON d.id = t.session ORDER BY a.key, d.key",
+                )?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+            })
+            .unwrap();
+        let pairs: Vec<(&str, &str)> = links.iter().map(|(a, d)| (a.as_str(), d.as_str())).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("agent:main:main", "agent:main:subagent:c"),
+                ("agent:main:main", "agent:main:subagent:g"),
+                ("agent:main:subagent:c", "agent:main:subagent:g")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_version_1_store_migrates_with_its_ended_runs_done_and_its_late_links_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(schema::MIGRATIONS[0]).unwrap();
+        conn.execute_batch(
+            "INSERT INTO schema_version VALUES (1, 0);
+             INSERT INTO sessions (id, key, session_id, agent_id, kind, driver, spawned_by, created_at, updated_at)
+                 VALUES (1, 'agent:main:subagent:c', 'c', 'main', 'other', 'driven', 'agent:main:main', 0, 0),
+                        (2, 'agent:main:main', 'm', 'main', 'main', 'driven', NULL, 0, 0);
+             INSERT INTO runs (run_id, session, mode, status, input, created_at, ended_at)
+                 VALUES ('ended', 1, 'spawn', 'ok', '{}', 0, 5), ('waiting', 2, 'send', 'queued', '{}', 0, NULL);",
+        )
+        .unwrap();
+        drop(conn);
+        let store = Store::open(&path).unwrap();
+        let (pending, links): (i64, i64) = store
+            .read(|c| {
+                Ok((
+                    c.query_row("SELECT count(*) FROM runs WHERE steps_done_at IS NULL", [], |r| r.get(0))?,
+                    c.query_row("SELECT count(*) FROM session_tree WHERE ancestor = 2 AND session = 1", [], |r| {
+                        r.get(0)
+                    })?,
+                ))
+            })
+            .unwrap();
+        assert_eq!(pending, 1, "only the queued run still has its steps ahead");
+        assert_eq!(links, 1, "the child written before its parent is linked");
+        assert!(dir.path().read_dir().unwrap().flatten().any(|e| e.file_name().to_string_lossy().contains("bak")));
+    }
+
+    #[test]
     fn refuses_a_newer_schema() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");

@@ -215,4 +215,29 @@ CREATE INDEX runs_cancel_requested ON runs (owner) WHERE cancel_requested_at IS 
 ALTER TABLE runs ADD COLUMN steps_done_at INTEGER;
 UPDATE runs SET steps_done_at = coalesce(ended_at, 0) WHERE status NOT IN ('queued', 'running');
 CREATE INDEX runs_steps_pending ON runs (ended_at) WHERE steps_done_at IS NULL;
+-- A parent written after its children (a later import) adopts them and their descendants: it and
+-- its own ancestors become their ancestors too. Then the links such stores already lack.
+CREATE TRIGGER sessions_tree_adopt AFTER INSERT ON sessions
+BEGIN
+    INSERT OR IGNORE INTO session_tree (ancestor, session, updated_at)
+        SELECT a.id, d.id, d.updated_at
+        FROM (SELECT NEW.id AS id
+              UNION SELECT id FROM sessions WHERE key = NEW.spawned_by
+              UNION SELECT t.ancestor FROM session_tree t
+                    WHERE t.session = (SELECT id FROM sessions WHERE key = NEW.spawned_by)) a,
+             (SELECT c.id, c.updated_at FROM sessions c WHERE c.spawned_by = NEW.key
+              UNION SELECT t.session, t.updated_at FROM session_tree t
+                    JOIN sessions c ON c.id = t.ancestor WHERE c.spawned_by = NEW.key) d
+        WHERE a.id <> d.id;
+END;
+INSERT OR IGNORE INTO session_tree (ancestor, session, updated_at)
+    WITH RECURSIVE up (session, ancestor, depth) AS (
+        SELECT c.id, p.id, 1 FROM sessions c JOIN sessions p ON p.key = c.spawned_by
+        UNION
+        SELECT up.session, p.id, up.depth + 1 FROM up
+            JOIN sessions a ON a.id = up.ancestor JOIN sessions p ON p.key = a.spawned_by
+        WHERE up.depth < 64
+    )
+    SELECT up.ancestor, up.session, s.updated_at FROM up JOIN sessions s ON s.id = up.session
+    WHERE up.ancestor <> up.session;
 "#;
