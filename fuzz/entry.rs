@@ -8,8 +8,7 @@ use serde_json::{Value, json};
 use sessions_mcp::access::Access;
 use sessions_mcp::caller::{Caller, key_scope};
 use sessions_mcp::config::{AttachmentsConfig, Config};
-use sessions_mcp::keys::{AgentId, SessionKey, SessionRef, parse_ref};
-use sessions_mcp::policy::CallerRole;
+use sessions_mcp::keys::{AgentId, SessionRef, parse_ref};
 use sessions_mcp::server::SessionsServer;
 use sessions_mcp::store::Store;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -151,15 +150,7 @@ fn server_world() -> &'static (tokio::runtime::Runtime, Access) {
 }
 
 fn operator() -> Caller {
-    Caller {
-        key: SessionKey::from_canonical("agent:main:main"),
-        agent: AgentId::main(),
-        sandboxed: false,
-        external: true,
-        role: CallerRole::TopLevel,
-        run: None,
-        read_only: false,
-    }
+    Caller::external_main()
 }
 
 /// tmpfs when there is one (the importer writes a store per input).

@@ -31,6 +31,22 @@ pub struct Caller {
     pub read_only: bool,
 }
 
+impl Caller {
+    /// The operator as `agent:main:main`, an external session: the caller of in-process
+    /// measurements and fuzzing, where no transport establishes one.
+    pub fn external_main() -> Caller {
+        Caller {
+            key: SessionKey::from_canonical("agent:main:main"),
+            agent: AgentId::main(),
+            sandboxed: false,
+            external: true,
+            role: CallerRole::TopLevel,
+            run: None,
+            read_only: false,
+        }
+    }
+}
+
 /// Why no caller could be established. `serve` exits with code 2 on any of these.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {

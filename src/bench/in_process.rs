@@ -10,8 +10,6 @@ use super::worlds::history_key;
 use super::{Bench, Group, Row, Samples, sample};
 use crate::access::Access;
 use crate::caller::Caller;
-use crate::keys::{AgentId, SessionKey};
-use crate::policy::CallerRole;
 use crate::store::Store;
 use crate::tools::{self, Ctx};
 
@@ -45,15 +43,7 @@ pub struct World {
 impl World {
     pub fn open(state_dir: &Path) -> anyhow::Result<Self> {
         let config = crate::config::load(&state_dir.join("config.json5"), true)?.config;
-        let caller = Caller {
-            key: SessionKey::from_canonical("agent:main:main"),
-            agent: AgentId::main(),
-            sandboxed: false,
-            external: true,
-            role: CallerRole::TopLevel,
-            run: None,
-            read_only: false,
-        };
+        let caller = Caller::external_main();
         let store = Store::open(&Store::path_in(state_dir))?;
         Ok(World { access: Access::new(store, Arc::new(config)), caller })
     }
