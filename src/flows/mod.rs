@@ -299,10 +299,6 @@ pub async fn run_turn(
         last.usage = Some(usage.clone());
         last.stop_reason = outcome.stop_reason.clone();
     }
-    let error = match (&outcome.error, outcome.stderr_tail.is_empty()) {
-        (Some(e), _) => Some(e.clone()),
-        (None, _) => None,
-    };
     let finished = Finished {
         status: status.clone(),
         reply: outcome.reply.clone(),
@@ -310,7 +306,7 @@ pub async fn run_turn(
         cost: outcome.usage.as_ref().and_then(|u| u.get("costUsd")).and_then(Value::as_f64),
         usage: outcome.usage,
         model: outcome.model,
-        error,
+        error: outcome.error,
         exit_status: outcome.exit_status,
         external_session_id: outcome.external_session_id,
     };
