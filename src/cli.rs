@@ -251,9 +251,8 @@ pub fn main() -> ExitCode {
     if !matches!(cli.command, Command::Agent { .. } | Command::Supervise(_) | Command::Connect) {
         init_tracing();
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    let code = match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+    match cli.command {
+        Command::Serve(args) => block_on(serve(args)),
         Command::Schemas { check, dir, .. } => crate::schemas::run(&dir, check),
         Command::Import { dir, json, paths } => {
             with_store(&paths, |env, store| crate::ops::import(env, store, &dir, json))
@@ -268,14 +267,12 @@ pub fn main() -> ExitCode {
             with_store(&paths, |_, store| crate::ops::prune(store, older_than.as_deref()))
         }
         Command::Doctor { paths } => crate::ops::doctor(&paths),
-        Command::Daemon { force, paths } => runtime.block_on(daemon(paths, force)),
-        Command::Inject { key, text, timeout, paths } => {
-            runtime.block_on(crate::ops::inject(paths, key, text, timeout))
-        }
+        Command::Daemon { force, paths } => block_on(daemon(paths, force)),
+        Command::Inject { key, text, timeout, paths } => block_on(crate::ops::inject(paths, key, text, timeout)),
         Command::Agent { script } => crate::agent::run(script.as_deref()),
-        Command::Connect => runtime.block_on(crate::socket_client::connect()),
+        Command::Connect => block_on(crate::socket_client::connect()),
         Command::Supervise(args) => crate::supervise::run(&args),
-        Command::Bench { quick, only, .. } => runtime.block_on(crate::bench::run(quick, only)),
+        Command::Bench { quick, only, .. } => block_on(crate::bench::run(quick, only)),
         Command::Dev(DevCommand::Seed(args)) => crate::dev::seed(&args),
         Command::Dev(DevCommand::Dump { paths }) => with_store(&paths, crate::ops::dump),
         Command::Dev(DevCommand::Fingerprint { paths }) => match open_store(&paths.state_dir()) {
@@ -288,7 +285,15 @@ pub fn main() -> ExitCode {
             },
             Err(code) => code,
         },
-    };
+    }
+}
+
+/// Runs an async command on a multi-thread runtime. Only the commands that need one build it:
+/// `supervise` starts with every run and `agent` with every scripted turn, and neither should pay
+/// for worker threads it never uses.
+fn block_on(command: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let code = runtime.block_on(command);
     // Do not wait for blocking threads (stdin readers sit in read(2) until EOF): we are done.
     runtime.shutdown_background();
     code

@@ -5,8 +5,10 @@
 //! off, and ends the run:
 //! on SIGTERM, on the server's death, or at the deadline it signals the group SIGINT → SIGTERM →
 //! SIGKILL a step apart; when the agent exits by itself it kills whatever the agent left behind.
-//! Finally it kills every process of its uid that still carries the run's `SESSIONS_MCP_RUN_ID`
-//! (catching `setsid` escapers; best effort without a PID namespace).
+//! On Linux it is also the run's child subreaper, so every descendant that leaves the group
+//! (`setsid`, a daemon's double fork, with or without a cleared environment) is re-parented to it
+//! and killed with the tree. Finally it kills every process of its uid that still carries the
+//! run's `SESSIONS_MCP_RUN_ID` (what left the tree through some other service; best effort).
 
 use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -49,11 +51,13 @@ fn install_handlers() {
     }
 }
 
+/// Dies with the server, and adopts every orphan of the run (Linux).
 #[cfg(target_os = "linux")]
-fn die_with_parent() {
+fn die_with_parent_and_adopt_orphans() {
     // SAFETY: plain prctl/getppid calls with constant arguments.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
         if libc::getppid() == 1 {
             STOP.store(libc::SIGTERM, Ordering::SeqCst);
         }
@@ -61,11 +65,11 @@ fn die_with_parent() {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn die_with_parent() {}
+fn die_with_parent_and_adopt_orphans() {}
 
 pub fn run(args: &SuperviseArgs) -> ExitCode {
     install_handlers();
-    die_with_parent();
+    die_with_parent_and_adopt_orphans();
     // SAFETY: setsid has no memory-safety preconditions; failure only means we already lead one.
     unsafe {
         libc::setsid();
@@ -164,9 +168,11 @@ fn signal_group(pgid: i32, sig: i32) {
     }
 }
 
-/// Kills what is left in our group, then every process of ours that carries the run id.
+/// Kills what is left in our group and below us, then every process of ours that carries the
+/// run id.
 fn kill_leftovers(pgid: i32, run_id: &str) {
     signal_group(pgid, libc::SIGKILL);
+    kill_descendants();
     if run_id.is_empty() {
         return;
     }
@@ -184,6 +190,44 @@ fn kill_leftovers(pgid: i32, run_id: &str) {
             }
         }
     }
+}
+
+/// Kills our children until none is left. As the subreaper we inherit the children of each one
+/// killed, so this reaches the whole tree a level per round; the agent itself is already reaped.
+fn kill_descendants() {
+    for _ in 0..MAX_TREE_ROUNDS {
+        reap_exited();
+        let children = children();
+        if children.is_empty() {
+            return;
+        }
+        for pid in children {
+            // SAFETY: kill/waitpid on our own child have no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+/// Deeper than any real process tree; a fork bomb is left to the env sweep and the rlimits.
+const MAX_TREE_ROUNDS: usize = 64;
+
+/// Reaps the orphans that already exited, so they are not counted as children.
+fn reap_exited() {
+    // SAFETY: waitpid with WNOHANG and no status pointer.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+}
+
+/// Our live children, from each of our threads' `children` list (Linux; none elsewhere).
+fn children() -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|list| list.split_whitespace().filter_map(|pid| pid.parse().ok()).collect::<Vec<i32>>())
+        .collect()
 }
 
 /// Every pid in /proc (Linux); elsewhere only the group signal applies.

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use common::{
-    TestEnv, agents_config, assert_no_process_carries, max_overlap, runs_of, scripted_agent, shell_agent,
-    terminate_pid, text_of, wait_child, wait_until,
+    TestEnv, agents_config, assert_no_process_carries, max_overlap, pids_with_env, runs_of, scripted_agent,
+    shell_agent, terminate_pid, text_of, wait_child, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -151,6 +151,23 @@ fn a_setsid_grandchild_does_not_outlive_its_run() {
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["reply"], "spawned");
     assert_eq!(run["status"], "ok", "{run}");
+}
+
+#[test]
+fn an_escaper_that_clears_its_environment_does_not_outlive_its_run() {
+    // Without the run id in their environment only the supervisor's subreaper finds these: one
+    // leaves the group with setsid, the other is orphaned by a daemon-style double fork.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let mark = format!("SESSIONS_MCP_TEST_MARK={}-{nanos}", std::process::id());
+    let body = r#"IFS= read -r line
+env -i MARK "$(command -v setsid)" /bin/sleep 300 </dev/null >/dev/null 2>&1 &
+env -i MARK /bin/sh -c '/bin/sleep 301 &' </dev/null >/dev/null 2>&1
+printf '%s\n' '{"type":"final","text":"escaped"}'
+"#
+    .replace("MARK", &mark);
+    let (r, _) = misbehave(|e| shell_agent(e, "worker", &body, &[], json!({})), 20);
+    assert_eq!(r["reply"], "escaped", "{r}");
+    wait_until(Duration::from_secs(5), "the escapers to be gone", || pids_with_env(&mark).is_empty().then_some(()));
 }
 
 #[test]

@@ -361,7 +361,11 @@ pub fn text_of(content: &Value) -> String {
 
 /// Pids of live processes whose environment carries `SESSIONS_MCP_RUN_ID=<run_id>`.
 pub fn pids_with_run_id(run_id: &str) -> Vec<i32> {
-    let needle = format!("SESSIONS_MCP_RUN_ID={run_id}");
+    pids_with_env(&format!("SESSIONS_MCP_RUN_ID={run_id}"))
+}
+
+/// The processes whose environment holds `needle` (a `NAME=value` assignment).
+pub fn pids_with_env(needle: &str) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .flatten()
