@@ -93,7 +93,7 @@ impl Access {
         if *target == caller.key {
             return Ok(true);
         }
-        Ok(self.store.ancestors(target)?.contains(&caller.key))
+        Ok(self.store.is_ancestor(&caller.key, target)?)
     }
 
     fn visibility(&self, caller: &Caller, action: Action, key: &SessionKey) -> Result<(), ToolError> {

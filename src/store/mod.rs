@@ -305,17 +305,50 @@ mod tests {
         Store::open(&path).unwrap();
     }
 
-    #[test]
-    fn a_parent_written_after_its_children_adopts_them_and_their_descendants() {
+    /// Inserts a session of agent `main` spawned by `parent`.
+    fn insert_spawned(store: &Store, key: &str, parent: Option<&str>) {
         use crate::keys::{AgentId, SessionKey, SessionKind};
+        let mut n = NewSession::new(
+            SessionKey::from_canonical(key),
+            AgentId::parse("main").unwrap(),
+            SessionKind::Other,
+            false,
+        );
+        n.spawned_by = parent.map(SessionKey::from_canonical);
+        store.write(|tx| insert_session(tx, &n).map_err(StoreError::from)).unwrap();
+    }
+
+    #[test]
+    fn lineage_is_known_at_any_depth_and_survives_pruning_a_middle_session() {
+        use crate::keys::SessionKey;
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let keys: Vec<String> = (0..24).map(|i| format!("agent:main:subagent:s{i}")).collect();
+        insert_spawned(&store, "agent:main:main", None);
+        for (i, k) in keys.iter().enumerate() {
+            insert_spawned(&store, k, Some(if i == 0 { "agent:main:main" } else { &keys[i - 1] }));
+        }
         let key = |k: &str| SessionKey::from_canonical(k);
-        let insert = |k: &str, parent: Option<&str>| {
-            let mut n = NewSession::new(key(k), AgentId::parse("main").unwrap(), SessionKind::Other, false);
-            n.spawned_by = parent.map(key);
-            store.write(|tx| insert_session(tx, &n).map_err(StoreError::from)).unwrap();
-        };
+        let (root, leaf) = (key("agent:main:main"), key(&keys[23]));
+        assert!(store.is_ancestor(&root, &leaf).unwrap(), "24 levels down");
+        assert!(!store.is_ancestor(&leaf, &root).unwrap());
+        assert!(!store.is_ancestor(&key(&keys[5]), &key(&keys[4])).unwrap(), "a parent is not its child's descendant");
+        store
+            .write(|tx| {
+                tx.execute("UPDATE sessions SET state = 2, deleted_at = 0 WHERE key = ?1", [&keys[10]])
+                    .map_err(StoreError::from)
+            })
+            .unwrap();
+        assert_eq!(store.prune(1).unwrap().sessions, 1);
+        assert!(store.is_ancestor(&root, &leaf).unwrap(), "pruning a middle session keeps the lineage");
+        assert!(store.is_ancestor(&key(&keys[9]), &key(&keys[11])).unwrap());
+    }
+
+    #[test]
+    fn a_parent_written_after_its_children_adopts_them_and_their_descendants() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let insert = |k: &str, parent: Option<&str>| insert_spawned(&store, k, parent);
         // grandchild, then child, then the root: every link arrives late
         insert("agent:main:subagent:g", Some("agent:main:subagent:c"));
         insert("agent:main:subagent:c", Some("agent:main:main"));

@@ -231,23 +231,17 @@ impl Store {
         })
     }
 
-    /// The chain of `spawned_by` keys above `key`, nearest first (bounded: lineage is shallow).
-    pub fn ancestors(&self, key: &SessionKey) -> Result<Vec<SessionKey>> {
+    /// Was `key` spawned, directly or further down, from `ancestor`? Read from the spawn-tree
+    /// index that `sessions_list` uses, so the list and the other tools agree at any depth, and
+    /// after `prune` removed a session in the middle of a lineage.
+    pub fn is_ancestor(&self, ancestor: &SessionKey, key: &SessionKey) -> Result<bool> {
         self.read(|c| {
-            let mut out = Vec::new();
-            let mut cur = key.as_str().to_string();
-            let mut stmt = c.prepare_cached("SELECT spawned_by FROM sessions WHERE key = ?1")?;
-            while out.len() < 16 {
-                let parent: Option<Option<String>> = stmt.query_row([&cur], |r| r.get(0)).optional()?;
-                match parent.flatten() {
-                    Some(p) if !out.iter().any(|k: &SessionKey| k.as_str() == p) => {
-                        out.push(SessionKey::from_canonical(p.clone()));
-                        cur = p;
-                    }
-                    _ => break,
-                }
-            }
-            Ok(out)
+            c.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM session_tree
+                     WHERE ancestor = (SELECT id FROM sessions WHERE key = ?1)
+                       AND session = (SELECT id FROM sessions WHERE key = ?2))",
+            )?
+            .query_row([ancestor.as_str(), key.as_str()], |r| r.get(0))
         })
     }
 
