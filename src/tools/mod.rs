@@ -15,6 +15,9 @@ use std::sync::OnceLock;
 
 use rmcp::model::{CallToolResult, ContentBlock, Tool, ToolAnnotations};
 use schemars::JsonSchema;
+use schemars::Schema;
+use schemars::generate::SchemaSettings;
+use schemars::transform::RecursiveTransform;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -131,12 +134,19 @@ impl ToolSpec {
         description: &'static str,
         read_only: bool,
     ) -> Self {
-        let mut input = schema::<I>();
+        let mut input = schema::<I>(input_settings());
         // Some clients need `properties` even when a tool takes no arguments.
         if let Some(o) = input.as_object_mut() {
             o.entry("properties").or_insert_with(|| Value::Object(Map::new()));
         }
-        ToolSpec { name, title, description, read_only, input, output: schema::<Output<O>>() }
+        ToolSpec {
+            name,
+            title,
+            description,
+            read_only,
+            input,
+            output: schema::<Output<O>>(SchemaSettings::draft2020_12()),
+        }
     }
 
     /// The camelCase argument names of the input schema.
@@ -159,9 +169,44 @@ impl ToolSpec {
     }
 }
 
+/// Input schemas in the subset every model's function calling accepts: an optional argument is
+/// one plain type, absent from `required` (Gemini refuses `"type": [T, "null"]`, and one such tool
+/// fails every request of the session), and no `$ref`s. An explicit `null` is still read as absent.
+fn input_settings() -> SchemaSettings {
+    SchemaSettings::draft2020_12().with(|s| {
+        s.inline_subschemas = true;
+        s.transforms.push(Box::new(RecursiveTransform(without_null)));
+    })
+}
+
+/// Takes `null` out of a schema's `type`, `enum` and `anyOf` (what `Option<T>` puts there).
+fn without_null(schema: &mut Schema) {
+    if let Some(Value::Array(types)) = schema.get_mut("type") {
+        types.retain(|t| t != "null");
+        if let [single] = types.as_slice() {
+            let single = single.clone();
+            schema.insert("type".into(), single);
+        }
+    }
+    if let Some(Value::Array(values)) = schema.get_mut("enum") {
+        values.retain(|v| !v.is_null());
+    }
+    if let Some(Value::Array(branches)) = schema.get_mut("anyOf") {
+        branches.retain(|b| b.get("type").is_none_or(|t| t != "null"));
+        if let [Value::Object(only)] = branches.as_slice() {
+            let only = only.clone();
+            schema.remove("anyOf");
+            for (k, v) in only {
+                schema.insert(k, v);
+            }
+        }
+    }
+}
+
 /// A JSON schema for `T` without the root title (clients show the tool's own title).
-fn schema<T: JsonSchema>() -> Value {
-    let mut v = serde_json::to_value(schemars::schema_for!(T)).expect("schema serialises");
+fn schema<T: JsonSchema>(settings: SchemaSettings) -> Value {
+    let root = settings.into_generator().into_root_schema_for::<T>();
+    let mut v = serde_json::to_value(root).expect("schema serialises");
     if let Some(o) = v.as_object_mut() {
         o.remove("title");
     }
@@ -239,4 +284,44 @@ pub(crate) fn reader(tool: ToolName, args: Option<Map<String, Value>>) -> Result
 /// `{field: appliedValue}` for clamped arguments, or nothing.
 pub(crate) fn limit_applied(clamped: std::collections::BTreeMap<String, Value>) -> Option<Map<String, Value>> {
     (!clamped.is_empty()).then(|| clamped.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every node of a schema, depth first.
+    fn nodes(v: &Value) -> Vec<&Value> {
+        let children: Vec<&Value> = match v {
+            Value::Object(m) => m.values().collect(),
+            Value::Array(a) => a.iter().collect(),
+            _ => vec![],
+        };
+        std::iter::once(v).chain(children.into_iter().flat_map(nodes)).collect()
+    }
+
+    #[test]
+    fn input_schemas_use_only_what_every_function_calling_api_accepts() {
+        for spec in specs() {
+            for node in nodes(&spec.input).into_iter().filter_map(Value::as_object) {
+                let name = spec.name.as_str();
+                assert!(!node.get("type").is_some_and(Value::is_array), "{name}: a type array in {node:?}");
+                assert!(node.get("type").is_none_or(|t| t != "null"), "{name}: a null type in {node:?}");
+                assert!(!node.get("enum").and_then(Value::as_array).is_some_and(|e| e.contains(&Value::Null)));
+                for keyword in ["$ref", "$defs", "anyOf", "oneOf", "allOf"] {
+                    assert!(!node.contains_key(keyword), "{name}: {keyword} in {node:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn output_schemas_still_say_which_fields_can_be_null() {
+        let list = &spec(ToolName::SessionsList).output;
+        assert!(
+            nodes(list)
+                .iter()
+                .any(|n| n.get("type").is_some_and(|t| t.as_array().is_some_and(|a| a.contains(&"null".into()))))
+        );
+    }
 }
