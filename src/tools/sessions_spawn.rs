@@ -328,9 +328,6 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         ));
     }
     access.check_can_act(caller)?;
-    let Some(rt) = ctx.runtime else {
-        return Err(ToolError::error("sessions_spawn needs the runtime, which this server was started without"));
-    };
     let (allow_any, allowed) = super::agents_list::spawnable(config, &caller.agent);
     if !allowed.contains(&args.agent) || (allow_any && !config.is_configured(&args.agent) && args.agent != caller.agent)
     {
@@ -340,8 +337,6 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
             allowed.iter().map(AgentId::as_str).collect::<Vec<_>>().join(", ")
         )));
     }
-    let spec = crate::runner::resolve_runner(config, &args.agent, &rt.state_dir, &rt.runner.exe)
-        .map_err(ToolError::invalid)?;
     let caller_row = access.store.session_by_key(&caller.key)?;
     let depth = caller_row.as_ref().map_or(0, |r| r.spawn_depth) + 1;
     let max_depth = i64::from(config.agents.defaults.subagents.max_spawn_depth);
@@ -398,6 +393,12 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
             a2a.max_hops
         )));
     }
+    // Every refusal above needs no runtime, so it is the same in-process (the property tests).
+    let Some(rt) = ctx.runtime else {
+        return Err(ToolError::error("sessions_spawn needs the runtime, which this server was started without"));
+    };
+    let spec = crate::runner::resolve_runner(config, &args.agent, &rt.state_dir, &rt.runner.exe)
+        .map_err(ToolError::invalid)?;
     let (model, thinking) = resolve_model_and_thinking(config, &args.agent, &args);
     let timeout_s = args.run_timeout.or(Some(config.agents.defaults.subagents.run_timeout_seconds)).filter(|s| *s > 0);
     let inbox_after = access.store.last_seq_of(&caller.key)?;
