@@ -156,9 +156,11 @@ impl Transcript {
     }
 }
 
-/// Our spawn tool by its bare name, or as a CLI names MCP tools (Claude Code: `mcp__<server>__<tool>`).
+/// Our spawn tool by its bare name or under any prefix a CLI gives MCP tools (Claude Code's
+/// `mcp__<server>__`, others use `<server>.` or `<server>-`). Matching a suffix errs towards
+/// omitting content: the transcript loses only a copy of what the child received.
 fn is_spawn_tool(name: &str) -> bool {
-    name == "sessions_spawn" || name.ends_with("__sessions_spawn")
+    name.ends_with("sessions_spawn")
 }
 
 /// `sessions_spawn` call arguments never keep attachment content in a transcript.
