@@ -222,6 +222,17 @@ fn codex_replies_with_usage_and_its_second_turn_resumes_its_own_thread() {
     assert_eq!(replies.first().map(String::as_str), Some("Hello from the fake Responses API (0 earlier replies)"));
     assert!(requests.iter().all(|r| thread_of(r) == thread), "every turn resumed the first's thread");
     assert_eq!(stored_thread_id(&env), Some(thread));
+    // Codex reports the thread's running totals (42, 84, 126, … in); each turn records its own.
+    let show = env.show(KEY);
+    let usages: Vec<(Option<i64>, Option<i64>)> = show["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["usage"].is_object())
+        .map(|m| (m["usage"]["inputTokens"].as_i64(), m["usage"]["outputTokens"].as_i64()))
+        .collect();
+    assert!(usages.len() >= 2, "a usage per turn: {usages:?}");
+    assert!(usages.iter().all(|u| *u == (Some(42), Some(7))), "each turn's own usage: {usages:?}");
 }
 
 #[test]

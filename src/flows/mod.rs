@@ -195,6 +195,7 @@ pub async fn run_turn(
             error: Some(error),
             exit_status: None,
             external_session_id: None,
+            cli_usage_total: None,
         };
         store.finish_run(&run.run_id, &f)?;
         Ok(TurnResult { status: "error".into(), reply: None, silent: false })
@@ -286,6 +287,14 @@ pub async fn run_turn(
         RunStatus::Cancelled if rt.shutting_down() => "interrupted".to_string(),
         s => s.as_str().to_string(),
     };
+    let mut usage = outcome.usage;
+    let cli_usage_total = match usage.as_mut().filter(|u| u.get("cumulative") == Some(&Value::Bool(true))) {
+        Some(total) => {
+            let before = if resume.is_some() { store.cli_usage_total(session.id)? } else { None };
+            Some(turn_usage(total, before.as_ref()))
+        }
+        None => None,
+    };
     let silent = outcome.reply.as_deref().is_some_and(is_skip);
     let mut messages = outcome.messages;
     for m in &mut messages {
@@ -295,7 +304,7 @@ pub async fn run_turn(
             m.silent = true;
         }
     }
-    if let (Some(last), Some(usage)) = (messages.iter_mut().rev().find(|m| m.role == "assistant"), &outcome.usage) {
+    if let (Some(last), Some(usage)) = (messages.iter_mut().rev().find(|m| m.role == "assistant"), &usage) {
         last.usage = Some(usage.clone());
         last.stop_reason = outcome.stop_reason.clone();
     }
@@ -303,15 +312,30 @@ pub async fn run_turn(
         status: status.clone(),
         reply: outcome.reply.clone(),
         messages,
-        cost: outcome.usage.as_ref().and_then(|u| u.get("costUsd")).and_then(Value::as_f64),
-        usage: outcome.usage,
+        cost: usage.as_ref().and_then(|u| u.get("costUsd")).and_then(Value::as_f64),
+        usage,
         model: outcome.model,
         error: outcome.error,
         exit_status: outcome.exit_status,
         external_session_id: outcome.external_session_id,
+        cli_usage_total,
     };
     store.finish_run(&run.run_id, &finished)?;
     Ok(TurnResult { status, reply: outcome.reply, silent })
+}
+
+/// Turns a CLI's running usage totals into this turn's usage, in place, and returns the totals.
+/// `before` is what the CLI session's previous turn reported (none for a new CLI session).
+fn turn_usage(usage: &mut Value, before: Option<&Value>) -> Value {
+    let obj = usage.as_object_mut().expect("a usage event is an object");
+    obj.remove("cumulative");
+    let total = Value::Object(obj.clone());
+    for field in ["inputTokens", "outputTokens", "cacheReadTokens", "cacheWriteTokens"] {
+        let count = |v: &Value| v.get(field).and_then(Value::as_i64).unwrap_or(0);
+        let earlier = before.map_or(0, count);
+        obj.insert(field.into(), (count(&total) - earlier).max(0).into());
+    }
+    total
 }
 
 /// Takes the steps after a run's end and records them as taken. Every step is idempotent (derived
@@ -567,4 +591,29 @@ fn to_channel(rt: &Runtime, run: &RunRow, result: &TurnResult, kind: DeliveryKin
         return deliver::record(rt, run, kind, &channel, "skipped", Some(&why), None);
     }
     deliver::channel_delivery(rt, run, row.as_ref(), &channel, &text, kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::turn_usage;
+    use serde_json::json;
+
+    #[test]
+    fn a_resumed_turn_counts_its_own_tokens_from_a_clis_running_totals() {
+        let mut usage = json!({"type": "usage", "inputTokens": 126, "outputTokens": 21, "cacheReadTokens": 5,
+            "cacheWriteTokens": 0, "cumulative": true});
+        let before = json!({"type": "usage", "inputTokens": 84, "outputTokens": 14, "cacheReadTokens": 9,
+            "cacheWriteTokens": 0});
+        let total = turn_usage(&mut usage, Some(&before));
+        assert_eq!(
+            usage,
+            json!({"type": "usage", "inputTokens": 42, "outputTokens": 7, "cacheReadTokens": 0,
+            "cacheWriteTokens": 0}),
+            "a total below the previous one (a new thread) counts 0, never less"
+        );
+        assert_eq!(total["inputTokens"], 126, "the totals are kept for the next turn");
+        let mut first = json!({"inputTokens": 42, "outputTokens": 7, "cumulative": true});
+        turn_usage(&mut first, None);
+        assert_eq!(first["inputTokens"], 42, "a new CLI session's first turn is its total");
+    }
 }

@@ -173,6 +173,9 @@ pub struct Finished {
     /// The agent's own session id; kept on the session only when the run succeeded (after a
     /// failed or aborted run the next one replays the transcript).
     pub external_session_id: Option<String>,
+    /// The usage totals of that CLI session after this run, for CLIs that report running totals;
+    /// kept, like the id, only when the run succeeded.
+    pub cli_usage_total: Option<Value>,
 }
 
 /// Queues a run, once: a flow step that is taken again after a crash derives the same run id
@@ -309,7 +312,7 @@ impl Store {
                 "UPDATE sessions SET tokens_in = tokens_in + ?2, tokens_out = tokens_out + ?3,
                      tokens_total = tokens_total + ?2 + ?3, cost = CASE WHEN ?4 IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END,
                      model = coalesce(?5, model), aborted_last_run = ?6, updated_at = max(updated_at, ?7),
-                     external_session_id = ?8
+                     external_session_id = ?8, cli_usage_total = ?9
                  WHERE id = ?1",
                 params![
                     session,
@@ -319,13 +322,25 @@ impl Store {
                     f.model,
                     f.status != "ok",
                     now,
-                    f.external_session_id.as_deref().filter(|_| f.status == "ok")
+                    f.external_session_id.as_deref().filter(|_| f.status == "ok"),
+                    f.cli_usage_total.as_ref().filter(|_| f.status == "ok").map(Value::to_string)
                 ],
             )?;
             // The run's token stays valid 30 s after the run ends.
             tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'", params![run_id, now + 30_000])?;
             Ok(())
         })
+    }
+
+    /// The usage totals of the CLI session that `session` last resumed (see [`Finished`]).
+    pub fn cli_usage_total(&self, session: i64) -> Result<Option<Value>> {
+        let text: Option<String> = self.read(|c| {
+            c.prepare_cached("SELECT cli_usage_total FROM sessions WHERE id = ?1")?
+                .query_row([session], |r| r.get(0))
+                .optional()
+                .map(Option::flatten)
+        })?;
+        Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
     }
 
     /// Renews the lease of runs this owner is running.

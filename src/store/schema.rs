@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -240,4 +240,10 @@ INSERT OR IGNORE INTO session_tree (ancestor, session, updated_at)
     )
     SELECT up.ancestor, up.session, s.updated_at FROM up JOIN sessions s ON s.id = up.session
     WHERE up.ancestor <> up.session;
+"#;
+
+/// Version 3: the running usage totals that a CLI reports for its own session (Codex reports the
+/// thread's totals, not the turn's), so that a resumed turn records only what it used.
+const V3: &str = r#"
+ALTER TABLE sessions ADD COLUMN cli_usage_total TEXT;
 "#;

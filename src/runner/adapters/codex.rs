@@ -111,7 +111,11 @@ impl Codex {
             cache_write: n("cache_write_input_tokens"),
             cost_usd: None,
         };
-        vec![event::usage(usage), event::final_(&self.last_message, "end_turn", self.thread_id.as_deref())]
+        // These are the thread's running totals: after `exec resume` they include every earlier
+        // turn, so the run subtracts what the session's last turn reported.
+        let mut usage = event::usage(usage);
+        usage["cumulative"] = true.into();
+        vec![usage, event::final_(&self.last_message, "end_turn", self.thread_id.as_deref())]
     }
 }
 
