@@ -2,8 +2,10 @@
 //! loopback (below) answers it, configured as a custom model provider (`-c model_providers.fake=…`).
 //! A send that replies with usage and stores Codex's thread id; a second send that resumes that
 //! thread (`resumeArgs`: `exec … resume <id> -`, so the API sees the earlier turn); a turn in which
-//! Codex runs a shell command whose call and result land in the transcript; and a turn the API
-//! refuses, which ends the run `error` with the API's message.
+//! Codex runs a shell command whose call and result land in the transcript; a turn in which Codex
+//! calls the server's own `sessions_list` through the `sessions-mcp connect` the server wired in
+//! (with no run token in any process's argv); and a turn the API refuses, which ends the run
+//! `error` with the API's message.
 //!
 //! The CLI is `SESSIONS_MCP_CODEX`, else `codex` on PATH (`.ci/run --extended` installs npm
 //! `@openai/codex`). Without it the test prints why and passes — except in CI's extended tier
@@ -21,6 +23,8 @@ use rusqlite::{Connection, OpenFlags};
 use serde_json::{Value, json};
 
 const KEY: &str = "agent:codex:main";
+/// The namespace Codex puts the `sessions` MCP server's tools in, for the model.
+const NAMESPACE: &str = "mcp__sessions";
 
 fn codex_cli() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("SESSIONS_MCP_CODEX") {
@@ -30,29 +34,44 @@ fn codex_cli() -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join("codex")).find(|p| p.is_file())
 }
 
-/// The request bodies the fake API was sent, in order.
-type Requests = Arc<Mutex<Vec<Value>>>;
+/// What the fake API saw: the request bodies in order, and the command line of every process
+/// alive when a request came in (Codex and its MCP servers are running then).
+#[derive(Clone, Default)]
+struct Seen {
+    requests: Arc<Mutex<Vec<Value>>>,
+    cmdlines: Arc<Mutex<Vec<String>>>,
+}
 
 /// A fake Responses API: `POST /v1/responses` streams one deterministic output item, from the
 /// request's input: after a function call's output → "done: <its output>"; the announce step →
-/// ANNOUNCE_SKIP; a user message with ERROR → HTTP 400 with an error body; TOOL → an
-/// `exec_command` call; anything else → "Hello from the fake Responses API (<n> earlier
-/// replies)", n counting the assistant messages it was sent.
-fn fake_api() -> (u16, Requests) {
+/// ANNOUNCE_SKIP; a user message with ERROR → HTTP 400 with an error body; LIST → a call to our
+/// `sessions_list` MCP tool (in the `mcp__sessions` namespace); TOOL → an `exec_command` call;
+/// anything else → "Hello from the fake Responses API (<n> earlier replies)", n counting the
+/// assistant messages it was sent.
+fn fake_api() -> (u16, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let requests = Requests::default();
-    let log = requests.clone();
+    let seen = Seen::default();
+    let log = seen.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             let log = log.clone();
             std::thread::spawn(move || answer(stream, &log));
         }
     });
-    (port, requests)
+    (port, seen)
 }
 
-fn answer(stream: TcpStream, log: &Requests) {
+/// Every process's command line, its arguments joined by spaces.
+fn cmdlines() -> Vec<String> {
+    let procs = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    procs
+        .filter_map(|p| std::fs::read(p.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .collect()
+}
+
+fn answer(stream: TcpStream, log: &Seen) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut length = 0;
     let mut request_line = String::new();
@@ -79,7 +98,8 @@ fn answer(stream: TcpStream, log: &Requests) {
         return;
     }
     let request: Value = serde_json::from_slice(&body).unwrap_or_default();
-    log.lock().unwrap().push(request.clone());
+    log.requests.lock().unwrap().push(request.clone());
+    log.cmdlines.lock().unwrap().extend(cmdlines());
     let _ = out.write_all(reply(&request).as_bytes());
 }
 
@@ -103,6 +123,16 @@ fn reply(request: &Value) -> String {
             "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
+    } else if user_text.contains("LIST") {
+        // Our own tool, as Codex advertised it: a namespace of the server's tools.
+        let tools = request["tools"].as_array().cloned().unwrap_or_default();
+        let namespace = tools.iter().find(|t| t["type"] == "namespace" && t["name"] == NAMESPACE);
+        let listed = namespace.and_then(|n| n["tools"].as_array()).into_iter().flatten();
+        match listed.filter_map(|t| t["name"].as_str()).find(|n| *n == "sessions_list") {
+            Some(name) => json!({"id": "fc_2", "type": "function_call", "status": "completed", "call_id": "call_2",
+                                 "namespace": NAMESPACE, "name": name, "arguments": "{}"}),
+            None => message(&format!("no {NAMESPACE} namespace with sessions_list in {}", json!(tools))),
+        }
     } else if user_text.contains("TOOL") {
         json!({"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "call_1",
                "name": "exec_command", "arguments": json!({"cmd": "echo tool-output"}).to_string()})
@@ -153,8 +183,8 @@ fn cli_or_skip() -> Option<PathBuf> {
 }
 
 /// A served env whose agent `codex` is the real CLI against a fake API, and that API's log.
-fn codex_env(codex: &PathBuf) -> (TestEnv, common::Client, Requests) {
-    let (port, requests) = fake_api();
+fn codex_env(codex: &PathBuf) -> (TestEnv, common::Client, Seen) {
+    let (port, seen) = fake_api();
     let mut env = TestEnv::new();
     let provider = format!(
         r#"model_providers.fake={{name="fake", base_url="http://127.0.0.1:{port}/v1", env_key="CODEX_API_KEY", wire_api="responses"}}"#
@@ -178,7 +208,7 @@ fn codex_env(codex: &PathBuf) -> (TestEnv, common::Client, Requests) {
     env.set_config(&agents_config(vec![json!({"id": "main"}), json!({"id": "codex", "runner": runner})], json!({})));
     env.seed(json!({"sessions": [{"key": KEY}]}));
     let c = env.serve_with(None, &[("CODEX_API_KEY", "sk-fake")]);
-    (env, c, requests)
+    (env, c, seen)
 }
 
 fn send(c: &mut common::Client, message: &str) -> Value {
@@ -199,7 +229,8 @@ fn thread_of(request: &Value) -> String {
 #[test]
 fn codex_replies_with_usage_and_its_second_turn_resumes_its_own_thread() {
     let Some(codex) = cli_or_skip() else { return };
-    let (env, mut c, requests) = codex_env(&codex);
+    let (env, mut c, seen) = codex_env(&codex);
+    let requests = seen.requests;
 
     let first = send(&mut c, "Say hello");
     assert_eq!(first["status"], "ok", "{first}");
@@ -265,4 +296,35 @@ fn a_request_the_api_refuses_ends_the_run_as_an_error_with_the_apis_message() {
     let run = common::runs_of(&env.show(KEY), Some("send")).pop().expect("the run");
     assert_eq!(run["status"], "error", "{run}");
     assert!(run["error"].as_str().is_some_and(|e| e.contains("the fake API refuses: ERROR")), "{run}");
+}
+
+#[test]
+fn codex_calls_the_servers_own_tools_through_connect_and_the_token_stays_out_of_argv() {
+    let Some(codex) = cli_or_skip() else { return };
+    let (env, mut c, seen) = codex_env(&codex);
+    let r = send(&mut c, "LIST the sessions");
+    assert_eq!(r["status"], "ok", "{r}");
+    // The fake API answers with the tool's output: the run's own session, seen through its token.
+    let reply = r["reply"].as_str().unwrap_or_default();
+    assert!(reply.starts_with(r#"done: {"status":"ok""#), "{r}");
+    assert!(reply.contains(&format!("sessions://history/{KEY}")), "{r}");
+
+    let messages = env.show(KEY)["messages"].as_array().cloned().unwrap();
+    let call = messages
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["type"] == "toolCall")
+        .expect("a toolCall block");
+    assert_eq!(call["name"], "sessions_list", "{call}");
+    let result = messages.iter().find(|m| m["role"] == "toolResult").expect("a toolResult message");
+    assert_eq!((result["toolName"].as_str(), result["isError"].as_bool()), (Some("sessions_list"), Some(false)));
+    assert!(text_of(&result["content"]).contains(&format!("sessions://history/{KEY}")), "{result}");
+
+    // While Codex ran: it was given the server by name only, started `connect`, and no process
+    // had the run token in its command line.
+    let cmdlines = seen.cmdlines.lock().unwrap();
+    let env_vars = r#"mcp_servers.sessions.env_vars=["SESSIONS_MCP_TOKEN","#;
+    assert!(cmdlines.iter().any(|c| c.contains(" exec --json ") && c.contains(env_vars)), "{cmdlines:?}");
+    assert!(cmdlines.iter().any(|c| c.ends_with("sessions-mcp connect ")), "{cmdlines:?}");
+    assert!(!cmdlines.iter().any(|c| c.contains("smcp_run_")), "a run token in argv: {cmdlines:?}");
 }

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::caller::{configured_sandbox, key_scope, sha256_hex};
 use crate::config::RunnerKind;
 use crate::keys::{self, SessionKey};
-use crate::runner::mcp_config::McpConfigFile;
+use crate::runner::mcp_config::{McpConfigFile, codex_overrides};
 use crate::runner::template::CliTurn;
 use crate::runner::{Hooks, Input, Launch, RunStatus, RunnerSpec, resolve_runner, sandbox};
 use crate::runtime::Runtime;
@@ -132,7 +132,8 @@ fn parties_of(flow: &Value) -> Option<Parties> {
 
 /// The agent's argv and stdin for a run, from its `request`: `jsonl` agents get the request line;
 /// CLI adapters get their command template filled and the prompt rendered from the same request
-/// (Claude Code also an MCP config file, removed when the returned guard drops).
+/// (Claude Code also an MCP config file, removed when the returned guard drops; Codex the same
+/// server as `-c` overrides before its arguments).
 fn agent_input(
     spec: &RunnerSpec,
     run: &RunRow,
@@ -171,7 +172,11 @@ fn agent_input(
         extra,
     };
     let invocation = cli.invocation(&spec.args, &vars, turn);
-    Ok((invocation.args, Input::Prompt(invocation.stdin), mcp_config))
+    let args = match spec.kind {
+        RunnerKind::CodexExecJson => codex_overrides(exe).into_iter().chain(invocation.args).collect(),
+        _ => invocation.args,
+    };
+    Ok((args, Input::Prompt(invocation.stdin), mcp_config))
 }
 
 /// Executes one claimed run and commits its outcome.

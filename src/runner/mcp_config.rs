@@ -4,6 +4,10 @@
 //! token is in the file's `env` (never in argv: `/proc/<pid>/cmdline` is world-readable), so the
 //! file is created 0600 in the run's TMPDIR and removed when the run ends. The token identifies
 //! the child's session, so the server applies the sub-agent rules to whatever Claude calls.
+//!
+//! Codex has no config-file flag, so it gets the same server as `-c` overrides instead
+//! ([`codex_overrides`]); they name only the variables `connect` needs (`env_vars`, which Codex
+//! copies from its own environment into the server's), so the token stays out of argv there too.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -11,12 +15,28 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-/// The MCP server name Claude Code sees (its tools become `mcp__sessions__<tool>`).
+/// The MCP server name the CLIs see (Claude Code's tools become `mcp__sessions__<tool>`).
 pub const SERVER_NAME: &str = "sessions";
 
 /// The variables `connect` needs, copied from the run's environment.
 const CONNECT_ENV: [&str; 4] =
     ["SESSIONS_MCP_TOKEN", "SESSIONS_MCP_SOCKET", "SESSIONS_MCP_RUN_ID", "SESSIONS_MCP_SESSION_KEY"];
+
+/// Codex's `-c` overrides that add the `sessions` MCP server running `<exe> connect`. The values
+/// are TOML; a JSON string is also a valid TOML basic string, hence `serde_json` for the quoting.
+/// They are global options of `codex`, so they go before the agent's arguments and hold for
+/// `exec` and `exec resume` alike.
+pub fn codex_overrides(exe: &str) -> Vec<String> {
+    let key = |field: &str| format!("mcp_servers.{SERVER_NAME}.{field}");
+    [
+        format!("{}={}", key("command"), Value::from(exe)),
+        format!("{}={}", key("args"), json!(["connect"])),
+        format!("{}={}", key("env_vars"), json!(CONNECT_ENV)),
+    ]
+    .into_iter()
+    .flat_map(|o| ["-c".to_string(), o])
+    .collect()
+}
 
 /// The written file; removed on drop.
 #[derive(Debug)]
@@ -78,5 +98,21 @@ mod tests {
         assert!(server["env"].get("ANTHROPIC_API_KEY").is_none());
         drop(file);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn codex_gets_connect_as_toml_overrides_that_name_the_variables_but_hold_no_values() {
+        let args = codex_overrides("/opt/my \"odd\" dir/sessions-mcp");
+        assert_eq!(
+            args,
+            [
+                "-c",
+                r#"mcp_servers.sessions.command="/opt/my \"odd\" dir/sessions-mcp""#,
+                "-c",
+                r#"mcp_servers.sessions.args=["connect"]"#,
+                "-c",
+                r#"mcp_servers.sessions.env_vars=["SESSIONS_MCP_TOKEN","SESSIONS_MCP_SOCKET","SESSIONS_MCP_RUN_ID","SESSIONS_MCP_SESSION_KEY"]"#,
+            ]
+        );
     }
 }
