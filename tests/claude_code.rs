@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 
@@ -45,22 +45,7 @@ fn fake_api() -> u16 {
 }
 
 fn answer(stream: TcpStream) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap_or(0);
-        }
-        if line == "\r\n" {
-            break;
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).unwrap();
+    let Some((_, body)) = common::read_http_request(&stream) else { return };
     let request: Value = serde_json::from_slice(&body).unwrap_or_default();
     let mut out = stream;
     let _ = out.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n");
@@ -211,13 +196,8 @@ fn a_claude_child_allowed_sessions_list_lists_its_own_tree_through_this_server()
     .expect("the Result is the sessions_list answer");
     assert_eq!(common::keys_of(&listed), vec![child.clone()], "{announce}");
     let show = env.show(&child);
-    let call = show["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
-        .find(|b| b["type"] == "toolCall");
-    assert_eq!(call.expect("a toolCall block")["name"], "mcp__sessions__sessions_list");
+    let call = common::first_tool_call(show["messages"].as_array().unwrap());
+    assert_eq!(call["name"], "mcp__sessions__sessions_list");
 }
 
 #[test]
@@ -245,11 +225,8 @@ fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
 
     let show = env.show(KEY);
     let messages = show["messages"].as_array().unwrap();
-    let call = messages
-        .iter()
-        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
-        .find(|b| b["type"] == "toolCall");
-    assert_eq!(call.expect("a toolCall block")["name"], "mcp__sessions__sessions_list");
+    let call = common::first_tool_call(messages);
+    assert_eq!(call["name"], "mcp__sessions__sessions_list");
     let result = messages.iter().find(|m| m["role"] == "toolResult").expect("a toolResult message");
     assert!(text_of(&result["content"]).contains("\"status\""), "{result}");
     let cost = messages.iter().filter_map(|m| m["usage"]["costUsd"].as_f64()).next();

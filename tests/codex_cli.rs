@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -72,26 +72,7 @@ fn cmdlines() -> Vec<String> {
 }
 
 fn answer(stream: TcpStream, log: &Seen) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut length = 0;
-    let mut request_line = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        if request_line.is_empty() {
-            request_line = line.clone();
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap_or(0);
-        }
-        if line == "\r\n" {
-            break;
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).unwrap();
+    let Some((request_line, body)) = common::read_http_request(&stream) else { return };
     let mut out = stream;
     if !request_line.starts_with("POST /v1/responses ") {
         let _ = out.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
@@ -275,11 +256,7 @@ fn a_command_codex_runs_lands_in_the_transcript_as_a_call_and_its_result() {
     assert_eq!(r["reply"], "done: tool-output");
 
     let messages = env.show(KEY)["messages"].as_array().cloned().unwrap();
-    let call = messages
-        .iter()
-        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
-        .find(|b| b["type"] == "toolCall")
-        .expect("a toolCall block");
+    let call = common::first_tool_call(&messages);
     assert_eq!(call["name"], "command_execution");
     assert!(call["arguments"]["command"].as_str().is_some_and(|c| c.contains("echo tool-output")), "{call}");
     let result = messages.iter().find(|m| m["role"] == "toolResult").expect("a toolResult message");
@@ -310,11 +287,7 @@ fn codex_calls_the_servers_own_tools_through_connect_and_the_token_stays_out_of_
     assert!(reply.contains(&format!("sessions://history/{KEY}")), "{r}");
 
     let messages = env.show(KEY)["messages"].as_array().cloned().unwrap();
-    let call = messages
-        .iter()
-        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
-        .find(|b| b["type"] == "toolCall")
-        .expect("a toolCall block");
+    let call = common::first_tool_call(&messages);
     assert_eq!(call["name"], "sessions_list", "{call}");
     let result = messages.iter().find(|m| m["role"] == "toolResult").expect("a toolResult message");
     assert_eq!((result["toolName"].as_str(), result["isError"].as_bool()), (Some("sessions_list"), Some(false)));

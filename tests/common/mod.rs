@@ -652,3 +652,37 @@ pub fn start_daemon(env: &TestEnv) -> Child {
     assert!(ready.contains("daemon"), "{ready}");
     daemon
 }
+
+/// One HTTP/1.1 request read off `stream` by the fake model APIs: its request line and body.
+pub fn read_http_request(stream: &std::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    use std::io::Read;
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let (mut request_line, mut length) = (String::new(), 0);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if request_line.is_empty() {
+            request_line = line.clone();
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((request_line, body))
+}
+
+/// The first `toolCall` content block of a transcript (`show`'s `messages`).
+pub fn first_tool_call(messages: &[Value]) -> Value {
+    messages
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["type"] == "toolCall")
+        .expect("a toolCall block")
+}
