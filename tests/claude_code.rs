@@ -22,14 +22,6 @@ use serde_json::{Value, json};
 
 const KEY: &str = "agent:claude:main";
 
-fn claude_cli() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("SESSIONS_MCP_CLAUDE") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("claude")).find(|p| p.is_file())
-}
-
 /// A fake Anthropic Messages API: streams one deterministic message per request, from the last
 /// user turn: a tool result → "done: <its text>"; text with LIST → a `sessions_list` call through
 /// MCP; the announce step → ANNOUNCE_SKIP; anything else → "Hello from the fake API (<n> messages)".
@@ -101,13 +93,7 @@ fn reply_events(request: &Value) -> String {
 
 /// The CLI, or None after saying why the test is skipped (a failure in CI's extended tier).
 fn cli_or_skip() -> Option<PathBuf> {
-    let cli = claude_cli();
-    if cli.is_none() {
-        let reason = "the Claude Code CLI is not installed (set SESSIONS_MCP_CLAUDE or put claude on PATH)";
-        assert!(std::env::var_os("CI").is_none() || std::env::var_os("SESSIONS_MCP_EXTENDED").is_none(), "{reason}");
-        eprintln!("skipped: {reason}");
-    }
-    cli
+    common::real_cli_or_skip("SESSIONS_MCP_CLAUDE", "claude", "Claude Code")
 }
 
 /// An env with agents `main` (the caller, may spawn `claude` children) and `claude` (the real CLI

@@ -26,14 +26,6 @@ const KEY: &str = "agent:codex:main";
 /// The namespace Codex puts the `sessions` MCP server's tools in, for the model.
 const NAMESPACE: &str = "mcp__sessions";
 
-fn codex_cli() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("SESSIONS_MCP_CODEX") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("codex")).find(|p| p.is_file())
-}
-
 /// What the fake API saw: the request bodies in order, and the command line of every process
 /// alive when a request came in (Codex and its MCP servers are running then).
 #[derive(Clone, Default)]
@@ -154,13 +146,7 @@ fn message(text: &str) -> Value {
 
 /// The CLI, or None after saying why the test is skipped (a failure in CI's extended tier).
 fn cli_or_skip() -> Option<PathBuf> {
-    let cli = codex_cli();
-    if cli.is_none() {
-        let reason = "the Codex CLI is not installed (set SESSIONS_MCP_CODEX or put codex on PATH)";
-        assert!(std::env::var_os("CI").is_none() || std::env::var_os("SESSIONS_MCP_EXTENDED").is_none(), "{reason}");
-        eprintln!("skipped: {reason}");
-    }
-    cli
+    common::real_cli_or_skip("SESSIONS_MCP_CODEX", "codex", "Codex")
 }
 
 /// A served env whose agent `codex` is the real CLI against a fake API, and that API's log.

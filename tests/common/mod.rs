@@ -686,3 +686,19 @@ pub fn first_tool_call(messages: &[Value]) -> Value {
         .find(|b| b["type"] == "toolCall")
         .expect("a toolCall block")
 }
+
+/// A real agent CLI for the end-to-end tests: `$var`, else `program` on PATH. Without it the test
+/// prints why and passes, except in CI's extended tier (`CI` and `SESSIONS_MCP_EXTENDED` set),
+/// which must run it.
+pub fn real_cli_or_skip(var: &str, program: &str, name: &str) -> Option<PathBuf> {
+    let cli = std::env::var_os(var).map(PathBuf::from).or_else(|| {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
+    });
+    if cli.is_none() {
+        let reason = format!("the {name} CLI is not installed (set {var} or put {program} on PATH)");
+        assert!(std::env::var_os("CI").is_none() || std::env::var_os("SESSIONS_MCP_EXTENDED").is_none(), "{reason}");
+        eprintln!("skipped: {reason}");
+    }
+    cli
+}
