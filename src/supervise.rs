@@ -173,6 +173,13 @@ fn signal_group(pgid: i32, sig: i32) {
 fn kill_leftovers(pgid: i32, run_id: &str) {
     signal_group(pgid, libc::SIGKILL);
     kill_descendants();
+    kill_processes_of_run(run_id);
+}
+
+/// SIGKILLs every process this user may signal whose environment carries the run's
+/// `SESSIONS_MCP_RUN_ID` (Linux; best effort). The server calls it too, for a run whose
+/// supervisor died before it could.
+pub fn kill_processes_of_run(run_id: &str) {
     if run_id.is_empty() {
         return;
     }

@@ -170,6 +170,61 @@ printf '%s\n' '{"type":"final","text":"escaped"}'
     wait_until(Duration::from_secs(5), "the escapers to be gone", || pids_with_env(&mark).is_empty().then_some(()));
 }
 
+/// An agent that ignores SIGINT/SIGTERM, does `what` to its supervisor (`$PPID`), then sleeps far
+/// past every limit. The server must end the run at its limits without the supervisor's help and
+/// leave no process behind; the session's queue is free again (a second send runs).
+fn harm_the_supervisor_then_hang(what: &str) {
+    let body = format!("trap '' INT TERM HUP\nIFS= read -r line\nkill -{what} $PPID\nsleep 300\n");
+    let env = env_with_worker(
+        |e| {
+            shell_agent(
+                e,
+                "worker",
+                &body,
+                &[],
+                json!({"timeoutSeconds": 2, "idleTimeoutSeconds": 1, "cancelGraceSeconds": 1}),
+            )
+        },
+        &[WORKER.to_string()],
+    );
+    let mut c = env.serve(None);
+    let t0 = Instant::now();
+    for round in 0..2 {
+        let r = c.call("sessions_send", json!({"sessionKey": WORKER, "message": "go", "timeoutSeconds": 30}));
+        assert_eq!(r["status"], "error", "round {round}: the run ends at its idle timeout: {r}");
+        assert!(r["error"].as_str().is_some_and(|e| e.contains("idle timeout")), "round {round}: {r}");
+        let run_id = r["runId"].as_str().unwrap_or_else(|| panic!("a run id: {r}")).to_string();
+        assert_no_process_carries(&[run_id], Duration::from_secs(5));
+    }
+    assert!(t0.elapsed() < Duration::from_secs(60), "both runs ended long before the agents' 300 s sleep");
+}
+
+#[test]
+fn an_agent_that_sigkills_its_supervisor_is_still_ended_at_its_limits() {
+    harm_the_supervisor_then_hang("KILL");
+}
+
+#[test]
+fn an_agent_that_stops_its_supervisor_is_still_ended_at_its_limits() {
+    harm_the_supervisor_then_hang("STOP");
+}
+
+#[test]
+fn an_agent_that_never_reads_its_input_times_out_at_the_run_deadline() {
+    // 64 KiB of message (more with the request around it) fills the stdin pipe of an agent that never reads it: the write itself must
+    // end at the run's deadline (before, the run waited for the supervisor's own backstop).
+    let env = env_with_worker(
+        |e| shell_agent(e, "worker", "sleep 300\n", &[], json!({"timeoutSeconds": 1, "cancelGraceSeconds": 1})),
+        &[WORKER.to_string()],
+    );
+    let mut c = env.serve(None);
+    let message = "x".repeat(65_536);
+    let r = c.call("sessions_send", json!({"sessionKey": WORKER, "message": message, "timeoutSeconds": 30}));
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(r["error"].as_str().is_some_and(|e| e.contains("timed out")), "{r}");
+    assert_no_process_carries(&[r["runId"].as_str().unwrap().to_string()], Duration::from_secs(5));
+}
+
 #[test]
 fn a_flooding_agent_is_stopped_at_max_stdout_bytes() {
     let (r, run) = misbehave(

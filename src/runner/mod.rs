@@ -91,6 +91,11 @@ enum Stop {
 const STDERR_TAIL: usize = 64 * 1024;
 /// After `final` the agent has this long to exit before it is killed.
 const EXIT_AFTER_FINAL: Duration = Duration::from_secs(5);
+/// The supervisor's SIGINT → SIGTERM → SIGKILL takes three of its 1 s steps; past this it is
+/// stopped or stuck and the server kills it and its group itself.
+const SUPERVISOR_ESCALATION: Duration = Duration::from_secs(5);
+/// How long stderr may stay open after the run's processes ended (only an escaper holds it).
+const STDERR_DRAIN: Duration = Duration::from_secs(2);
 
 /// Builds the persisted messages from events, in event order.
 #[derive(Default)]
@@ -352,15 +357,19 @@ impl Runner {
         }
         let mut stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped stdout");
-        let stderr_task = tokio::spawn(read_tail(child.stderr.take().expect("piped stderr")));
+        let stderr_cutoff = CancellationToken::new();
+        let mut stderr_task =
+            tokio::spawn(read_tail(child.stderr.take().expect("piped stderr"), stderr_cutoff.clone()));
         let bytes = match input {
             Input::Request(request) => request.to_string() + "\n",
             Input::Prompt(prompt) => prompt.clone(),
         };
-        if let Some(pipe) = stdin.as_mut() {
-            let _ = pipe.write_all(bytes.as_bytes()).await;
-            let _ = pipe.flush().await;
-        }
+        let deadline = tokio::time::Instant::now() + spec.timeout;
+        // An agent that never reads stdin fills the pipe: the write is bounded by the run's deadline.
+        let written = match stdin.as_mut() {
+            Some(pipe) => tokio::time::timeout_at(deadline, write_line(pipe, bytes.as_bytes())).await.is_ok(),
+            None => true,
+        };
         if matches!(input, Input::Prompt(_)) {
             // The CLI reads its prompt up to EOF.
             stdin = None;
@@ -369,12 +378,16 @@ impl Runner {
         let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(spec.max_line_bytes));
         let mut decoder = adapters::decoder(spec.kind);
         let mut collected = Collected::new(&launch.run_id);
-        let stop = read_events(spec, &mut lines, decoder.as_mut(), &mut collected, &cancel, hooks).await;
+        let stop = if written {
+            read_events(spec, deadline, &mut lines, decoder.as_mut(), &mut collected, &cancel, hooks).await
+        } else {
+            Some(Stop::Timeout)
+        };
         if matches!(stop, Some(Stop::Cancelled | Stop::Timeout)) {
             match stdin.as_mut() {
                 Some(pipe) => {
-                    let _ = pipe.write_all(b"{\"type\":\"cancel\",\"reason\":\"timeout\"}\n").await;
-                    let _ = pipe.flush().await;
+                    let cancel_line = b"{\"type\":\"cancel\",\"reason\":\"timeout\"}\n";
+                    let _ = tokio::time::timeout(spec.cancel_grace, write_line(pipe, cancel_line)).await;
                 }
                 None => terminate(pid),
             }
@@ -398,15 +411,22 @@ impl Runner {
         }
         drop(stdin);
         let wait = if collected.final_event.is_some() { EXIT_AFTER_FINAL } else { spec.cancel_grace };
-        let exit = if stop.is_none()
-            && let Ok(Ok(status)) = tokio::time::timeout(wait, child.wait()).await
-        {
-            Some(status)
-        } else {
-            terminate(pid);
-            child.wait().await.ok()
+        let mut exit = None;
+        if stop.is_none() {
+            exit = tokio::time::timeout(wait, child.wait()).await.ok().and_then(Result::ok);
+        }
+        if exit.is_none() {
+            exit = stop_supervisor(&mut child, pid).await;
+        }
+        end_orphaned_group(pid, exit.as_ref(), &launch.run_id);
+        // What still holds stderr open now escaped the tree: it must not hold the run open too.
+        let stderr_tail = match tokio::time::timeout(STDERR_DRAIN, &mut stderr_task).await {
+            Ok(tail) => tail.unwrap_or_default(),
+            Err(_) => {
+                stderr_cutoff.cancel();
+                stderr_task.await.unwrap_or_default()
+            }
         };
-        let stderr_tail = stderr_task.await.unwrap_or_default();
         collected.outcome(stop, Limits::of(spec), exit.and_then(|s| s.code()), stderr_tail)
     }
 
@@ -436,13 +456,13 @@ impl Runner {
 /// Reads stdout until `final`, EOF (then the decoder's end events) or a stop condition.
 async fn read_events(
     spec: &RunnerSpec,
+    deadline: tokio::time::Instant,
     lines: &mut FramedRead<tokio::process::ChildStdout, LinesCodec>,
     decoder: &mut dyn Decoder,
     collected: &mut Collected,
     cancel: &CancellationToken,
     hooks: &Hooks<'_>,
 ) -> Option<Stop> {
-    let deadline = tokio::time::Instant::now() + spec.timeout;
     let (mut line_no, mut total_bytes) = (0usize, 0usize);
     loop {
         let idle = async {
@@ -516,15 +536,53 @@ fn terminate(pid: Option<i32>) {
     }
 }
 
+/// Ends the supervisor: asked first, killed when it has not exited by the end of its escalation
+/// (the agent may have stopped it with SIGSTOP, or it is stuck).
+async fn stop_supervisor(child: &mut tokio::process::Child, pid: Option<i32>) -> Option<std::process::ExitStatus> {
+    terminate(pid);
+    if let Ok(status) = tokio::time::timeout(SUPERVISOR_ESCALATION, child.wait()).await {
+        return status.ok();
+    }
+    let _ = child.start_kill();
+    child.wait().await.ok()
+}
+
+/// A supervisor that exited by itself has ended its group; one that died by a signal (SIGKILLed
+/// by its own agent, by the OOM killer, or by [`stop_supervisor`]) left the group to the server.
+/// The group's id stays reserved while any member lives, so the kill cannot reach a stranger.
+fn end_orphaned_group(pgid: Option<i32>, supervisor: Option<&std::process::ExitStatus>, run_id: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(pgid) = pgid else { return };
+    if supervisor.is_some_and(|s| s.signal().is_none()) {
+        return;
+    }
+    tracing::warn!(run_id, pgid, "the run's supervisor died; the server ends its process group");
+    // SAFETY: killpg has no memory-safety preconditions.
+    unsafe {
+        libc::killpg(pgid, libc::SIGKILL);
+    }
+    crate::supervise::kill_processes_of_run(run_id);
+}
+
+async fn write_line(pipe: &mut tokio::process::ChildStdin, bytes: &[u8]) {
+    let _ = pipe.write_all(bytes).await;
+    let _ = pipe.flush().await;
+}
+
 /// Drains stderr, keeping its last 64 KiB.
-async fn read_tail(mut stderr: tokio::process::ChildStderr) -> String {
+/// Stops early, with what it has, when `cutoff` is cancelled.
+async fn read_tail(mut stderr: tokio::process::ChildStderr, cutoff: CancellationToken) -> String {
     use tokio::io::AsyncReadExt;
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = [0u8; 8192];
-    while let Ok(n) = stderr.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
+    loop {
+        let n = tokio::select! {
+            read = stderr.read(&mut buf) => match read {
+                Ok(n) if n > 0 => n,
+                _ => break,
+            },
+            _ = cutoff.cancelled() => break,
+        };
         tail.extend_from_slice(&buf[..n]);
         if tail.len() > STDERR_TAIL {
             tail.drain(..tail.len() - STDERR_TAIL);
