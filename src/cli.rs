@@ -95,8 +95,11 @@ enum Command {
         #[command(flatten)]
         paths: Paths,
     },
-    /// Check the setup: resolved paths, config (one line per problem), store, runtime.
+    /// Check the setup: resolved paths, config (one line per problem), store, file modes, runtime.
     Doctor {
+        /// Make what group or other users may read in the state dir private to its owner.
+        #[arg(long)]
+        fix_modes: bool,
         #[command(flatten)]
         paths: Paths,
     },
@@ -249,6 +252,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The agent and the supervisor log nothing of their own: stderr belongs to the run.
     if !matches!(cli.command, Command::Agent { .. } | Command::Supervise(_) | Command::Connect) {
+        // Before any thread: the umask is process-wide. Agents get the user's back (supervise).
+        crate::privacy::keep_created_files_private();
         init_tracing();
     }
     match cli.command {
@@ -266,7 +271,7 @@ pub fn main() -> ExitCode {
         Command::Prune { older_than, paths } => {
             with_store(&paths, |_, store| crate::ops::prune(store, older_than.as_deref()))
         }
-        Command::Doctor { paths } => crate::ops::doctor(&paths),
+        Command::Doctor { fix_modes, paths } => crate::ops::doctor(&paths, fix_modes),
         Command::Daemon { force, paths } => block_on(daemon(paths, force)),
         Command::Inject { key, text, timeout, paths } => block_on(crate::ops::inject(paths, key, text, timeout)),
         Command::Agent { script } => crate::agent::run(script.as_deref()),

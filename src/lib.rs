@@ -13,6 +13,7 @@
 //! | [`tools`]   | one file per tool; each parses its raw arguments and returns `{status, …}` |
 //! | [`access`]  | the one façade every tool asks: loads facts from the store, asks `policy` |
 //! | [`policy`]  | pure decisions: visibility, agent-to-agent, send policy, sub-agent tool sets |
+//! | [`privacy`] | what the server writes is private to its user: the `077` umask, 0700 dirs, `doctor`'s mode check |
 //! | [`keys`]    | session keys: parse, canonical and display forms, kind, chat type, channel |
 //! | [`store`]   | the SQLite store (WAL, `synchronous=FULL`, versioned migrations) behind [`store::Store`] |
 //! | [`sanitize`]| what transcripts look like on the way out: redaction, cuts, the 80 KiB budget |
@@ -57,6 +58,7 @@ pub mod import;
 pub mod keys;
 pub mod ops;
 pub mod policy;
+pub mod privacy;
 pub mod runner;
 pub mod runtime;
 pub mod sanitize;

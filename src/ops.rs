@@ -282,8 +282,40 @@ fn find_program(command: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(command)).find(|p| executable(p))
 }
 
-/// Resolved paths, config problems (one line each), the store, the runtime.
-pub fn doctor(paths: &crate::cli::Paths) -> ExitCode {
+/// Reports what other local users may read in the state dir (one line each, the first 20);
+/// `fix` makes it private. Returns the number of problems left.
+fn check_modes(state_dir: &Path, fix: bool) -> usize {
+    let report = match crate::privacy::check_modes(state_dir, fix) {
+        Ok(r) => r,
+        Err(e) => {
+            println!("modes problem: cannot read {}: {e}", state_dir.display());
+            return 1;
+        }
+    };
+    for (path, mode) in report.shared.iter().take(20) {
+        println!("modes problem: {} is {mode:04o}: other local users may read it", path.display());
+    }
+    if report.shared.len() > 20 {
+        println!("modes problem: … and {} more", report.shared.len() - 20);
+    }
+    match (report.shared.len(), report.fixed) {
+        (0, _) => {
+            println!("modes: private to the owner");
+            0
+        }
+        (n, fixed) if fix => {
+            println!("modes: made {fixed} of {n} private");
+            n - fixed
+        }
+        (n, _) => {
+            println!("modes: {n} shared; run `sessions-mcp doctor --fix-modes` to make them private");
+            1
+        }
+    }
+}
+
+/// Resolved paths, config problems (one line each), the store, file modes, the runtime.
+pub fn doctor(paths: &crate::cli::Paths, fix_modes: bool) -> ExitCode {
     let mut problems = 0;
     let state_dir = paths.state_dir();
     println!("state dir: {}{}", state_dir.display(), if state_dir.is_dir() { "" } else { " (does not exist yet)" });
@@ -325,6 +357,9 @@ pub fn doctor(paths: &crate::cli::Paths) -> ExitCode {
         }
     } else {
         println!("store: {} (created on first use)", store_path.display());
+    }
+    if state_dir.is_dir() {
+        problems += check_modes(&state_dir, fix_modes);
     }
     if let Ok(env) = paths.resolve() {
         problems += check_runners(&env);

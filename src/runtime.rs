@@ -74,7 +74,7 @@ impl Runtime {
     /// Starts the runtime of this process: takes the runtime lock when it may, and keeps trying
     /// (so the process takes over when the owner dies).
     pub fn start(access: Access, state_dir: &Path, role: Role) -> Result<Arc<Runtime>, String> {
-        std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+        crate::privacy::create_private_dir(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
         let daemon_lock = match role {
             Role::Daemon => {
                 let f = open_lock(&state_dir.join("daemon.lock"))?;

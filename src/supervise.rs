@@ -30,6 +30,9 @@ pub struct SuperviseArgs {
     uid: Option<u32>,
     #[arg(long)]
     gid: Option<u32>,
+    /// The agent's umask (the user's; the server itself runs with 077).
+    #[arg(long)]
+    umask: Option<u32>,
     /// The agent's program and arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -79,6 +82,9 @@ pub fn run(args: &SuperviseArgs) -> ExitCode {
     // SAFETY: setrlimit reads a properly initialised struct.
     unsafe {
         libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+    }
+    if let Some(mask) = args.umask {
+        crate::privacy::restore_umask(mask);
     }
     let pgid = std::process::id() as i32;
     let run_id = std::env::var("SESSIONS_MCP_RUN_ID").unwrap_or_default();

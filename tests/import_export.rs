@@ -397,3 +397,71 @@ fn an_imported_grandchild_is_listed_in_its_tree_whatever_the_file_order() {
     let h = c.call("sessions_history", json!({"sessionKey": "agent:main:subagent:a-grandchild"}));
     assert_eq!(h["status"], "ok", "{h}");
 }
+
+/// Runs a command of the binary as a user with the usual umask 022 would.
+fn with_umask_022(mut cmd: std::process::Command) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: umask is async-signal-safe and touches no memory.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// Every path under `dir` (links not followed) with its permission bits.
+fn modes_under(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(p) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        out.push((p.clone(), meta.permissions().mode() & 0o777));
+        if meta.is_dir() {
+            pending.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn everything_the_server_writes_is_private_whatever_the_umask_and_doctor_fixes_old_stores() {
+    let mut env = TestEnv::new();
+    let body = "IFS= read -r line\nprintf x > agent-file\nprintf '%s\\n' '{\"type\":\"final\",\"text\":\"wrote\"}'\n";
+    let worker = common::shell_agent(&env, "worker", body, &[], json!({}));
+    env.set_config(&common::agents_config(vec![json!({"id": "main"}), worker], json!({})));
+    let mut c = common::Client::start(with_umask_022(env.command(&["serve"])));
+    let r = c.call("sessions_send", json!({"sessionKey": "agent:worker:main", "message": "go", "timeoutSeconds": 20}));
+    assert_eq!(r["reply"], "wrote", "{r}");
+    env.wait_idle(std::time::Duration::from_secs(10));
+    let export = with_umask_022(env.command(&["export"])).output().unwrap();
+    assert!(export.status.success(), "{export:?}");
+    let agent_file = env.state_dir().join("workspaces/worker/agent-file");
+    let modes = modes_under(&env.state_dir());
+    assert!(modes.iter().any(|(p, _)| p.ends_with("sessions.db-wal")), "the store is in WAL mode: {modes:?}");
+    assert!(modes.iter().any(|(p, _)| p.starts_with(env.state_dir().join("export"))), "{modes:?}");
+    let shared: Vec<_> = modes.iter().filter(|(p, m)| m & 0o077 != 0 && *p != agent_file).collect();
+    assert!(shared.is_empty(), "group/other may read these: {shared:?}");
+    let agent_mode = modes.iter().find(|(p, _)| *p == agent_file).map(|(_, m)| *m);
+    assert_eq!(agent_mode, Some(0o644), "the agent keeps the user's umask for its own files");
+    let out = ok_stdout(env.run(&["doctor"]));
+    assert!(out.contains("modes: private to the owner"), "{out}");
+    drop(c);
+
+    // A store made before this change: doctor names what is shared and --fix-modes makes it private.
+    use std::os::unix::fs::PermissionsExt;
+    for p in [env.state_dir(), env.state_dir().join("sessions.db")] {
+        let mode = if p.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let out = env.run(&["doctor"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("sessions.db is 0644: other local users may read it"), "{text}");
+    assert!(text.contains("--fix-modes"), "{text}");
+    let text = ok_stdout(env.run(&["doctor", "--fix-modes"]));
+    assert!(text.contains("modes: made 2 of 2 private"), "{text}");
+    assert!(ok_stdout(env.run(&["doctor"])).contains("modes: private to the owner"));
+}

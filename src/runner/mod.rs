@@ -436,6 +436,9 @@ impl Runner {
         cmd.arg("supervise")
             .arg("--deadline-ms")
             .arg((spec.timeout.as_millis() as u64 + spec.cancel_grace.as_millis() as u64 + 10_000).to_string());
+        if let Some(mask) = crate::privacy::user_umask() {
+            cmd.arg("--umask").arg(mask.to_string());
+        }
         if let Some((uid, gid)) = launch.uid_gid {
             cmd.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
         }

@@ -104,7 +104,8 @@ impl Store {
     /// Opens (creating if needed) the store at `path`, migrating it to [`SCHEMA_VERSION`].
     pub fn open(path: &Path) -> Result<Store> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::StateDir { path: dir.to_path_buf(), source })?;
+            crate::privacy::create_private_dir(dir)
+                .map_err(|source| StoreError::StateDir { path: dir.to_path_buf(), source })?;
         }
         let writer = open_connection(path, false)?;
         migrate(&writer, path)?;
