@@ -95,6 +95,12 @@ pub fn redact(text: &str) -> (String, bool) {
     (out, changed)
 }
 
+/// A run's reply or error as a tool answer hands it to a caller (a waiting `sessions_send`,
+/// `tasks/get`): masked like every transcript text, since an agent may echo a key it saw.
+pub fn run_text(text: Option<&str>) -> Option<String> {
+    text.map(|t| redact(t).0)
+}
+
 /// Redacts and cuts one text field.
 fn clean_text(text: &str, flags: &mut Flags) -> String {
     let (mut t, redacted) = redact(text);

@@ -207,3 +207,31 @@ fn without_the_declaration_calls_wait_as_usual_and_tasks_methods_are_refused() {
     assert_eq!(resp["result"]["isError"], true, "{resp}");
     assert!(resp["result"].get("taskId").is_none(), "{resp}");
 }
+
+#[test]
+fn secrets_an_agent_echoes_are_masked_in_a_waiting_send_in_tasks_get_and_in_history_alike() {
+    let env = env_with_worker(0);
+    let secret = "OPENAI_API_KEY=sk-abcdefghijklmnopqrstuvwxyz and smcp_run_0123456789abcdef0123";
+    let masked = |v: &Value, what: &str| {
+        let text = v.to_string();
+        assert!(!text.contains("sk-abcdefghijklmnopqrstuvwxyz"), "{what} leaks the API key: {text}");
+        assert!(!text.contains("smcp_run_0123456789abcdef0123"), "{what} leaks the run token: {text}");
+        assert!(text.contains("sk-abc") && text.contains("smcp_r…0123"), "{what} keeps the masked form: {text}");
+    };
+    let mut plain = env.serve(None);
+    let sent = plain.call("sessions_send", json!({"sessionKey": WORKER, "message": secret, "timeoutSeconds": 20}));
+    assert_eq!(sent["status"], "ok", "{sent}");
+    masked(&sent["reply"], "the waiting send's reply");
+    let history = plain.call("sessions_history", json!({"sessionKey": WORKER}));
+    masked(&history["messages"], "sessions_history");
+
+    let mut tasks = serve_tasks(&env, None);
+    let task = call_as_task(&mut tasks, "sessions_send", json!({"sessionKey": WORKER, "message": secret}));
+    let done = wait_terminal(&mut tasks, task["taskId"].as_str().unwrap());
+    assert_eq!(done["status"], "completed", "{done}");
+    masked(&done, "tasks/get");
+    let task = call_as_task(&mut tasks, "sessions_spawn", json!({"task": secret}));
+    let done = wait_terminal(&mut tasks, task["taskId"].as_str().unwrap());
+    assert_eq!(done["status"], "completed", "{done}");
+    masked(&done, "tasks/get of a spawn");
+}

@@ -346,7 +346,7 @@ fn finished(mut out: SendOk, run: &RunRow, delivery: Option<Value>) -> SendOk {
     out.delivery = delivery;
     if run.status == "ok" {
         let silent = run.reply.as_deref().is_some_and(is_skip);
-        out.reply = Some(if silent { None } else { run.reply.clone() });
+        out.reply = Some(if silent { None } else { crate::sanitize::run_text(run.reply.as_deref()) });
         if silent {
             out.silent = Some(true);
         }
@@ -354,7 +354,7 @@ fn finished(mut out: SendOk, run: &RunRow, delivery: Option<Value>) -> SendOk {
         out.status = SendStatus::Error;
         out.error = Some(match run.status.as_str() {
             "interrupted" => "interrupted: the run was interrupted before it finished".to_string(),
-            s => run.error.clone().unwrap_or_else(|| format!("the run ended {s}")),
+            s => crate::sanitize::run_text(run.error.as_deref()).unwrap_or_else(|| format!("the run ended {s}")),
         });
     }
     out

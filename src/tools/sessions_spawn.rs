@@ -496,7 +496,10 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
 pub fn task_result(run: &RunRow) -> SpawnOk {
     let (status, error) = match run.status.as_str() {
         "ok" => (SpawnStatus::Ok, None),
-        s => (SpawnStatus::Error, Some(run.error.clone().unwrap_or_else(|| format!("the child's run ended {s}")))),
+        s => {
+            let error = crate::sanitize::run_text(run.error.as_deref());
+            (SpawnStatus::Error, Some(error.unwrap_or_else(|| format!("the child's run ended {s}"))))
+        }
     };
     SpawnOk {
         status,
@@ -507,7 +510,7 @@ pub fn task_result(run: &RunRow) -> SpawnOk {
         note: "The child's run has ended; its announce (Status/Result/Notes) also reaches your session.".into(),
         inbox: None,
         attachments: None,
-        reply: if error.is_none() { run.reply.clone() } else { None },
+        reply: if error.is_none() { crate::sanitize::run_text(run.reply.as_deref()) } else { None },
         error,
     }
 }
