@@ -236,3 +236,26 @@ fn an_idempotent_replay_after_a_lost_client_gets_the_same_run() {
     assert_eq!(bad["status"], "invalid");
     assert!(bad["error"].as_str().unwrap().contains("idempotencyKey"));
 }
+
+#[test]
+fn a_run_token_is_refused_as_soon_as_its_run_has_ended() {
+    let mut env = TestEnv::new();
+    let body = "IFS= read -r line\nprintf '%s' \"$SESSIONS_MCP_TOKEN\" > token.tmp && mv token.tmp token\nsleep 2\nprintf '%s\\n' '{\"type\":\"final\",\"text\":\"done\"}'\n";
+    let worker = common::shell_agent(&env, "worker", body, &[], json!({}));
+    env.set_config(&common::agents_config(vec![json!({"id": "main"}), worker], json!({})));
+    let _d = daemon(&env);
+    let mut c = env.serve(None);
+    let id = c
+        .start_call("sessions_send", json!({"sessionKey": "agent:worker:main", "message": "go", "timeoutSeconds": 30}));
+    let token_file = env.state_dir().join("workspaces/worker/token");
+    let token = common::wait_until(Duration::from_secs(20), "the agent to write its token", || {
+        std::fs::read_to_string(&token_file).ok().filter(|t| !t.is_empty())
+    });
+    let bearer = format!("Bearer {token}");
+    let during = raw_http(&socket_path(&env), Some(&bearer));
+    assert!(!during.starts_with("HTTP/1.1 401"), "the token is valid while its run runs: {during}");
+    let r = c.finish_call("sessions_send", id);
+    assert_eq!(r["reply"], "done", "{r}");
+    let after = raw_http(&socket_path(&env), Some(&bearer));
+    assert!(after.starts_with("HTTP/1.1 401"), "refused once the run has ended, not 30 s later: {after}");
+}

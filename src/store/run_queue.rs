@@ -326,8 +326,10 @@ impl Store {
                     f.cli_usage_total.as_ref().filter(|_| f.status == "ok").map(Value::to_string)
                 ],
             )?;
-            // The run's token stays valid 30 s after the run ends.
-            tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'", params![run_id, now + 30_000])?;
+            // The run's token ends with the run: by now every process of the run is gone (the
+            // supervisor, or the server when the supervisor died, ended the tree), so nothing
+            // legitimate can present it again; an escaper that copied it gets no grace.
+            tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'", params![run_id, now])?;
             Ok(())
         })
     }

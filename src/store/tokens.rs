@@ -38,7 +38,7 @@ impl Store {
 }
 
 impl Store {
-    /// Stores a run token (its sha256 only), valid from now until its run ends (+30 s).
+    /// Stores a run token (its sha256 only), valid from now until its run ends.
     pub fn insert_run_token(&self, hash: &str, row: &TokenRow) -> Result<()> {
         self.write(|tx| -> Result<()> {
             tx.execute(
