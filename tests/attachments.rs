@@ -159,7 +159,7 @@ mod race {
     fn race_config(extra_agents: &str) -> String {
         format!(
             "{{tools: {{sessions_spawn: {{attachments: {{enabled: true}}}}}}, \
-              agents: {{defaults: {{subagents: {{maxChildrenPerAgent: 500, maxQueued: 500}}}}, list: [{{id: 'main', subagents: {{allowAgents: ['*']}}}}{extra_agents}]}}}}"
+              agents: {{defaults: {{subagents: {{maxChildrenPerAgent: 500, maxQueued: 500, announceStep: false}}}}, list: [{{id: 'main', subagents: {{allowAgents: ['*']}}}}{extra_agents}]}}}}"
         )
     }
 
@@ -322,8 +322,8 @@ print('{{"type":"final","text":"swaps=%d"}}' % swaps, flush=True)
         let key = intruder["childSessionKey"].as_str().unwrap().to_string();
         let answer = common::wait_until(Duration::from_secs(60), "the swapper's final reply", || {
             let show = env.show(&key);
-            let last = show["messages"].as_array()?.iter().rev().find(|m| m["role"] == "assistant")?.clone();
-            Some(common::text_of(&last["content"]))
+            let reply = show["messages"].as_array()?.iter().find(|m| m["role"] == "assistant")?.clone();
+            Some(common::text_of(&reply["content"]))
         });
         assert!(answer.starts_with("swaps=") && answer != "swaps=0", "the jail swapped: {answer}");
         eprintln!("race in the jail: {answer}");
