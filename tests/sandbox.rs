@@ -6,27 +6,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::TestEnv;
+use common::{TestEnv, bwrap_works};
 use serde_json::{Value, json};
-
-/// Whether bubblewrap can start a jail here; panics in CI when it cannot.
-fn bwrap_works() -> bool {
-    let ok = Command::new("bwrap")
-        .args(["--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "65534", "--", "/bin/true"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "bubblewrap cannot start a jail in CI (install the bubblewrap package)"
-        );
-        eprintln!("SKIPPED: bubblewrap cannot start a jail on this machine (no bwrap or no user namespaces)");
-    }
-    ok
-}
 
 fn spawn_and_read_announce(env: &TestEnv, args: Value) -> String {
     let mut c = env.serve(None);

@@ -1,12 +1,20 @@
 //! Spawn attachments (DESIGN §7.6): validated as arguments (names, strict base64, sizes), staged
 //! in a temporary directory under the child's workdir before the spawn transaction, renamed into
-//! `<workdir>/.openclaw/attachments/<uuid>/` after it commits, and removed again on any failure.
-//! Files are created exclusively, never through a symlink, mode 0600, with a `.manifest.json`.
+//! `<workdir>/.openclaw/attachments/<uuid>/` as the transaction's last step, and removed again on
+//! any failure (including a failed commit). Every directory below the workspace is opened without
+//! following symlinks and used only through its descriptor, so a workspace an agent can write
+//! cannot redirect the server's writes. Files are created exclusively, mode 0600, with a
+//! `.manifest.json`.
 //! Only sha256 receipts are kept; no transcript ever holds attachment content.
 
+use std::cell::Cell;
+use std::ffi::OsStr;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, mkdirat, openat, renameat, statat, unlinkat};
+use rustix::io::Errno;
 
 use base64::Engine;
 use serde_json::{Value, json};
@@ -103,75 +111,130 @@ pub fn validate(list: &[Value], limits: &AttachmentsConfig) -> Result<Vec<Incomi
 }
 
 /// Files written to a staging directory, not yet in place.
+///
+/// Every step after the workspace root is relative to a directory descriptor opened with
+/// `O_NOFOLLOW | O_DIRECTORY`: a component swapped for a symlink after it was opened cannot
+/// redirect a write, because no path below the root is ever resolved again.
 #[derive(Debug)]
 pub struct Staged {
-    staging: PathBuf,
+    /// `.openclaw/attachments`: the staging and the final directory are names in it.
+    parent: OwnedFd,
+    /// The staging directory itself; it stays the same directory when it is renamed.
+    dir: OwnedFd,
+    id: String,
+    /// The files created in `dir` so far (what a failure removes).
+    created: Vec<String>,
     target: PathBuf,
     pub rel_dir: String,
     pub receipts: Vec<Receipt>,
-    committed: bool,
+    /// Renamed to `<id>` (inside the spawn transaction).
+    placed: Cell<bool>,
+    /// The spawn committed: the files stay.
+    kept: bool,
 }
 
-/// Refuses a path component that is a symlink (or not a directory).
-fn ensure_real_dir(path: &Path) -> Result<(), String> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => Err(format!("{} is a symlink; refusing to follow it", path.display())),
-        Ok(m) if !m.is_dir() => Err(format!("{} is not a directory", path.display())),
-        Ok(_) => Ok(()),
-        Err(_) => std::fs::create_dir(path).map_err(|e| format!("cannot create {}: {e}", path.display())),
+const DIR_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY).union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
+
+/// Opens the directory `name` in `parent` (creating it 0700 when missing), refusing a symlink.
+fn open_or_create(parent: &OwnedFd, name: &OsStr, shown: &Path) -> Result<OwnedFd, String> {
+    match mkdirat(parent, name, Mode::RWXU) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", shown.display())),
     }
+    openat(parent, name, DIR_FLAGS, Mode::empty()).map_err(|e| match statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+            format!("{} is a symlink; refusing to follow it", shown.display())
+        }
+        Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::Directory => {
+            format!("{} is not a directory", shown.display())
+        }
+        _ => format!("cannot open {}: {e}", shown.display()),
+    })
 }
 
-/// Writes the files under `<workdir>/.openclaw/attachments/.staging-<uuid>/`.
-pub fn stage(workdir: &Path, files: &[Incoming]) -> Result<Staged, String> {
-    std::fs::create_dir_all(workdir).map_err(|e| format!("cannot create {}: {e}", workdir.display()))?;
-    let base = workdir.join(".openclaw");
-    ensure_real_dir(&base)?;
-    let dir = base.join("attachments");
-    ensure_real_dir(&dir)?;
+/// Opens `<root>/<below>`, creating what is missing. `root` is the operator's workspace and may
+/// itself be a symlink the operator chose; nothing below it is followed.
+fn open_below(root: &Path, below: &Path) -> Result<OwnedFd, String> {
+    std::fs::create_dir_all(root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+    let mut dir = openat(CWD, root, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| format!("cannot open {}: {e}", root.display()))?;
+    let mut shown = root.to_path_buf();
+    for part in below.components() {
+        let Component::Normal(name) = part else {
+            return Err(format!("{} is not a plain path below {}", below.display(), root.display()));
+        };
+        shown.push(name);
+        dir = open_or_create(&dir, name, &shown)?;
+    }
+    Ok(dir)
+}
+
+/// Writes the files under `<workdir>/.openclaw/attachments/.staging-<uuid>/`, walking down from
+/// `workspace` (the run workdir is the workspace or a directory below it).
+pub fn stage(workspace: &Path, workdir: &Path, files: &[Incoming]) -> Result<Staged, String> {
+    let below = workdir.strip_prefix(workspace).map_err(|_| {
+        format!("the run workdir {} is not under the workspace {}", workdir.display(), workspace.display())
+    })?;
+    let parent = open_below(workspace, &below.join(".openclaw/attachments"))?;
     let id = uuid::Uuid::new_v4().to_string();
-    let staging = dir.join(format!(".staging-{id}"));
-    std::fs::create_dir(&staging).map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+    let staging = format!(".staging-{id}");
+    let shown = workdir.join(".openclaw/attachments").join(&staging);
+    mkdirat(&parent, staging.as_str(), Mode::RWXU).map_err(|e| format!("cannot create {}: {e}", shown.display()))?;
+    let dir = match openat(&parent, staging.as_str(), DIR_FLAGS, Mode::empty()) {
+        Ok(dir) => dir,
+        Err(e) => {
+            let _ = unlinkat(&parent, staging.as_str(), AtFlags::REMOVEDIR);
+            return Err(format!("cannot open {}: {e}", shown.display()));
+        }
+    };
     let mut staged = Staged {
-        staging: staging.clone(),
-        target: dir.join(&id),
+        parent,
+        dir,
+        target: workdir.join(".openclaw/attachments").join(&id),
         rel_dir: format!(".openclaw/attachments/{id}"),
+        id,
+        created: Vec::new(),
         receipts: Vec::new(),
-        committed: false,
+        placed: Cell::new(false),
+        kept: false,
     };
     let mut manifest = Vec::new();
     for f in files {
-        write_new(&staging.join(&f.name), &f.bytes)?;
+        staged.write_new(&f.name, &f.bytes)?;
         let sha = hex::encode(Sha256::digest(&f.bytes));
         manifest.push(json!({"name": f.name, "bytes": f.bytes.len(), "sha256": sha, "mimeType": f.mime_type}));
         staged.receipts.push(Receipt { name: f.name.clone(), bytes: f.bytes.len() as u64, sha256: sha });
     }
-    write_new(
-        &staging.join(MANIFEST),
-        serde_json::to_string_pretty(&json!({"files": manifest})).unwrap_or_default().as_bytes(),
-    )?;
+    let manifest = serde_json::to_string_pretty(&json!({"files": manifest})).unwrap_or_default();
+    staged.write_new(MANIFEST, manifest.as_bytes())?;
     Ok(staged)
 }
 
-/// Creates a file that must not exist yet, never through a symlink, mode 0600.
-fn write_new(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    f.write_all(bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
 impl Staged {
-    /// Moves the files into place (after the spawn transaction committed).
-    pub fn commit(mut self) -> Result<(), String> {
-        std::fs::rename(&self.staging, &self.target)
+    /// Creates a file in the staging directory that must not exist yet, never through a symlink,
+    /// mode 0600.
+    fn write_new(&mut self, name: &str, bytes: &[u8]) -> Result<(), String> {
+        let shown = self.target.with_file_name(format!(".staging-{}", self.id)).join(name);
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = openat(&self.dir, name, flags, Mode::RUSR | Mode::WUSR)
+            .map_err(|e| format!("cannot create {}: {e}", shown.display()))?;
+        self.created.push(name.to_string());
+        std::fs::File::from(fd).write_all(bytes).map_err(|e| format!("cannot write {}: {e}", shown.display()))
+    }
+
+    /// Renames the staging directory to its final name. Called inside the spawn transaction as
+    /// its last step: if this fails the child is never committed, and if the commit fails the
+    /// placed files are removed on drop.
+    pub fn place(&self) -> Result<(), String> {
+        renameat(&self.parent, format!(".staging-{}", self.id), &self.parent, self.id.as_str())
             .map_err(|e| format!("cannot move the attachments into place: {e}"))?;
-        self.committed = true;
+        self.placed.set(true);
         Ok(())
+    }
+
+    /// The spawn committed: the files stay where `place` put them.
+    pub fn keep(mut self) {
+        self.kept = true;
     }
 
     /// Where the files end up (absolute).
@@ -203,10 +266,18 @@ impl Staged {
 }
 
 impl Drop for Staged {
-    /// Anything not committed is removed: all or nothing.
+    /// Anything not kept is removed, through the same descriptors: all or nothing, and nothing
+    /// removed anywhere else.
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_dir_all(&self.staging);
+        if self.kept {
+            return;
+        }
+        for name in &self.created {
+            let _ = unlinkat(&self.dir, name.as_str(), AtFlags::empty());
+        }
+        let name = if self.placed.get() { self.id.clone() } else { format!(".staging-{}", self.id) };
+        if let Err(e) = unlinkat(&self.parent, name.as_str(), AtFlags::REMOVEDIR) {
+            tracing::warn!(dir = %self.target.with_file_name(&name).display(), "cannot remove an unused attachment directory: {e}");
         }
     }
 }
@@ -254,32 +325,90 @@ mod tests {
         assert!(bad(json!([{"name": "a", "content": ""}, {"name": "b", "content": ""}, {"name": "c", "content": ""}, {"name": "d", "content": ""}])).contains("maxFiles"));
     }
 
+    fn one_file() -> Vec<Incoming> {
+        validate(json!([{"name": "a.txt", "content": "hello"}]).as_array().unwrap(), &AttachmentsConfig::default())
+            .unwrap()
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    }
+
     #[test]
     fn staging_is_all_or_nothing_and_refuses_symlinks() {
         let dir = tempfile::tempdir().unwrap();
-        let files =
-            validate(json!([{"name": "a.txt", "content": "hello"}]).as_array().unwrap(), &AttachmentsConfig::default())
-                .unwrap();
-        let staged = stage(dir.path(), &files).unwrap();
+        let staged = stage(dir.path(), dir.path(), &one_file()).unwrap();
         let target = dir.path().join(&staged.rel_dir);
+        assert_eq!(staged.path(), target);
         assert_eq!(staged.receipts[0].sha256, hex::encode(Sha256::digest(b"hello")));
-        staged.commit().unwrap();
+        staged.place().unwrap();
+        staged.keep();
         assert_eq!(std::fs::read(target.join("a.txt")).unwrap(), b"hello");
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(target.join("a.txt")).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(target.join(MANIFEST).is_file());
-        // Dropped without commit: nothing stays.
-        let staged = stage(dir.path(), &files).unwrap();
-        let rel = staged.rel_dir.clone();
-        drop(staged);
-        assert!(!dir.path().join(rel).exists());
-        let leftovers = std::fs::read_dir(dir.path().join(".openclaw/attachments")).unwrap().count();
-        assert_eq!(leftovers, 1, "only the committed directory");
+        // Dropped without being placed: nothing stays.
+        drop(stage(dir.path(), dir.path(), &one_file()).unwrap());
+        assert_eq!(entries(&dir.path().join(".openclaw/attachments")).len(), 1, "only the kept directory");
         // A planted symlink is never followed.
         let evil = tempfile::tempdir().unwrap();
         let other = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(other.path(), evil.path().join(".openclaw")).unwrap();
-        assert!(stage(evil.path(), &files).unwrap_err().contains("symlink"));
-        assert_eq!(std::fs::read_dir(other.path()).unwrap().count(), 0);
+        assert!(stage(evil.path(), evil.path(), &one_file()).unwrap_err().contains("is a symlink"));
+        assert!(entries(other.path()).is_empty());
+        assert!(
+            stage(dir.path(), Path::new("/elsewhere"), &one_file()).unwrap_err().contains("not under the workspace")
+        );
+    }
+
+    #[test]
+    fn a_symlink_at_any_step_below_the_workspace_is_refused() {
+        // A sandboxed child's workdir: every directory from the workspace down is checked.
+        let steps = [".sessions", ".sessions/s1", ".sessions/s1/.openclaw", ".sessions/s1/.openclaw/attachments"];
+        for step in steps {
+            let workspace = tempfile::tempdir().unwrap();
+            let outside = tempfile::tempdir().unwrap();
+            let link = workspace.path().join(step);
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(outside.path(), &link).unwrap();
+            let err = stage(workspace.path(), &workspace.path().join(".sessions/s1"), &one_file()).unwrap_err();
+            assert_eq!(err, format!("{} is a symlink; refusing to follow it", link.display()), "{step}");
+            assert!(entries(outside.path()).is_empty(), "{step}: nothing written through the link");
+        }
+        let workspace = tempfile::tempdir().unwrap();
+        std::fs::write(workspace.path().join(".openclaw"), "").unwrap();
+        let err = stage(workspace.path(), workspace.path(), &one_file()).unwrap_err();
+        assert!(err.ends_with(".openclaw is not a directory"), "{err}");
+    }
+
+    /// The race of issue 14, one deterministic step at a time: the attachments directory is moved
+    /// away and a symlink to outside takes its name between staging and placing.
+    #[test]
+    fn a_directory_swapped_after_it_was_opened_keeps_every_write_inside() {
+        let workspace = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let (real, moved) = (workspace.path().join(".openclaw/attachments"), workspace.path().join(".openclaw/moved"));
+        let placed = stage(workspace.path(), workspace.path(), &one_file()).unwrap();
+        let dropped = stage(workspace.path(), workspace.path(), &one_file()).unwrap();
+        std::fs::rename(&real, &moved).unwrap();
+        std::os::unix::fs::symlink(outside.path(), &real).unwrap();
+        placed.place().unwrap();
+        let id = placed.rel_dir.rsplit('/').next().unwrap().to_string();
+        placed.keep();
+        drop(dropped);
+        assert!(entries(outside.path()).is_empty(), "nothing placed or removed through the link");
+        assert_eq!(entries(&moved), vec![id.clone()], "placed in the directory that was opened; the other removed");
+        assert_eq!(std::fs::read(moved.join(&id).join("a.txt")).unwrap(), b"hello");
+    }
+
+    /// A placed directory whose spawn transaction then failed to commit is removed.
+    #[test]
+    fn placed_files_are_removed_when_the_spawn_is_not_kept() {
+        let workspace = tempfile::tempdir().unwrap();
+        let staged = stage(workspace.path(), workspace.path(), &one_file()).unwrap();
+        staged.place().unwrap();
+        assert!(staged.path().join("a.txt").is_file());
+        drop(staged);
+        assert!(entries(&workspace.path().join(".openclaw/attachments")).is_empty());
     }
 }

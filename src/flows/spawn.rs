@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::TurnResult;
 use super::context::{ANNOUNCE_SKIP, NO_REPLY, is_skip};
+use crate::access::Access;
 use crate::caller::{Caller, key_scope};
 use crate::keys::{self, AgentId, SessionKey};
 use crate::runtime::Runtime;
@@ -38,7 +39,8 @@ pub struct SpawnPlan<'a> {
     pub chain_id: String,
     pub hop: i64,
     pub idempotency: Option<(&'a str, &'a str)>,
-    /// Staged attachments: their receipts go into the transaction.
+    /// Staged attachments: their receipts go into the transaction, which moves them into place
+    /// as its last step.
     pub attachments: Option<&'a super::attachments::Staged>,
     /// The child's sessionId (chosen first: a sandboxed child's workdir is named after it).
     pub child_session_id: String,
@@ -58,6 +60,8 @@ pub enum Refused {
     Children(u32),
     Queue(u32),
     Store(StoreError),
+    /// The staged attachments could not be moved into place; nothing was committed.
+    Attachments(String),
 }
 
 impl From<StoreError> for Refused {
@@ -92,14 +96,15 @@ fn subagent_context(plan: &SpawnPlan, child: &SessionKey) -> String {
     )
 }
 
-/// Checks and reserves admission, creates the child and queues its run, in one transaction.
-pub fn start(rt: &Runtime, plan: &SpawnPlan) -> Result<Spawned, Refused> {
-    let config = &rt.access.config;
+/// Checks and reserves admission, creates the child, queues its run and moves its attachments
+/// into place, in one transaction: a spawn that fails leaves neither a child nor files.
+pub fn start(access: &Access, plan: &SpawnPlan) -> Result<Spawned, Refused> {
+    let config = &access.config;
     let sub = &config.agents.defaults.subagents;
     let child_key = SessionKey::for_agent(&plan.target_agent, &format!("subagent:{}", uuid::Uuid::new_v4()));
     let run_id = uuid::Uuid::new_v4().to_string();
     let scope = key_scope(config, &plan.target_agent);
-    rt.access.store.write(|tx| -> Result<Spawned, Refused> {
+    access.store.write(|tx| -> Result<Spawned, Refused> {
         let counts = spawn_counts(tx, plan.caller.key.as_str())?;
         if counts.unfinished >= i64::from(sub.max_children_per_agent) {
             return Err(Refused::Children(sub.max_children_per_agent));
@@ -157,6 +162,10 @@ pub fn start(rt: &Runtime, plan: &SpawnPlan) -> Result<Spawned, Refused> {
         if let Some((key, hash)) = plan.idempotency {
             let result = json!({"childSessionKey": child_key.as_str(), "queued": queued});
             remember_key(tx, plan.caller.key.as_str(), key, "sessions_spawn", hash, &run_id, &result)?;
+        }
+        // Last, so that nothing after it can fail but the commit (whose failure drops the files).
+        if let Some(staged) = plan.attachments {
+            staged.place().map_err(Refused::Attachments)?;
         }
         Ok(Spawned { run_id: run_id.clone(), child_key: child_key.clone(), queued })
     })
@@ -394,4 +403,69 @@ pub fn remove_attachments(rt: &Runtime, spawn_run: &RunRow) {
     };
     super::attachments::remove(std::path::Path::new(dir));
     let _ = rt.access.store.attachments_removed(&spawn_run.run_id);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::flows::attachments;
+    use crate::store::Store;
+
+    fn plan<'a>(caller: &'a Caller, staged: &'a attachments::Staged) -> SpawnPlan<'a> {
+        SpawnPlan {
+            caller,
+            caller_channel: "webchat".into(),
+            target_agent: AgentId::main(),
+            task: "read a.txt",
+            label: None,
+            model: None,
+            thinking: None,
+            timeout_ms: None,
+            cleanup_delete: false,
+            sandboxed: false,
+            depth: 1,
+            max_depth: 1,
+            chain_id: "chain".into(),
+            hop: 0,
+            idempotency: None,
+            attachments: Some(staged),
+            child_session_id: uuid::Uuid::new_v4().to_string(),
+        }
+    }
+
+    /// Issue 14 point 3: the files move inside the transaction, so a move that fails leaves
+    /// neither a child nor a run nor the staged files.
+    #[test]
+    fn a_spawn_whose_files_cannot_be_placed_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let access = Access::new(Store::open(&dir.path().join("sessions.db")).unwrap(), Arc::default());
+        let caller = Caller::external_main();
+        let files = attachments::validate(
+            json!([{"name": "a.txt", "content": "hello"}]).as_array().unwrap(),
+            &access.config.tools.sessions_spawn.attachments,
+        )
+        .unwrap();
+        let workspace = dir.path().join("ws");
+        let staged = attachments::stage(&workspace, &workspace, &files).unwrap();
+        // Something already holds the final name, so the move fails.
+        std::fs::create_dir_all(staged.path().join("squatter")).unwrap();
+        let err = start(&access, &plan(&caller, &staged)).unwrap_err();
+        assert!(
+            matches!(&err, Refused::Attachments(e) if e.contains("cannot move the attachments into place")),
+            "{err:?}"
+        );
+        drop(staged);
+        assert!(access.store.all_sessions().unwrap().is_empty(), "no child");
+        assert!(access.store.run_counts().unwrap().is_empty(), "no run");
+        let left: Vec<_> = std::fs::read_dir(workspace.join(".openclaw/attachments")).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "only the squatter's directory: {left:?}");
+        // The same spawn with the name free commits the child and its placed files.
+        let staged = attachments::stage(&workspace, &workspace, &files).unwrap();
+        let spawned = start(&access, &plan(&caller, &staged)).unwrap();
+        assert!(staged.path().join("a.txt").is_file());
+        staged.keep();
+        assert_eq!(access.store.all_sessions().unwrap().len(), 1, "{spawned:?}");
+    }
 }

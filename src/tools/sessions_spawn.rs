@@ -402,7 +402,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
     let (model, thinking) = resolve_model_and_thinking(config, &args.agent, &args);
     let timeout_s = args.run_timeout.or(Some(config.agents.defaults.subagents.run_timeout_seconds)).filter(|s| *s > 0);
     let inbox_after = access.store.last_seq_of(&caller.key)?;
-    // Staged before the transaction, moved into place after it; removed if anything fails.
+    // Staged before the transaction, moved into place as its last step; removed if anything fails.
     // They go to the child's run workdir: its own directory when it runs sandboxed.
     let child_session_id = uuid::Uuid::new_v4().to_string();
     let run_workdir = if child_sandboxed {
@@ -414,7 +414,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         None
     } else {
         Some(
-            crate::flows::attachments::stage(&run_workdir, &args.attachments)
+            crate::flows::attachments::stage(&spec.workdir, &run_workdir, &args.attachments)
                 .map_err(|e| ToolError::error(format!("attachments: {e}")))?,
         )
     };
@@ -441,7 +441,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         attachments: staged.as_ref(),
         child_session_id,
     };
-    let spawned = match crate::flows::spawn::start(rt, &plan) {
+    let spawned = match crate::flows::spawn::start(&rt.access, &plan) {
         Ok(s) => s,
         Err(Refused::Children(n)) => {
             return Err(ToolError::forbidden(format!(
@@ -454,11 +454,11 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
             )));
         }
         Err(Refused::Store(e)) => return Err(e.into()),
+        Err(Refused::Attachments(e)) => return Err(ToolError::error(format!("attachments: {e}"))),
     };
     let receipts = staged.as_ref().map(crate::flows::attachments::Staged::summary);
     if let Some(s) = staged {
-        // The child is committed; its files must be in place before it can start.
-        s.commit().map_err(|e| ToolError::error(format!("attachments: {e}")))?;
+        s.keep();
     }
     rt.wake();
     let mut ok = accepted(ctx, spawned, inbox_after);
