@@ -489,3 +489,89 @@ fn the_legacy_sse_transport_serves_tools_with_the_same_bearer() {
     let _ = s.read_to_string(&mut out);
     assert!(out.starts_with("HTTP/1.1 401"), "{out}");
 }
+
+/// (status, body) of one request on `/mcp` with this token and `Mcp-Session-Id`.
+fn on_session(port: u16, method: &str, token: &str, session: &str, body: &str) -> (u16, String) {
+    let auth = format!("Bearer {token}");
+    let h = [
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let (status, _, body) = http(port, method, &h, body);
+    (status, body)
+}
+
+#[test]
+fn an_mcp_session_answers_only_the_token_that_opened_it_and_others_learn_nothing() {
+    let env = env_with_tokens("");
+    let server = start(&env);
+    let mut desk = Mcp::legacy(server.port, DESK);
+    let session = desk.session.clone().expect("a session id");
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "sessions_list", "arguments": {}}})
+        .to_string();
+    for (method, body) in [("POST", call.as_str()), ("GET", ""), ("DELETE", "")] {
+        let foreign = on_session(server.port, method, OTHER, &session, body);
+        let missing = on_session(server.port, method, OTHER, "3f1c0a52-0000-4000-8000-000000000000", body);
+        assert_eq!(foreign, missing, "{method} with another token is answered as for a missing session");
+        // rmcp answers 404 for a missing session, except DELETE, which it acknowledges (202).
+        assert_eq!(foreign.0, if method == "DELETE" { 202 } else { 404 }, "{method}: {foreign:?}");
+    }
+    // The owner's session survived the foreign DELETE and still answers its token.
+    let list = desk.call("sessions_list", json!({}));
+    assert!(common::keys_of(&list).contains(&"agent:main:desk".to_string()), "{list}");
+    let (status, _) = on_session(server.port, "DELETE", DESK, &session, "");
+    assert!((200..300).contains(&status), "the owner may end it: {status}");
+    assert_eq!(on_session(server.port, "POST", DESK, &session, &call).0, 404, "ended");
+}
+
+#[test]
+fn a_request_id_already_in_flight_on_a_session_is_refused_at_once_and_freed_after() {
+    let mut env = TestEnv::new();
+    let script = json!({"default": {"sleepMs": 2500, "reply": "slow: {input}"}});
+    let worker = common::scripted_agent(&env, "worker", &script, json!({}));
+    let mut config: Value =
+        serde_json::from_str(&common::agents_config(vec![json!({"id": "main"}), worker], json!({}))).unwrap();
+    config["server"] = json!({"tokens": [{"sha256": sha(DESK), "sessionKey": "agent:main:desk"}]});
+    env.set_config(&config.to_string());
+    let server = start(&env);
+    let desk = Mcp::legacy(server.port, DESK);
+    let session = desk.session.clone().unwrap();
+    let slow = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "sessions_send",
+        "arguments": {"sessionKey": "agent:worker:main", "message": "one", "timeoutSeconds": 30}}})
+    .to_string();
+    let port = server.port;
+    let (first_session, first_body) = (session.clone(), slow.clone());
+    let first = std::thread::spawn(move || on_session(port, "POST", DESK, &first_session, &first_body));
+    let ping = json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}).to_string();
+    let refused = common::wait_until(Duration::from_secs(10), "the duplicate to be refused", || {
+        let (status, body) = on_session(port, "POST", DESK, &session, &ping);
+        let answer = messages(&body).into_iter().find(|m| m["id"] == 7)?;
+        (status == 200 && answer.get("error").is_some()).then_some(answer)
+    });
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("request id 7 is already in flight"), "{refused}");
+    let (status, body) = first.join().unwrap();
+    let answer = messages(&body).into_iter().find(|m| m["id"] == 7).unwrap_or_else(|| panic!("{status} {body}"));
+    assert_eq!(answer["result"]["structuredContent"]["reply"], "slow: one", "the first request is answered: {answer}");
+    let (_, body) = on_session(port, "POST", DESK, &session, &ping);
+    let again = messages(&body).into_iter().find(|m| m["id"] == 7).unwrap();
+    assert!(again.get("result").is_some(), "the id is free once answered: {again}");
+}
+
+#[test]
+fn the_legacy_message_endpoint_takes_the_same_large_bodies_as_mcp() {
+    let env = env_with_tokens("");
+    let server = start(&env);
+    let port = server.port;
+    let mut sse = open_sse(port, DESK);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}});
+    assert_eq!(sse.post(port, DESK, init), 202);
+    sse.response(1);
+    assert_eq!(sse.post(port, DESK, json!({"jsonrpc": "2.0", "method": "notifications/initialized"})), 202);
+    // 3.8 MB: legal on /mcp (its limit fits 5 MiB of attachments), over axum's 2 MB default.
+    let big = json!({"jsonrpc": "2.0", "id": 2, "method": "ping", "params": {"_meta": {"pad": "x".repeat(3_800_000)}}});
+    assert_eq!(sse.post(port, DESK, big), 202, "a legal large body is accepted on /message too");
+    assert!(sse.response(2).get("result").is_some());
+}

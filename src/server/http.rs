@@ -96,9 +96,11 @@ pub fn router(
         config = config.with_allowed_origins(options.allowed_origins.clone());
     }
     config.max_request_body_bytes = options.max_body_bytes;
+    let sessions = Arc::new(LocalSessionManager::default());
+    let guard = super::http_sessions::SessionGuard::new(sessions.clone(), options.max_body_bytes);
     let service = StreamableHttpService::new(
         move || Ok(SessionsServer::per_request(factory_access.clone(), runtime.clone())),
-        LocalSessionManager::default().into(),
+        sessions,
         config,
     );
     let auth = Auth {
@@ -106,7 +108,9 @@ pub fn router(
         static_callers: Arc::new(std::sync::Mutex::new(HashMap::new())),
         anonymous: options.anonymous.clone(),
     };
-    let mut app = axum::Router::new().nest_service("/mcp", service);
+    let mut app = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(guard, super::http_sessions::guard));
     if let Some(sse) = sse {
         app = app.merge(sse);
     }

@@ -3,6 +3,7 @@
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
 pub mod http;
+mod http_sessions;
 mod resources;
 mod sse;
 mod tasks;

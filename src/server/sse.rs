@@ -22,8 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::SessionsServer;
 use super::http::HttpOptions;
+use super::http_sessions::credential_of;
 use crate::access::Access;
-use crate::caller::{Caller, sha256_hex};
+use crate::caller::Caller;
 use crate::runtime::Runtime;
 
 /// Open SSE sessions at most (each holds a stream and a service).
@@ -49,10 +50,13 @@ pub fn router(
     options: HttpOptions,
     cancel: CancellationToken,
 ) -> axum::Router {
+    // One body limit for both transports: what `/mcp` accepts, `/message` accepts.
+    let body_limit = axum::extract::DefaultBodyLimit::max(options.max_body_bytes);
     let state = SseState { sessions: Default::default(), access, runtime, options, cancel };
     axum::Router::new()
         .route("/sse", axum::routing::get(open_stream))
         .route("/message", axum::routing::post(post_message))
+        .layer(body_limit)
         .with_state(state)
 }
 
@@ -82,12 +86,6 @@ fn host_and_origin_ok(options: &HttpOptions, headers: &HeaderMap) -> bool {
     }
 }
 
-fn bearer_hash(headers: &HeaderMap) -> String {
-    let token =
-        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    sha256_hex(token.unwrap_or("").trim())
-}
-
 async fn open_stream(State(st): State<SseState>, Extension(caller): Extension<Caller>, headers: HeaderMap) -> Response {
     if !host_and_origin_ok(&st.options, &headers) {
         return (StatusCode::FORBIDDEN, "Host or Origin not allowed").into_response();
@@ -98,7 +96,7 @@ async fn open_stream(State(st): State<SseState>, Extension(caller): Extension<Ca
     let id = uuid::Uuid::new_v4().to_string();
     let (to_server, from_client) = mpsc::channel::<ClientJsonRpcMessage>(64);
     let (to_client, from_server) = mpsc::channel::<ServerJsonRpcMessage>(64);
-    st.sessions.write().await.insert(id.clone(), Session { to_server, token_hash: bearer_hash(&headers) });
+    st.sessions.write().await.insert(id.clone(), Session { to_server, token_hash: credential_of(&headers) });
     // Dropping the SSE body (the client went away) ends the service.
     let closed = CancellationToken::new();
     let guard = closed.clone().drop_guard();
@@ -148,7 +146,7 @@ async fn post_message(
         let Some(s) = sessions.get(&q.session_id) else { return (StatusCode::NOT_FOUND, "unknown sessionId") };
         (s.to_server.clone(), s.token_hash.clone())
     };
-    if owner != bearer_hash(&headers) {
+    if owner != credential_of(&headers) {
         return (StatusCode::FORBIDDEN, "this SSE session belongs to another token");
     }
     let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(&body) else {
