@@ -39,6 +39,7 @@ pub mod defaults {
     pub const HEADER_TIMEOUT_SECONDS: u64 = 10;
     pub const IDLE_TIMEOUT_SECONDS: u64 = 60;
     pub const MAX_CONNECTIONS: u32 = 256;
+    pub const MAX_SUBSCRIPTIONS: u32 = 100;
     pub const RUNNER_TIMEOUT_SECONDS: u64 = 900;
     pub const RUNNER_IDLE_TIMEOUT_SECONDS_JSONL: u64 = 300;
     pub const RUNNER_CANCEL_GRACE_SECONDS: u64 = 5;
@@ -569,6 +570,9 @@ pub struct ServerConfig {
     pub header_timeout_seconds: u64,
     pub idle_timeout_seconds: u64,
     pub max_connections: u32,
+    /// Transcripts one caller may watch at once (`resources/subscribe`, `subscriptions/listen`),
+    /// across its MCP sessions on one listener; alias forms of one session count once.
+    pub max_subscriptions: u32,
 }
 
 impl Default for ServerConfig {
@@ -580,6 +584,7 @@ impl Default for ServerConfig {
             header_timeout_seconds: defaults::HEADER_TIMEOUT_SECONDS,
             idle_timeout_seconds: defaults::IDLE_TIMEOUT_SECONDS,
             max_connections: defaults::MAX_CONNECTIONS,
+            max_subscriptions: defaults::MAX_SUBSCRIPTIONS,
         }
     }
 }

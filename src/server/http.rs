@@ -18,6 +18,7 @@ use rmcp::transport::streamable_http_server::{
 use tokio_util::sync::CancellationToken;
 
 use super::SessionsServer;
+use super::subscriptions::Hub;
 use crate::access::Access;
 use crate::caller;
 use crate::runtime::Runtime;
@@ -84,9 +85,11 @@ pub fn router(
     options: &HttpOptions,
 ) -> axum::Router {
     let factory_access = access.clone();
+    // One hub per listener: a caller's subscriptions count over all its MCP sessions here.
+    let hub = Hub::new(access.store.clone(), access.config.server.max_subscriptions);
     let sse = options
         .legacy_sse
-        .then(|| super::sse::router(access.clone(), runtime.clone(), options.clone(), cancel.clone()));
+        .then(|| super::sse::router(access.clone(), runtime.clone(), options.clone(), cancel.clone(), hub.clone()));
     let mut config = StreamableHttpServerConfig::default().with_cancellation_token(cancel);
     config = match &options.allowed_hosts {
         Some(hosts) => config.with_allowed_hosts(hosts.clone()),
@@ -99,7 +102,7 @@ pub fn router(
     let sessions = Arc::new(LocalSessionManager::default());
     let guard = super::http_sessions::SessionGuard::new(sessions.clone(), options.max_body_bytes);
     let service = StreamableHttpService::new(
-        move || Ok(SessionsServer::per_request(factory_access.clone(), runtime.clone())),
+        move || Ok(SessionsServer::per_request(factory_access.clone(), runtime.clone(), hub.clone())),
         sessions,
         config,
     );

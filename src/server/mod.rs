@@ -6,6 +6,7 @@ pub mod http;
 mod http_sessions;
 mod resources;
 mod sse;
+pub mod subscriptions;
 mod tasks;
 
 use rmcp::model::{
@@ -23,6 +24,7 @@ use crate::access::Access;
 use crate::caller::Caller;
 use crate::runtime::Runtime;
 use crate::tools::{self, Ctx, Progress};
+use subscriptions::{Hub, Subscriptions};
 
 /// One MCP server instance: for one caller (stdio), or resolving the caller per request (HTTP).
 #[derive(Clone)]
@@ -31,17 +33,25 @@ pub struct SessionsServer {
     /// The stdio process's caller; None when each request carries its own (HTTP).
     caller: Option<Caller>,
     runtime: Option<Arc<Runtime>>,
-    subscriptions: resources::Subscriptions,
+    /// This MCP session's subscriptions; rmcp drops them with the session.
+    subscriptions: Subscriptions,
 }
 
 impl SessionsServer {
+    /// The server of one stdio process: its own subscription hub.
     pub fn new(access: Access, caller: Caller, runtime: Option<Arc<Runtime>>) -> Self {
-        SessionsServer { access, caller: Some(caller), runtime, subscriptions: Default::default() }
+        let hub = Hub::new(access.store.clone(), access.config.server.max_subscriptions);
+        Self::on_hub(access, caller, runtime, hub)
+    }
+
+    /// A server for one caller whose subscriptions count on a listener's `hub` (legacy SSE).
+    pub fn on_hub(access: Access, caller: Caller, runtime: Option<Arc<Runtime>>, hub: Hub) -> Self {
+        SessionsServer { access, caller: Some(caller), runtime, subscriptions: Subscriptions::new(hub) }
     }
 
     /// A server whose caller comes from each HTTP request (set by the bearer middleware).
-    pub fn per_request(access: Access, runtime: Option<Arc<Runtime>>) -> Self {
-        SessionsServer { access, caller: None, runtime, subscriptions: Default::default() }
+    pub fn per_request(access: Access, runtime: Option<Arc<Runtime>>, hub: Hub) -> Self {
+        SessionsServer { access, caller: None, runtime, subscriptions: Subscriptions::new(hub) }
     }
 
     fn caller_for(&self, context: &RequestContext<RoleServer>) -> Result<Caller, McpError> {
@@ -114,16 +124,17 @@ impl ServerHandler for SessionsServer {
     ) -> Result<(), McpError> {
         let caller = self.caller_for(&context)?;
         let peer = context.peer.clone();
-        self.subscriptions.subscribe(&self.ctx(&caller, &context), &request.uri, peer).await
+        resources::subscribe(&self.ctx(&caller, &context), &self.subscriptions, &request.uri, peer).await
     }
 
     #[allow(deprecated)]
     async fn unsubscribe(
         &self,
         request: UnsubscribeRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        self.subscriptions.unsubscribe(&request.uri);
+        let caller = self.caller_for(&context)?;
+        resources::unsubscribe(&self.ctx(&caller, &context), &self.subscriptions, &request.uri);
         Ok(())
     }
 
@@ -145,7 +156,7 @@ impl ServerHandler for SessionsServer {
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
         let caller = self.caller_for(context.request_context())?;
         let request = context.request_context().clone();
-        resources::listen(&self.ctx(&caller, &request), context).await
+        resources::listen(&self.ctx(&caller, &request), self.subscriptions.fresh(), context).await
     }
 
     async fn get_task(

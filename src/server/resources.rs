@@ -3,28 +3,23 @@
 //! session and an unknown one answer alike), and `notifications/resources/updated` when a watched transcript grows — asked for with
 //! `resources/subscribe` (handshake era) or `subscriptions/listen` (2026-07-28).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use rmcp::model::{
     CacheScope, ListResourceTemplatesResult, ListResourcesResult, ReadResourceResult, Resource, ResourceContents,
-    ResourceTemplate, ResourceUpdatedNotificationParam, SubscriptionFilter,
+    ResourceTemplate, SubscriptionFilter,
 };
 use rmcp::service::{Peer, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
 
+use super::subscriptions::{Named, Subscriptions};
 use crate::access::{Access, ListRequest};
 use crate::caller::Caller;
-use crate::keys::SessionKey;
+use crate::keys::{SessionKey, SessionRef};
 use crate::tools::{self, Ctx};
 
 const PREFIX: &str = "sessions://history/";
 pub const TEMPLATE: &str = "sessions://history/{key}";
 const PAGE: usize = 50;
-/// How often watched transcripts are checked for new messages.
-const POLL: Duration = Duration::from_millis(250);
 
 pub fn uri_of(key: &SessionKey) -> String {
     format!("{PREFIX}{key}")
@@ -79,74 +74,60 @@ pub async fn read(ctx: &Ctx<'_>, uri: &str) -> Result<ReadResourceResult, McpErr
 }
 
 async fn history(ctx: &Ctx<'_>, uri: &str) -> Option<Value> {
-    let key = uri.strip_prefix(PREFIX).filter(|k| !k.is_empty() && !k.contains('/'))?;
+    let key = key_part(uri)?;
     let args = json!({"sessionKey": key}).as_object().cloned();
     let result = tools::call(ctx, "sessions_history", args).await?;
     let structured = result.structured_content?;
     (structured.get("status").and_then(Value::as_str) == Some("ok")).then_some(structured)
 }
 
-/// The transcripts one client watches: uri → (its session, the highest seq it was told about).
-#[derive(Clone, Default)]
-pub struct Subscriptions {
-    seen: Arc<Mutex<HashMap<String, (SessionKey, i64)>>>,
-    watching: Arc<std::sync::atomic::AtomicBool>,
+fn key_part(uri: &str) -> Option<&str> {
+    uri.strip_prefix(PREFIX).filter(|k| !k.is_empty() && !k.contains('/'))
 }
 
-impl Subscriptions {
-    /// `resources/subscribe` (handshake era): watches a transcript the caller may read; the first
-    /// subscription starts the watcher, which notifies through `peer`.
-    pub async fn subscribe(&self, ctx: &Ctx<'_>, uri: &str, peer: Peer<RoleServer>) -> Result<(), McpError> {
-        self.add(ctx, uri).await?;
-        if !self.watching.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            tokio::spawn(watch(self.clone(), ctx.access.clone(), peer));
-        }
-        Ok(())
-    }
+/// `resources/subscribe` (handshake era): watches a transcript the caller may read, counted once
+/// whatever form its key takes; "not found" if the caller may not read it.
+pub async fn subscribe(ctx: &Ctx<'_>, subs: &Subscriptions, uri: &str, peer: Peer<RoleServer>) -> Result<(), McpError> {
+    history(ctx, uri).await.ok_or_else(|| not_found(uri))?;
+    let raw = key_part(uri).ok_or_else(|| not_found(uri))?;
+    let target = ctx.access.resolve(ctx.caller, crate::policy::Action::History, "uri", raw);
+    let key = target.map_err(|_| not_found(uri))?.key;
+    subs.start_watcher(peer);
+    subs.add(&ctx.caller.key, Named { identity: key.to_string(), readable: Some(key) }, uri)
+}
 
-    pub fn unsubscribe(&self, uri: &str) {
-        self.seen.lock().expect("subscriptions").remove(uri);
-    }
+/// `resources/unsubscribe`: forgets the transcript in whatever form it was subscribed.
+pub fn unsubscribe(ctx: &Ctx<'_>, subs: &Subscriptions, uri: &str) {
+    let identity = key_part(uri).and_then(|raw| identity_of(ctx, raw));
+    subs.remove(identity.as_deref(), uri);
+}
 
-    /// Starts watching `uri` from its current last seq; "not found" if the caller may not read it.
-    async fn add(&self, ctx: &Ctx<'_>, uri: &str) -> Result<(), McpError> {
-        let structured = history(ctx, uri).await.ok_or_else(|| not_found(uri))?;
-        let target = ctx.access.resolve(ctx.caller, crate::policy::Action::History, "uri", &uri[PREFIX.len()..]);
-        let key = target.map_err(|_| not_found(uri))?.key;
-        let last = structured["messages"]
-            .as_array()
-            .and_then(|m| m.iter().filter_map(|x| x["seq"].as_i64()).max())
-            .unwrap_or(0);
-        self.seen.lock().expect("subscriptions").insert(uri.to_string(), (key, last));
-        Ok(())
-    }
-
-    /// The watched transcripts that grew since the last call (the store is polled: other
-    /// processes append too).
-    fn grown(&self, access: &Access) -> Vec<String> {
-        let mut seen = self.seen.lock().expect("subscriptions");
-        let mut grown = Vec::new();
-        for (uri, (key, last)) in seen.iter_mut() {
-            let Ok(now) = access.store.last_seq_of(key) else { continue };
-            if now > *last {
-                *last = now;
-                grown.push(uri.clone());
-            }
-        }
-        grown
+/// The canonical key a reference names for this caller, without asking whether the caller may
+/// see it; a sessionId only through a visible session (else what was typed, lower-cased).
+fn identity_of(ctx: &Ctx<'_>, raw: &str) -> Option<String> {
+    match ctx.access.parse_ref(ctx.caller, "uri", raw).ok()? {
+        SessionRef::Key(key) => Some(key.to_string()),
+        SessionRef::SessionId(id) => Some(
+            ctx.access
+                .resolve(ctx.caller, crate::policy::Action::History, "uri", &id)
+                .map_or_else(|_| format!("sessionId:{}", id.to_ascii_lowercase()), |t| t.key.to_string()),
+        ),
     }
 }
 
-/// Tells a handshake-era client when a subscribed transcript grows. Ends when the client is gone.
-async fn watch(subs: Subscriptions, access: Access, peer: Peer<RoleServer>) {
-    loop {
-        tokio::time::sleep(POLL).await;
-        for uri in subs.grown(&access) {
-            if peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri)).await.is_err() {
-                return;
-            }
-        }
-    }
+/// A listened-to URI: readable, or held without notifications (so the caller's slot count
+/// cannot tell an invisible session from a missing one). None for a key that cannot parse.
+async fn listened(ctx: &Ctx<'_>, uri: &str) -> Option<Named> {
+    let raw = key_part(uri)?;
+    let identity = identity_of(ctx, raw)?;
+    let readable = match history(ctx, uri).await {
+        Some(_) => ctx.access.resolve(ctx.caller, crate::policy::Action::History, "uri", raw).ok().map(|t| t.key),
+        None => None,
+    };
+    Some(match readable {
+        Some(key) => Named { identity: key.to_string(), readable: Some(key) },
+        None => Named { identity, readable: None },
+    })
 }
 
 /// The part of a `subscriptions/listen` filter we serve: transcript URIs (our tool, prompt and
@@ -158,21 +139,27 @@ pub fn accepted_filter(requested: &SubscriptionFilter) -> SubscriptionFilter {
 
 /// `subscriptions/listen` (2026-07-28): notifies while the accepted transcripts grow, until the
 /// client cancels. A transcript the caller may not read is accepted like any other and simply
-/// never updates, so the acknowledgment cannot tell an invisible session from a missing one.
-pub async fn listen(ctx: &Ctx<'_>, context: SubscriptionContext) -> Result<(), McpError> {
-    let subs = Subscriptions::default();
+/// never updates, so the acknowledgment cannot tell an invisible session from a missing one. The
+/// URIs count against the caller's `server.maxSubscriptions` while the listen lasts.
+pub async fn listen(ctx: &Ctx<'_>, subs: Subscriptions, context: SubscriptionContext) -> Result<(), McpError> {
+    let mut rx = subs.receiver();
     for uri in context.accepted().resource_subscriptions.iter().flatten() {
-        let _ = subs.add(ctx, uri).await;
-    }
-    loop {
-        tokio::select! {
-            _ = context.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(POLL) => {}
+        if let Some(named) = listened(ctx, uri).await {
+            subs.add(&ctx.caller.key, named, uri)?;
         }
-        for uri in subs.grown(ctx.access) {
-            if context.sink().notify_resource_updated(uri).await.is_err() {
-                return Ok(());
+    }
+    subs.tracked(async {
+        loop {
+            let grown = tokio::select! {
+                _ = context.cancelled() => return Ok(()),
+                g = subs.next(&mut rx) => g,
+            };
+            for uri in grown.unwrap_or_default() {
+                if context.sink().notify_resource_updated(uri).await.is_err() {
+                    return Ok(());
+                }
             }
         }
-    }
+    })
+    .await
 }

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::SessionsServer;
 use super::http::HttpOptions;
 use super::http_sessions::credential_of;
+use super::subscriptions::Hub;
 use crate::access::Access;
 use crate::caller::Caller;
 use crate::runtime::Runtime;
@@ -42,6 +43,7 @@ struct SseState {
     runtime: Option<Arc<Runtime>>,
     options: HttpOptions,
     cancel: CancellationToken,
+    hub: Hub,
 }
 
 pub fn router(
@@ -49,10 +51,11 @@ pub fn router(
     runtime: Option<Arc<Runtime>>,
     options: HttpOptions,
     cancel: CancellationToken,
+    hub: Hub,
 ) -> axum::Router {
     // One body limit for both transports: what `/mcp` accepts, `/message` accepts.
     let body_limit = axum::extract::DefaultBodyLimit::max(options.max_body_bytes);
-    let state = SseState { sessions: Default::default(), access, runtime, options, cancel };
+    let state = SseState { sessions: Default::default(), access, runtime, options, cancel, hub };
     axum::Router::new()
         .route("/sse", axum::routing::get(open_stream))
         .route("/message", axum::routing::post(post_message))
@@ -100,7 +103,7 @@ async fn open_stream(State(st): State<SseState>, Extension(caller): Extension<Ca
     // Dropping the SSE body (the client went away) ends the service.
     let closed = CancellationToken::new();
     let guard = closed.clone().drop_guard();
-    let server = SessionsServer::new(st.access.clone(), caller, st.runtime.clone());
+    let server = SessionsServer::on_hub(st.access.clone(), caller, st.runtime.clone(), st.hub.clone());
     let (sessions, sid, shutdown) = (st.sessions.clone(), id.clone(), st.cancel.clone());
     tokio::spawn(async move {
         if let Ok(running) = server.serve((to_client, from_client)).await {

@@ -155,12 +155,41 @@ impl Store {
 
     /// The highest `seq` of a session by key, 0 when it has none (or does not exist).
     pub fn last_seq_of(&self, key: &crate::keys::SessionKey) -> Result<i64> {
+        self.last_seqs_of(std::slice::from_ref(key)).map(|seqs| seqs[0])
+    }
+
+    /// [`Store::last_seq_of`] for several sessions in one read.
+    pub fn last_seqs_of(&self, keys: &[crate::keys::SessionKey]) -> Result<Vec<i64>> {
         self.read(|c| {
-            c.query_row(
+            let mut stmt = c.prepare_cached(
                 "SELECT coalesce(max(m.seq), 0) FROM messages m JOIN sessions s ON s.id = m.session WHERE s.key = ?1",
-                [key.as_str()],
-                |r| r.get(0),
-            )
+            )?;
+            keys.iter().map(|k| stmt.query_row([k.as_str()], |r| r.get(0))).collect()
+        })
+    }
+
+    /// The newest message id, 0 for an empty store: where a change feed starts.
+    pub fn newest_message_id(&self) -> Result<i64> {
+        self.read(|c| c.query_row("SELECT coalesce(max(id), 0) FROM messages", [], |r| r.get(0)))
+    }
+
+    /// The sessions that gained messages with an id above `after`, with their new last seq, and
+    /// the id to ask from next time. The idle case costs one lookup at the end of the rowid index.
+    pub fn grown_since(&self, after: i64) -> Result<(i64, Vec<(String, i64)>)> {
+        self.read(|c| {
+            let top: i64 = c.query_row("SELECT coalesce(max(id), 0) FROM messages", [], |r| r.get(0))?;
+            // Below `after`: `prune` removed the newest rows; ids above `top` will be new ones.
+            if top <= after {
+                return Ok((top, Vec::new()));
+            }
+            let grown = c
+                .prepare_cached(
+                    "SELECT s.key, max(m.seq) FROM messages m JOIN sessions s ON s.id = m.session
+                     WHERE m.id > ?1 AND m.id <= ?2 GROUP BY m.session",
+                )?
+                .query_map([after, top], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok((top, grown))
         })
     }
 
