@@ -93,18 +93,15 @@ pub fn import(data: &[u8]) {
     let _ = sessions_mcp::import::import(dir.path(), &store, &Config::default());
 }
 
-/// JSON-RPC through the whole server (rmcp over a duplex pipe): after any lines the server
-/// still answers a ping.
+/// JSON-RPC through the whole server (the stdio transport over a duplex pipe): after any lines
+/// the server still answers a ping.
 pub fn jsonrpc(data: &[u8]) {
     let (rt, access) = server_world();
     rt.block_on(async {
         let (client, server) = tokio::io::duplex(1 << 20);
         let handler = SessionsServer::new(access.clone(), operator(), None);
-        let task = tokio::spawn(async move {
-            if let Ok(running) = rmcp::ServiceExt::serve(handler, server).await {
-                let _ = running.waiting().await;
-            }
-        });
+        let (server_read, server_write) = tokio::io::split(server);
+        let task = tokio::spawn(sessions_mcp::server::serve_lines(handler, server_read, server_write));
         let (read, mut write) = tokio::io::split(client);
         let hello = r#"{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"fuzz","version":"0"}}}"#;
         let mut input = format!("{hello}\n{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}}\n");

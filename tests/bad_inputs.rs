@@ -2,7 +2,7 @@
 //! `{status: "invalid" (or the documented status), error}` whose `error` names the field (and, for
 //! unknown arguments, lists the allowed ones), must never change the store, and must never crash
 //! the server. Protocol faults (unknown tool, arguments that are not an object) are JSON-RPC
-//! errors; a line that is not JSON gets no reply at all. Process-level bad inputs (a corrupt
+//! errors; a line that is not JSON gets a `-32700 Parse error` with `"id": null`. Process-level bad inputs (a corrupt
 //! config, a store file that is not ours, a bad `--as`) make `serve` exit with one clear line.
 //!
 //! Contract: DESIGN.md §2, §5 (argument rules, statuses), §9; DECISIONS.md "Error statuses",
@@ -637,9 +637,10 @@ fn unknown_tools_and_non_object_arguments_are_json_rpc_errors() {
 }
 
 /// Talks to `serve` line by line, to see every line it writes (the shared client hides replies
-/// whose id it did not ask for).
+/// whose id it did not ask for): each line rmcp cannot parse gets exactly one `-32700` with
+/// `"id": null` saying what was wrong, and the request after it is still answered.
 #[test]
-fn lines_that_are_not_json_get_no_reply_and_the_server_keeps_answering() {
+fn lines_that_are_not_json_get_a_parse_error_and_the_server_keeps_answering() {
     let env = seeded();
     let mut child = env
         .command(&["serve"])
@@ -659,8 +660,8 @@ fn lines_that_are_not_json_get_no_reply_and_the_server_keeps_answering() {
             }
         }
     });
-    let mut send = |line: &str| {
-        stdin.write_all(line.as_bytes()).unwrap();
+    let mut send = |line: &[u8]| {
+        stdin.write_all(line).unwrap();
         stdin.write_all(b"\n").unwrap();
         stdin.flush().unwrap();
     };
@@ -668,31 +669,58 @@ fn lines_that_are_not_json_get_no_reply_and_the_server_keeps_answering() {
         let line = rx.recv_timeout(Duration::from_secs(30)).expect("a reply");
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"))
     };
-    send(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string());
+    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string().as_bytes());
     let init = recv();
     assert_eq!(init["id"], 1, "{init}");
-    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    send(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
     let before = env.fingerprint();
 
-    let garbage = [
-        "this is not json",
-        "{\"jsonrpc\":\"2.0\",\"id\":99,\"method\":\"tools/list\"",
-        "}{",
-        "\u{1}\u{2}\u{3} binary-ish",
-        "tools/call sessions_list",
-        "'single quotes'",
+    let over_long =
+        format!(r#"{{"jsonrpc":"2.0","id":7,"method":"ping","params":{{"x":"{}"}}}}"#, "a".repeat(17 << 20));
+    let garbage: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("words", b"this is not json".to_vec(), "is not JSON"),
+        ("truncated", br#"{"jsonrpc":"2.0","id":99,"method":"tools/list""#.to_vec(), "is not JSON"),
+        ("truncated key", br#"{"jsonrpc":"#.to_vec(), "is not JSON"),
+        ("braces", b"}{".to_vec(), "is not JSON"),
+        ("control bytes", b"\x01\x02\x03 binary-ish".to_vec(), "is not JSON"),
+        ("single quotes", b"'single quotes'".to_vec(), "is not JSON"),
+        (
+            "invalid UTF-8",
+            b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\",\"x\":\"\xff\xfe\"}".to_vec(),
+            "is not valid UTF-8",
+        ),
+        (
+            "lone surrogate",
+            br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"\ud800"}}"#.to_vec(),
+            "hex escape",
+        ),
+        ("10,000 levels", "[".repeat(10_000).into_bytes(), "recursion limit"),
+        ("17 MiB", over_long.into_bytes(), "is longer than 16777216 bytes"),
     ];
-    for (i, g) in garbage.iter().enumerate() {
-        send(g);
+    for (i, (what, line, why)) in garbage.iter().enumerate() {
+        send(line);
         let id = 100 + i as u64;
-        send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": {}}).to_string());
-        // The very next line must be the answer to the valid request: nothing for the garbage.
-        let reply = recv();
-        assert_eq!(reply["id"], id, "garbage {g:?} got a reply (or the server stopped answering): {reply}");
+        send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": {}}).to_string().as_bytes());
+        let (error, reply) = match (recv(), recv()) {
+            (a, b) if a["id"] == id => (b, a),
+            (a, b) => (a, b),
+        };
+        assert_eq!(error["id"], Value::Null, "{what}: {error}");
+        assert!(
+            error.as_object().is_some_and(|o| o.contains_key("id")),
+            "{what}: id must be null, not absent: {error}"
+        );
+        assert_eq!(error["error"]["code"], -32700, "{what}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("Parse error: line ") && message.contains(why),
+            "{what}: {message:?} should say {why:?}"
+        );
+        assert_eq!(reply["id"], id, "{what}: the server stopped answering: {reply}");
         assert_eq!(reply["result"]["tools"].as_array().map(Vec::len), Some(5), "{reply}");
     }
     // A tool call still works after all that.
-    send(&json!({"jsonrpc": "2.0", "id": 200, "method": "tools/call", "params": {"name": "sessions_history", "arguments": {"sessionKey": "main"}}}).to_string());
+    send(json!({"jsonrpc": "2.0", "id": 200, "method": "tools/call", "params": {"name": "sessions_history", "arguments": {"sessionKey": "main"}}}).to_string().as_bytes());
     let reply = recv();
     assert_eq!(reply["id"], 200, "{reply}");
     assert_eq!(reply["result"]["structuredContent"]["status"], "ok", "{reply}");

@@ -626,7 +626,8 @@ fn a_wait_on_the_callers_own_session_is_refused_as_a_deadlock() {
 fn the_target_gets_provenance_and_the_agent_sees_the_inter_session_marker() {
     let mut env = TestEnv::new();
     let req_file = env.dir.path().join("request.json");
-    let body = "IFS= read -r line\nprintf '%s\\n' \"$line\" > \"$1\"\nprintf '%s\\n' '{\"type\":\"final\",\"text\":\"seen\"}'\n";
+    // Appended, not overwritten: the announce step that follows the send runs the agent again.
+    let body = "IFS= read -r line\nprintf '%s\\n' \"$line\" >> \"$1\"\nprintf '%s\\n' '{\"type\":\"final\",\"text\":\"seen\"}'\n";
     let worker = shell_agent(&env, "worker", body, &[req_file.to_str().unwrap()], json!({}));
     env.set_config(&agents_config(vec![json!({"id": "main"}), worker], json!({})));
     env.seed(json!({"sessions": [{"key": WORKER}]}));
@@ -637,7 +638,8 @@ fn the_target_gets_provenance_and_the_agent_sees_the_inter_session_marker() {
     assert_eq!(r["reply"], "seen");
 
     // What the agent got: mode send, the agent-to-agent context in system, and the marker.
-    let req: Value = serde_json::from_str(std::fs::read_to_string(&req_file).unwrap().trim()).unwrap();
+    let requests = std::fs::read_to_string(&req_file).unwrap();
+    let req: Value = serde_json::from_str(requests.lines().next().unwrap()).unwrap();
     assert_eq!(req["mode"], "send");
     assert_eq!(req["sessionKey"], WORKER);
     assert!(

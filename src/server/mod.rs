@@ -6,8 +6,11 @@ pub mod http;
 mod http_sessions;
 mod resources;
 mod sse;
+mod stdio;
 pub mod subscriptions;
 mod tasks;
+
+pub use stdio::serve_lines;
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult,
@@ -16,7 +19,7 @@ use rmcp::model::{
     SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
 use std::sync::Arc;
 
@@ -263,13 +266,5 @@ impl ServerHandler for SessionsServer {
 
 /// Serves one caller over stdin/stdout until the client closes stdin.
 pub async fn serve_stdio(server: SessionsServer) -> anyhow::Result<()> {
-    match server.serve(rmcp::transport::stdio()).await {
-        Ok(running) => {
-            running.waiting().await?;
-            Ok(())
-        }
-        // Hosts and health checks start the server and close stdin at once: not an error.
-        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    serve_lines(server, tokio::io::stdin(), tokio::io::stdout()).await
 }
