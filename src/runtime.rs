@@ -26,6 +26,10 @@ use crate::store::{CancelRequest, Caps, RunRow, StoreError};
 /// How long a waiter sleeps between looks at a run row it cannot be woken for.
 const POLL_MIN: Duration = Duration::from_millis(50);
 const POLL_MAX: Duration = Duration::from_secs(1);
+/// How often the store's use is looked at, to give memory back after load.
+const REST_TICK: Duration = Duration::from_secs(10);
+/// Store operations in one tick above which it is load, not the background.
+const LOAD_OPS: u64 = 1_000;
 /// A run that ended this long ago without its steps taken lost them (a process died, or a step
 /// failed); the owner's sweep takes them again.
 const STEPS_GRACE_MS: i64 = 30_000;
@@ -103,6 +107,7 @@ impl Runtime {
             rt.serve_socket();
         }
         tokio::spawn(rt.clone().scheduler());
+        tokio::spawn(give_back_memory(rt.access.store.clone()));
         Ok(rt)
     }
 
@@ -418,6 +423,37 @@ impl Runtime {
         if self.is_owner() {
             self.release_ownership();
         }
+    }
+}
+
+/// Once load is over — the first tick with no more store operations than the scheduler's own
+/// background (about 20 a second), after more than that since the last time — the store's page
+/// caches and the allocator's free pages go back to the OS. Without it RSS stayed near its peak
+/// after load (glibc keeps freed memory in its arenas; BENCHMARKS.md, soak).
+async fn give_back_memory(store: crate::store::Store) {
+    let ops = || {
+        let (reads, writes) = store.activity();
+        reads + writes
+    };
+    let (mut last, mut given_back) = (ops(), ops());
+    loop {
+        tokio::time::sleep(REST_TICK).await;
+        let now = ops();
+        if now - last <= LOAD_OPS && now - given_back > LOAD_OPS {
+            store.shrink_memory();
+            trim_heap();
+            given_back = now;
+        }
+        last = now;
+    }
+}
+
+/// Returns the allocator's free pages to the OS, from every arena.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own free lists; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

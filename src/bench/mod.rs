@@ -5,7 +5,8 @@
 //!
 //! One file per group: [`in_process`] (tool latency without a transport), [`stdio`] (cold start,
 //! list and history over stdio), [`send`] (accepts, end-to-end runs, overhead over the agent),
-//! [`load`] (waits, HTTP clients, memory), [`import`] (a reference store). `--quick` takes small
+//! [`load`] (waits, HTTP clients, memory), [`import`] (a reference store), [`soak`] (memory
+//! before, during and after sustained mixed load). `--quick` takes small
 //! sizes so that a debug build finishes within a minute on two cores (CI); figures come from the
 //! full mode in a release build.
 
@@ -14,6 +15,7 @@ mod import;
 pub mod in_process;
 mod load;
 mod send;
+mod soak;
 mod stdio;
 pub mod worlds;
 
@@ -30,10 +32,11 @@ pub enum Group {
     Send,
     Load,
     Import,
+    Soak,
 }
 
 impl Group {
-    const ALL: [Group; 5] = [Group::InProcess, Group::Stdio, Group::Send, Group::Load, Group::Import];
+    const ALL: [Group; 6] = [Group::InProcess, Group::Stdio, Group::Send, Group::Load, Group::Import, Group::Soak];
 
     fn name(self) -> &'static str {
         match self {
@@ -42,6 +45,7 @@ impl Group {
             Group::Send => "send",
             Group::Load => "load",
             Group::Import => "import",
+            Group::Soak => "soak",
         }
     }
 }
@@ -64,6 +68,9 @@ pub struct Sizes {
     pub http_calls_each: usize,
     /// Messages of the generated reference store.
     pub import_messages: u64,
+    /// Length of one soak round, and of the rest after it.
+    pub soak_seconds: u64,
+    pub rest_seconds: u64,
 }
 
 impl Sizes {
@@ -79,6 +86,8 @@ impl Sizes {
                 http_clients: 20,
                 http_calls_each: 5,
                 import_messages: 5_000,
+                soak_seconds: 5,
+                rest_seconds: 2,
             }
         } else {
             Sizes {
@@ -91,6 +100,8 @@ impl Sizes {
                 http_clients: 200,
                 http_calls_each: 20,
                 import_messages: 100_000,
+                soak_seconds: 60,
+                rest_seconds: 15,
             }
         }
     }
@@ -202,6 +213,7 @@ pub async fn run(quick: bool, only: Option<Group>) -> ExitCode {
             Group::Send => send::run(&mut bench).await,
             Group::Load => load::run(&mut bench).await,
             Group::Import => import::run(&mut bench).await,
+            Group::Soak => soak::run(&mut bench).await,
         };
         if let Err(e) = result {
             print_table(&bench);

@@ -18,6 +18,7 @@ mod spawn;
 mod tokens;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OpenFlags, Transaction};
@@ -98,6 +99,9 @@ struct Inner {
     path: PathBuf,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+    /// Reads and writes served, so that a rest can be told from a burst.
+    reads: AtomicU64,
+    writes: AtomicU64,
 }
 
 impl Store {
@@ -114,6 +118,8 @@ impl Store {
                 path: path.to_path_buf(),
                 writer: Mutex::new(writer),
                 readers: Mutex::new(Vec::new()),
+                reads: AtomicU64::new(0),
+                writes: AtomicU64::new(0),
             }),
         })
     }
@@ -129,6 +135,7 @@ impl Store {
 
     /// Runs `f` on a read connection (a consistent snapshot for the duration of `f`).
     pub fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+        self.inner.reads.fetch_add(1, Ordering::Relaxed);
         let conn = self.inner.readers.lock().expect("reader pool").pop();
         let conn = match conn {
             Some(c) => c,
@@ -152,6 +159,7 @@ impl Store {
     where
         E: From<StoreError>,
     {
+        self.inner.writes.fetch_add(1, Ordering::Relaxed);
         let mut conn = self.inner.writer.lock().unwrap_or_else(|p| p.into_inner());
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -159,6 +167,24 @@ impl Store {
         let value = f(&tx)?;
         tx.commit().map_err(|e| E::from(StoreError::classify(&self.inner.path, e)))?;
         Ok(value)
+    }
+
+    /// (reads, writes) served so far.
+    pub fn activity(&self) -> (u64, u64) {
+        (self.inner.reads.load(Ordering::Relaxed), self.inner.writes.load(Ordering::Relaxed))
+    }
+
+    /// Gives back the connections' page caches (`PRAGMA shrink_memory`): each fills up to
+    /// SQLite's 2 MiB default as the store grows, and keeps it. The next reads take their pages
+    /// from the OS page cache again.
+    pub fn shrink_memory(&self) {
+        let shrink = |c: &Connection| {
+            if let Err(e) = c.execute_batch("PRAGMA shrink_memory") {
+                tracing::warn!(error = %e, "shrinking a store connection's cache failed");
+            }
+        };
+        self.inner.readers.lock().expect("reader pool").iter().for_each(shrink);
+        shrink(&self.inner.writer.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// An ordered content hash of every table: equal fingerprints mean equal stores.
@@ -292,6 +318,43 @@ pub fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes of page cache a connection holds (`SQLITE_DBSTATUS_CACHE_USED`).
+    fn cache_used(conn: &Connection) -> i32 {
+        let (mut current, mut high) = (0, 0);
+        // SAFETY: the handle is live for the borrow; the out-pointers are valid ints.
+        let rc = unsafe {
+            rusqlite::ffi::sqlite3_db_status(
+                conn.handle(),
+                rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED,
+                &mut current,
+                &mut high,
+                0,
+            )
+        };
+        assert_eq!(rc, 0);
+        current
+    }
+
+    #[test]
+    fn shrinking_gives_the_pooled_connections_page_caches_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&Store::path_in(dir.path())).unwrap();
+        store
+            .write(|tx| -> Result<()> {
+                tx.execute_batch("CREATE TABLE filler (x BLOB)")?;
+                for _ in 0..200 {
+                    tx.execute("INSERT INTO filler VALUES (zeroblob(4000))", [])?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        store.read(|c| c.query_row("SELECT sum(length(x)) FROM filler", [], |r| r.get::<_, i64>(0))).unwrap();
+        let pooled = || cache_used(&store.inner.readers.lock().unwrap()[0]);
+        assert!(pooled() > 500_000, "the read filled the reader's cache: {}", pooled());
+        store.shrink_memory();
+        assert!(pooled() < 100_000, "the cache was given back: {}", pooled());
+    }
 
     #[test]
     fn opens_migrates_and_reopens() {
