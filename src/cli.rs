@@ -446,6 +446,7 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, a
         header_timeout: std::time::Duration::from_secs(config.server.header_timeout_seconds.max(1)),
         idle_timeout: std::time::Duration::from_secs(config.server.idle_timeout_seconds.max(1)),
         max_connections: config.server.max_connections as usize,
+        max_connections_per_peer: config.server.max_connections_per_peer as usize,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     eprintln!("sessions-mcp: listening on {scheme}://{}/mcp", listener.local_addr().map_or(sock, |a| a));

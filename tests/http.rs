@@ -284,8 +284,9 @@ fn two_hundred_clients_twenty_calls_each() {
         .enumerate()
         .map(|(i, t)| format!("{{sha256: '{}', sessionKey: 'agent:main:c{i}'}}", sha(t)))
         .collect();
+    // 200 clients on one address: more than the default maxConnectionsPerPeer (128) may be open.
     let env = TestEnv::with_config(&format!(
-        "{{server: {{tokens: [{}]}}, tools: {{sessions: {{visibility: 'self'}}}}}}",
+        "{{server: {{tokens: [{}], maxConnectionsPerPeer: 256}}, tools: {{sessions: {{visibility: 'self'}}}}}}",
         list.join(", ")
     ));
     let server = start(&env);
@@ -474,8 +475,8 @@ fn the_legacy_sse_transport_serves_tools_with_the_same_bearer() {
     let list = sse.response(2)["result"]["structuredContent"].clone();
     common::assert_conforms("sessions_list", &list);
     assert!(common::keys_of(&list).contains(&"agent:main:desk".to_string()), "{list}");
-    // Another valid token may not post into this session; no token is 401; unknown session 404.
-    assert_eq!(sse.post(port, OTHER, call.clone()), 403);
+    // Another valid token's post is answered as for an unknown session (404); no token is 401.
+    assert_eq!(sse.post(port, OTHER, call.clone()), 404);
     assert_eq!(sse.post(port, "wrong-token", call.clone()), 401);
     let stray = SseSession {
         reader: BufReader::new(TcpStream::connect(("127.0.0.1", port)).unwrap()),
@@ -578,4 +579,101 @@ fn the_legacy_message_endpoint_takes_the_same_large_bodies_as_mcp() {
     let big = json!({"jsonrpc": "2.0", "id": 2, "method": "ping", "params": {"_meta": {"pad": "x".repeat(3_800_000)}}});
     assert_eq!(sse.post(port, DESK, big), 202, "a legal large body is accepted on /message too");
     assert!(sse.response(2).get("result").is_some());
+}
+
+fn status_and_start(s: &mut TcpStream) -> (u16, String) {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = String::new();
+    while !got.contains("\r\n\r\n") || (got.starts_with("HTTP/1.1 429") && !got.ends_with('}')) {
+        let n = s.read(&mut buf).expect("an answer before the read timeout");
+        if n == 0 {
+            break;
+        }
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let status = got.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, got)
+}
+
+fn health_from(s: &mut TcpStream) -> (u16, String) {
+    write!(s, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    status_and_start(s)
+}
+
+#[test]
+fn one_token_cannot_fill_the_listener_with_streams() {
+    let env = env_with_tokens("");
+    let server = start(&env);
+    let port = server.port;
+    let mut streams = Vec::new();
+    let mut refused = Vec::new();
+    for _ in 0..260 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(s, "GET /sse HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {DESK}\r\nAccept: text/event-stream\r\n\r\n").unwrap();
+        match status_and_start(&mut s) {
+            (200, _) => streams.push(s),
+            (429, text) => refused.push(text),
+            other => panic!("GET /sse: {other:?}"),
+        }
+    }
+    assert_eq!(streams.len(), 64, "server.maxStreamsPerCredential streams are open");
+    assert_eq!(refused.len(), 196);
+    let body: Value = serde_json::from_str(&refused[0][refused[0].find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    assert_eq!(body["limit"], "server.maxStreamsPerCredential", "{body}");
+    assert_eq!(body["max"], 64, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("retry later"), "{body}");
+    // Everyone else is still served.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert_eq!(health_from(&mut s).0, 200);
+    let mut other = Mcp::legacy(port, OTHER);
+    assert_eq!(other.call("sessions_list", json!({}))["status"], "ok");
+    // Closing streams gives their places back.
+    drop(streams.drain(..10));
+    common::wait_until(Duration::from_secs(20), "a stream place is free again", || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(s, "GET /sse HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {DESK}\r\nAccept: text/event-stream\r\n\r\n").unwrap();
+        (status_and_start(&mut s).0 == 200).then_some(())
+    });
+}
+
+#[test]
+fn one_address_cannot_fill_the_listener_with_connections() {
+    let env = env_with_tokens(", headerTimeoutSeconds: 120");
+    let server = start(&env);
+    let port = server.port;
+    let idle: Vec<TcpStream> = (0..128).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    let auth = format!("Bearer {DESK}");
+    let h = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+    let (status, _, body) = http(port, "POST", &h, &ping);
+    assert_eq!(status, 429, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(body["limit"], "server.maxConnectionsPerPeer", "{body}");
+    assert_eq!(body["max"], 128, "{body}");
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert_eq!(health_from(&mut s).0, 200, "health answers even past the cap");
+    // 127.0.0.2 is another address on the loopback interface.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut elsewhere = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        socket.connect(([127, 0, 0, 1], port).into()).await.unwrap().into_std().unwrap()
+    });
+    elsewhere.set_nonblocking(false).unwrap();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string();
+    write!(
+        elsewhere,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {OTHER}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (status, text) = status_and_start(&mut elsewhere);
+    assert_eq!(status, 200, "{text}");
+    drop(idle);
 }

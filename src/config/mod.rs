@@ -39,6 +39,10 @@ pub mod defaults {
     pub const HEADER_TIMEOUT_SECONDS: u64 = 10;
     pub const IDLE_TIMEOUT_SECONDS: u64 = 60;
     pub const MAX_CONNECTIONS: u32 = 256;
+    /// A quarter of `MAX_CONNECTIONS`: one token can never hold the listener alone.
+    pub const MAX_STREAMS_PER_CREDENTIAL: u32 = 64;
+    /// Half of `MAX_CONNECTIONS`: one address can never hold the listener alone.
+    pub const MAX_CONNECTIONS_PER_PEER: u32 = 128;
     pub const MAX_SUBSCRIPTIONS: u32 = 100;
     pub const RUNNER_TIMEOUT_SECONDS: u64 = 900;
     pub const RUNNER_IDLE_TIMEOUT_SECONDS_JSONL: u64 = 300;
@@ -570,6 +574,11 @@ pub struct ServerConfig {
     pub header_timeout_seconds: u64,
     pub idle_timeout_seconds: u64,
     pub max_connections: u32,
+    /// Requests open at once per credential (bearer token, or the `--as` operator); an SSE stream
+    /// is open until it closes. Past it: 429.
+    pub max_streams_per_credential: u32,
+    /// TCP connections open at once per peer IP address. Past it: 429 (`/health` still answers).
+    pub max_connections_per_peer: u32,
     /// Transcripts one caller may watch at once (`resources/subscribe`, `subscriptions/listen`),
     /// across its MCP sessions on one listener; alias forms of one session count once.
     pub max_subscriptions: u32,
@@ -584,6 +593,8 @@ impl Default for ServerConfig {
             header_timeout_seconds: defaults::HEADER_TIMEOUT_SECONDS,
             idle_timeout_seconds: defaults::IDLE_TIMEOUT_SECONDS,
             max_connections: defaults::MAX_CONNECTIONS,
+            max_streams_per_credential: defaults::MAX_STREAMS_PER_CREDENTIAL,
+            max_connections_per_peer: defaults::MAX_CONNECTIONS_PER_PEER,
             max_subscriptions: defaults::MAX_SUBSCRIPTIONS,
         }
     }
@@ -722,6 +733,16 @@ impl Config {
             }
         }
         self.validate_sandbox()?;
+        let server = &self.server;
+        for (key, value) in [
+            ("maxConnections", server.max_connections),
+            ("maxStreamsPerCredential", server.max_streams_per_credential),
+            ("maxConnectionsPerPeer", server.max_connections_per_peer),
+        ] {
+            if value == 0 {
+                return Err(format!("server.{key} must be at least 1, got 0"));
+            }
+        }
         for (i, t) in self.server.tokens.iter().enumerate() {
             if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(format!("server.tokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"));
@@ -827,6 +848,20 @@ mod tests {
         assert!(matches!(err, ParseError::Invalid(m) if m.contains("tools.sessions.visibility")));
         let err = parse("{ agents: { defaults: { subagents: { maxSpawnDepth: 9 } } } }").unwrap_err();
         assert!(matches!(err, ParseError::Invalid(m) if m.contains("maxSpawnDepth must be 1-5")));
+    }
+
+    #[test]
+    fn server_caps_are_at_least_one() {
+        for key in ["maxConnections", "maxStreamsPerCredential", "maxConnectionsPerPeer"] {
+            let err = parse(&format!("{{ server: {{ {key}: 0 }} }}")).unwrap_err();
+            assert!(
+                matches!(&err, ParseError::Invalid(m) if m.contains(&format!("server.{key} must be at least 1"))),
+                "{err:?}"
+            );
+        }
+        let (c, _) = parse("{}").unwrap();
+        assert!(c.server.max_streams_per_credential < c.server.max_connections, "one token leaves room for others");
+        assert!(c.server.max_connections_per_peer < c.server.max_connections, "one address leaves room for others");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! that resolves the caller per request (static client tokens from config, run tokens). The owner
 //! serves it on its Unix socket `<stateDir>/run/mcp.sock` (0600) for run callbacks; `serve --http`
 //! reuses the same router. A missing, wrong or expired token is 401 with `WWW-Authenticate` and
-//! nothing else.
+//! nothing else. Each request's credential counts against `server.maxStreamsPerCredential` while
+//! its response is open; the TCP listener also caps connections per peer address
+//! (`server.maxConnectionsPerPeer`), so no one token or address fills `maxConnections`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -37,6 +39,8 @@ pub struct HttpOptions {
     /// `serve --http --as KEY` on loopback: requests without any Authorization header act as
     /// this operator session (like stdio's `--as`); a present but bad token is still 401.
     pub anonymous: Option<crate::caller::Caller>,
+    /// Requests (SSE streams included) open at once per credential (429 above it).
+    pub max_streams_per_credential: usize,
 }
 
 impl HttpOptions {
@@ -48,6 +52,7 @@ impl HttpOptions {
             max_body_bytes: max_body_bytes(config),
             legacy_sse: false,
             anonymous: None,
+            max_streams_per_credential: config.server.max_streams_per_credential as usize,
         }
     }
 
@@ -64,6 +69,7 @@ impl HttpOptions {
             max_body_bytes: max_body_bytes(config),
             legacy_sse: true,
             anonymous: None,
+            max_streams_per_credential: config.server.max_streams_per_credential as usize,
         }
     }
 }
@@ -110,6 +116,7 @@ pub fn router(
         access,
         static_callers: Arc::new(std::sync::Mutex::new(HashMap::new())),
         anonymous: options.anonymous.clone(),
+        open: Open::new(options.max_streams_per_credential, "server.maxStreamsPerCredential"),
     };
     let mut app = axum::Router::new()
         .nest_service("/mcp", service)
@@ -117,8 +124,80 @@ pub fn router(
     if let Some(sse) = sse {
         app = app.merge(sse);
     }
-    app.layer(axum::middleware::from_fn_with_state(auth, bearer))
-        .route("/health", axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }))
+    app.layer(axum::middleware::from_fn_with_state(auth, bearer)).route("/health", axum::routing::get(health))
+}
+
+async fn health() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Who is asking, for the stream cap: the sha256 of the bearer token, or None for the anonymous
+/// `--as` operator.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Credential(Option<String>);
+
+/// A 429 naming the limit, with `Connection: close` so the refused connection is freed too.
+fn too_many(limit: &'static str, max: usize, what: String) -> Response {
+    let body = serde_json::json!({"error": format!("{what}; {limit} is {max}: close one or retry later"), "limit": limit, "max": max});
+    (StatusCode::TOO_MANY_REQUESTS, [(header::CONNECTION, "close")], axum::Json(body)).into_response()
+}
+
+/// How many things each key (a credential, a peer address) holds open, capped at `max`.
+#[derive(Clone)]
+struct Open<K> {
+    held: Arc<std::sync::Mutex<HashMap<K, usize>>>,
+    max: usize,
+    limit: &'static str,
+}
+
+/// One held place; dropping it gives the place back.
+struct Held<K: Eq + std::hash::Hash> {
+    open: Open<K>,
+    key: K,
+}
+
+impl<K: Eq + std::hash::Hash + Clone> Open<K> {
+    fn new(max: usize, limit: &'static str) -> Self {
+        Open { held: Default::default(), max, limit }
+    }
+
+    /// A place for `key`, or None when it already holds `max`.
+    fn take(&self, key: &K) -> Option<Held<K>> {
+        let mut held = self.held.lock().expect("open counts");
+        let n = held.entry(key.clone()).or_default();
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Held { open: self.clone(), key: key.clone() })
+    }
+}
+
+impl<K: Eq + std::hash::Hash> Drop for Held<K> {
+    fn drop(&mut self) {
+        let mut held = self.open.held.lock().expect("open counts");
+        if let Some(n) = held.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Runs the request if its credential has a free place; the place is held until the response
+/// body ends (an SSE stream holds it for as long as it is open).
+async fn within_stream_cap(open: &Open<Credential>, credential: Credential, req: Request, next: Next) -> Response {
+    let Some(held) = open.take(&credential) else {
+        let what = "this credential already has that many requests and streams open".to_string();
+        return too_many(open.limit, open.max, what);
+    };
+    next.run(req).await.map(|body| {
+        axum::body::Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
+            let _place = &held;
+            frame
+        }))
+    })
 }
 
 fn unauthorized() -> Response {
@@ -132,6 +211,7 @@ struct Auth {
     access: Access,
     static_callers: Arc<std::sync::Mutex<HashMap<String, crate::caller::Caller>>>,
     anonymous: Option<crate::caller::Caller>,
+    open: Open<Credential>,
 }
 
 /// Resolves `Authorization: Bearer <token>` to a caller, or answers 401.
@@ -150,7 +230,7 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
             && let Some(op) = auth.anonymous.clone()
         {
             req.extensions_mut().insert(op);
-            return next.run(req).await;
+            return within_stream_cap(&auth.open, Credential(None), req, next).await;
         }
         return unauthorized();
     };
@@ -158,7 +238,7 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
     let cached = auth.static_callers.lock().expect("static callers").get(&hash).cloned();
     if let Some(c) = cached {
         req.extensions_mut().insert(c);
-        return next.run(req).await;
+        return within_stream_cap(&auth.open, Credential(Some(hash)), req, next).await;
     }
     let store = access.store.clone();
     let config = access.config.clone();
@@ -166,10 +246,10 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
     match resolved {
         Ok(Ok(Some(caller))) => {
             if caller.run.is_none() {
-                auth.static_callers.lock().expect("static callers").insert(hash, caller.clone());
+                auth.static_callers.lock().expect("static callers").insert(hash.clone(), caller.clone());
             }
             req.extensions_mut().insert(caller);
-            next.run(req).await
+            within_stream_cap(&auth.open, Credential(Some(hash)), req, next).await
         }
         _ => unauthorized(),
     }
@@ -195,7 +275,12 @@ pub struct TcpLimits {
     /// A connection with no bytes either way for this long is closed (SSE keep-alives count).
     pub idle_timeout: std::time::Duration,
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
 }
+
+/// Connections past `server.maxConnectionsPerPeer` being answered 429 at once; more are closed
+/// unanswered. They take no `maxConnections` slot, so refusals cannot fill the listener either.
+const MAX_REFUSALS: usize = 16;
 
 /// A TLS acceptor from `server.tls {cert, key}` (PEM files).
 pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, String> {
@@ -229,13 +314,16 @@ pub async fn serve_tcp(
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let refusals = Arc::new(tokio::sync::Semaphore::new(MAX_REFUSALS));
+    let peers = Open::new(limits.max_connections_per_peer, "server.maxConnectionsPerPeer");
+    let refuse = peer_cap_router(&peers);
     let open = tokio_util::task::TaskTracker::new();
     loop {
         let permit = tokio::select! {
             _ = cancel.cancelled() => break,
             p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = cancel.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -245,23 +333,59 @@ pub async fn serve_tcp(
                 }
             },
         };
-        let (router, cancel, tls) = (router.clone(), cancel.clone(), tls.clone());
+        let (place, router) = match peers.take(&peer.ip()) {
+            Some(place) => (Some(place), router.clone()),
+            None => (None, refuse.clone()),
+        };
+        // A refused connection gives its listener slot back and holds a refusal permit instead.
+        let permit = match place {
+            Some(_) => permit,
+            None => match refusals.clone().try_acquire_owned() {
+                Ok(refusal) => refusal,
+                Err(_) => continue,
+            },
+        };
+        let (cancel, tls) = (cancel.clone(), tls.clone());
         open.spawn(async move {
-            let _permit = permit;
-            match tls {
-                None => serve_connection(Idle::new(stream, limits.idle_timeout), router, limits, cancel).await,
-                Some(acceptor) => {
-                    // The handshake is part of the header budget.
-                    if let Ok(Ok(s)) = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
-                        serve_connection(Idle::new(s, limits.idle_timeout), router, limits, cancel).await;
-                    }
-                }
-            }
+            let _held = (permit, place);
+            serve_accepted(stream, router, limits, tls, cancel).await;
         });
     }
     open.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(10), open.wait()).await;
     Ok(())
+}
+
+/// What a connection past `server.maxConnectionsPerPeer` is served: `/health`, and 429 for the
+/// rest; every answer closes the connection.
+fn peer_cap_router(peers: &Open<std::net::IpAddr>) -> axum::Router {
+    let (limit, max) = (peers.limit, peers.max);
+    let refuse =
+        move || async move { too_many(limit, max, "this address already has that many connections open".into()) };
+    axum::Router::new().route("/health", axum::routing::get(health)).fallback(refuse).layer(
+        axum::middleware::map_response(|mut r: Response| async move {
+            r.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+            r
+        }),
+    )
+}
+
+async fn serve_accepted(
+    stream: tokio::net::TcpStream,
+    router: axum::Router,
+    limits: TcpLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    cancel: CancellationToken,
+) {
+    match tls {
+        None => serve_connection(Idle::new(stream, limits.idle_timeout), router, limits, cancel).await,
+        Some(acceptor) => {
+            // The handshake is part of the header budget.
+            if let Ok(Ok(s)) = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
+                serve_connection(Idle::new(s, limits.idle_timeout), router, limits, cancel).await;
+            }
+        }
+    }
 }
 
 async fn serve_connection<I>(io: I, router: axum::Router, limits: TcpLimits, cancel: CancellationToken)

@@ -2,7 +2,7 @@
 //! older clients. rmcp dropped it, so this adapter feeds an rmcp service through a channel pair.
 //! It is authenticated like `/mcp` (the bearer middleware runs first), checks Host and Origin
 //! like `/mcp`, and a `/message` POST must carry the same bearer as the `/sse` GET that opened
-//! its session (else 403).
+//! its session (else the answer for an unknown session, 404).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -144,14 +144,12 @@ async fn post_message(
     if !host_and_origin_ok(&st.options, &headers) {
         return (StatusCode::FORBIDDEN, "Host or Origin not allowed");
     }
-    let (mut tx, owner) = {
+    // Another token's session is answered like a missing one: it must not learn the id is live.
+    let tx = {
         let sessions = st.sessions.read().await;
-        let Some(s) = sessions.get(&q.session_id) else { return (StatusCode::NOT_FOUND, "unknown sessionId") };
-        (s.to_server.clone(), s.token_hash.clone())
+        sessions.get(&q.session_id).filter(|s| s.token_hash == credential_of(&headers)).map(|s| s.to_server.clone())
     };
-    if owner != credential_of(&headers) {
-        return (StatusCode::FORBIDDEN, "this SSE session belongs to another token");
-    }
+    let Some(mut tx) = tx else { return (StatusCode::NOT_FOUND, "unknown sessionId") };
     let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(&body) else {
         return (StatusCode::BAD_REQUEST, "body is not a JSON-RPC message");
     };
