@@ -239,10 +239,8 @@ fn an_idempotent_replay_after_a_lost_client_gets_the_same_run() {
 
 #[test]
 fn a_run_token_is_refused_as_soon_as_its_run_has_ended() {
-    let mut env = TestEnv::new();
     let body = "IFS= read -r line\nprintf '%s' \"$SESSIONS_MCP_TOKEN\" > token.tmp && mv token.tmp token\nsleep 2\nprintf '%s\\n' '{\"type\":\"final\",\"text\":\"done\"}'\n";
-    let worker = common::shell_agent(&env, "worker", body, &[], json!({}));
-    env.set_config(&common::agents_config(vec![json!({"id": "main"}), worker], json!({})));
+    let env = common::env_with_shell_worker(body);
     let _d = daemon(&env);
     let mut c = env.serve(None);
     let id = c

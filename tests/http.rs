@@ -460,16 +460,23 @@ impl SseSession {
     }
 }
 
+/// A legacy SSE session through its handshake; returns it and the `initialize` answer.
+fn initialized_sse(port: u16, token: &str) -> (SseSession, Value) {
+    let mut sse = open_sse(port, token);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}});
+    assert_eq!(sse.post(port, token, init), 202);
+    let answer = sse.response(1);
+    assert_eq!(sse.post(port, token, json!({"jsonrpc": "2.0", "method": "notifications/initialized"})), 202);
+    (sse, answer)
+}
+
 #[test]
 fn the_legacy_sse_transport_serves_tools_with_the_same_bearer() {
     let env = env_with_tokens("");
     let server = start(&env);
     let port = server.port;
-    let mut sse = open_sse(port, DESK);
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}});
-    assert_eq!(sse.post(port, DESK, init), 202);
-    assert_eq!(sse.response(1)["result"]["serverInfo"]["name"], "sessions-mcp");
-    assert_eq!(sse.post(port, DESK, json!({"jsonrpc": "2.0", "method": "notifications/initialized"})), 202);
+    let (mut sse, init) = initialized_sse(port, DESK);
+    assert_eq!(init["result"]["serverInfo"]["name"], "sessions-mcp");
     let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sessions_list", "arguments": {}}});
     assert_eq!(sse.post(port, DESK, call.clone()), 202);
     let list = sse.response(2)["result"]["structuredContent"].clone();
@@ -570,11 +577,7 @@ fn the_legacy_message_endpoint_takes_the_same_large_bodies_as_mcp() {
     let env = env_with_tokens("");
     let server = start(&env);
     let port = server.port;
-    let mut sse = open_sse(port, DESK);
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}});
-    assert_eq!(sse.post(port, DESK, init), 202);
-    sse.response(1);
-    assert_eq!(sse.post(port, DESK, json!({"jsonrpc": "2.0", "method": "notifications/initialized"})), 202);
+    let (mut sse, _) = initialized_sse(port, DESK);
     // 3.8 MB: legal on /mcp (its limit fits 5 MiB of attachments), over axum's 2 MB default.
     let big = json!({"jsonrpc": "2.0", "id": 2, "method": "ping", "params": {"_meta": {"pad": "x".repeat(3_800_000)}}});
     assert_eq!(sse.post(port, DESK, big), 202, "a legal large body is accepted on /message too");

@@ -161,13 +161,19 @@ fn one_append_notifies_once_however_many_forms_were_subscribed() {
 
 const DESK: &str = "desk-token-0123456789";
 
-#[test]
-fn an_http_session_gives_its_subscriptions_back_when_it_ends() {
+/// Token `DESK` acting as `agent:main:desk` (one message), with `server.maxSubscriptions: 1`.
+fn desk_with_one_subscription() -> TestEnv {
     let env = TestEnv::with_config(&format!(
         "{{server: {{maxSubscriptions: 1, tokens: [{{sha256: '{}', sessionKey: 'agent:main:desk'}}]}}}}",
         hex::encode(Sha256::digest(DESK.as_bytes()))
     ));
     env.seed(json!({"sessions": [{"key": "agent:main:desk", "messages": [{"role": "user", "content": "hi"}]}]}));
+    env
+}
+
+#[test]
+fn an_http_session_gives_its_subscriptions_back_when_it_ends() {
+    let env = desk_with_one_subscription();
     let server = env.serve_http(&[]);
     let desk = json!({"uri": "sessions://history/agent:main:desk"});
     let mut first = Mcp::legacy(server.port, DESK);
@@ -189,11 +195,7 @@ fn an_http_session_gives_its_subscriptions_back_when_it_ends() {
 
 #[test]
 fn a_listen_counts_every_uri_it_names_against_the_cap() {
-    let env = TestEnv::with_config(&format!(
-        "{{server: {{maxSubscriptions: 1, tokens: [{{sha256: '{}', sessionKey: 'agent:main:desk'}}]}}}}",
-        hex::encode(Sha256::digest(DESK.as_bytes()))
-    ));
-    env.seed(json!({"sessions": [{"key": "agent:main:desk", "messages": [{"role": "user", "content": "hi"}]}]}));
+    let env = desk_with_one_subscription();
     let server = env.serve_http(&[]);
     let mut c = Mcp::modern(server.port, DESK);
     // A session desk may not see counts too, so that the cap cannot tell whether it exists.

@@ -449,6 +449,14 @@ pub fn shell_agent(env: &TestEnv, id: &str, body: &str, args: &[&str], runner_ex
     json!({"id": id, "runner": runner})
 }
 
+/// An env with agent `main` (echo) and `worker`, a shell agent running `body` (no runner options).
+pub fn env_with_shell_worker(body: &str) -> TestEnv {
+    let mut env = TestEnv::new();
+    let worker = shell_agent(&env, "worker", body, &[], json!({}));
+    env.set_config(&agents_config(vec![json!({"id": "main"}), worker], json!({})));
+    env
+}
+
 /// A config (JSON, which is JSON5) with these agents, visibility `all`, agent-to-agent on, and
 /// `extra`'s top-level keys (session, channels, runtime, …) added.
 pub fn agents_config(agents: Vec<Value>, extra: Value) -> String {
