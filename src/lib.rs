@@ -16,6 +16,7 @@
 //! | [`privacy`] | what the server writes is private to its user: the `077` umask, 0700 dirs, `doctor`'s mode check |
 //! | [`keys`]    | session keys: parse, canonical and display forms, kind, chat type, channel |
 //! | [`store`]   | the SQLite store (WAL, `synchronous=FULL`, versioned migrations) behind [`store::Store`] |
+//! | [`safe_dirs`] | directories below an agent-writable workspace, opened through descriptors without following links |
 //! | [`sanitize`]| what transcripts look like on the way out: redaction, cuts, the 80 KiB budget |
 //! | [`config`]  | the JSON5 config with the reference's key paths; every default in one place |
 //! | [`schemas`] | the checked-in JSON schemas of the tools and the config |
@@ -61,6 +62,7 @@ pub mod policy;
 pub mod privacy;
 pub mod runner;
 pub mod runtime;
+pub mod safe_dirs;
 pub mod sanitize;
 pub mod schemas;
 pub mod server;

@@ -8,19 +8,18 @@
 //! Only sha256 receipts are kept; no transcript ever holds attachment content.
 
 use std::cell::Cell;
-use std::ffi::OsStr;
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, mkdirat, openat, renameat, statat, unlinkat};
-use rustix::io::Errno;
+use rustix::fs::{AtFlags, Mode, OFlags, mkdirat, openat, renameat, unlinkat};
 
 use base64::Engine;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::config::AttachmentsConfig;
+use crate::safe_dirs::{DIR_FLAGS, open_below};
 use crate::tools::ToolError;
 
 pub const MANIFEST: &str = ".manifest.json";
@@ -131,42 +130,6 @@ pub struct Staged {
     placed: Cell<bool>,
     /// The spawn committed: the files stay.
     kept: bool,
-}
-
-const DIR_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY).union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
-
-/// Opens the directory `name` in `parent` (creating it 0700 when missing), refusing a symlink.
-fn open_or_create(parent: &OwnedFd, name: &OsStr, shown: &Path) -> Result<OwnedFd, String> {
-    match mkdirat(parent, name, Mode::RWXU) {
-        Ok(()) | Err(Errno::EXIST) => {}
-        Err(e) => return Err(format!("cannot create {}: {e}", shown.display())),
-    }
-    openat(parent, name, DIR_FLAGS, Mode::empty()).map_err(|e| match statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
-            format!("{} is a symlink; refusing to follow it", shown.display())
-        }
-        Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::Directory => {
-            format!("{} is not a directory", shown.display())
-        }
-        _ => format!("cannot open {}: {e}", shown.display()),
-    })
-}
-
-/// Opens `<root>/<below>`, creating what is missing. `root` is the operator's workspace and may
-/// itself be a symlink the operator chose; nothing below it is followed.
-fn open_below(root: &Path, below: &Path) -> Result<OwnedFd, String> {
-    std::fs::create_dir_all(root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-    let mut dir = openat(CWD, root, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| format!("cannot open {}: {e}", root.display()))?;
-    let mut shown = root.to_path_buf();
-    for part in below.components() {
-        let Component::Normal(name) = part else {
-            return Err(format!("{} is not a plain path below {}", below.display(), root.display()));
-        };
-        shown.push(name);
-        dir = open_or_create(&dir, name, &shown)?;
-    }
-    Ok(dir)
 }
 
 /// Writes the files under `<workdir>/.openclaw/attachments/.staging-<uuid>/`, walking down from

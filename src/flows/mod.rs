@@ -223,7 +223,7 @@ pub async fn run_turn(
             return fail(format!("sandbox unavailable: {why}"));
         }
         spec.workdir = sandbox::session_workdir(&workspace, &session.session_id);
-        if let Err(e) = sandbox::prepare_workdir(&spec.workdir) {
+        if let Err(e) = sandbox::prepare_workdir(&workspace, &spec.workdir) {
             return fail(format!("sandbox unavailable: cannot prepare {}: {e}", spec.workdir.display()));
         }
     } else {

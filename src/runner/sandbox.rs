@@ -82,12 +82,23 @@ pub fn session_workdir(workspace: &Path, session_id: &str) -> PathBuf {
     workspace.join(".sessions").join(session_id)
 }
 
-/// Prepares the workdir (0700: only the server's uid, which the jail maps to 65534).
-pub fn prepare_workdir(workdir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    for dir in [workdir.to_path_buf(), workdir.join(".tmp"), workdir.join(".sessions-home")] {
-        std::fs::create_dir_all(&dir)?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+/// Prepares the workdir below `workspace` and its `.tmp` and `.sessions-home` (0700: only the
+/// server's uid, which the jail maps to 65534). The workspace may be writable by an earlier run's
+/// agent, so the walk follows no link and the modes are set through the descriptors: a symlink
+/// put in place of any of them is refused, never chmodded through.
+pub fn prepare_workdir(workspace: &Path, workdir: &Path) -> Result<(), String> {
+    use rustix::fs::{Mode, fchmod};
+    let below = workdir
+        .strip_prefix(workspace)
+        .map_err(|_| format!("{} is not below the workspace {}", workdir.display(), workspace.display()))?;
+    let dir = crate::safe_dirs::open_below(workspace, below)?;
+    let private = |fd: &std::os::fd::OwnedFd, shown: &Path| {
+        fchmod(fd, Mode::RWXU).map_err(|e| format!("cannot make {} private: {e}", shown.display()))
+    };
+    private(&dir, workdir)?;
+    for name in [".tmp", ".sessions-home"] {
+        let shown = workdir.join(name);
+        private(&crate::safe_dirs::open_or_create(&dir, name.as_ref(), &shown)?, &shown)?;
     }
     Ok(())
 }
@@ -139,5 +150,41 @@ impl Jail {
         a.extend(["--chdir".to_string(), wd, "--".to_string(), inside(command)]);
         a.extend(args.iter().map(|x| inside(x)));
         ("bwrap".to_string(), a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_workdir_is_made_private_and_a_symlink_put_in_its_place_is_refused_not_chmodded() {
+        let root = tempfile::tempdir().unwrap();
+        let workspace = root.path().join("ws");
+        let workdir = session_workdir(&workspace, "s1");
+        prepare_workdir(&workspace, &workdir).unwrap();
+        for dir in [workdir.clone(), workdir.join(".tmp"), workdir.join(".sessions-home")] {
+            assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+        }
+        // An earlier run's agent (rw workspace) replaced its next workdir and a subdirectory with
+        // links to directories of the server's user elsewhere.
+        let outside = root.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::create_dir_all(workspace.join(".sessions")).unwrap();
+        std::os::unix::fs::symlink(&outside, workspace.join(".sessions/s2")).unwrap();
+        let err = prepare_workdir(&workspace, &session_workdir(&workspace, "s2")).unwrap_err();
+        assert!(err.contains("is a symlink"), "{err}");
+        std::fs::remove_dir(workdir.join(".tmp")).unwrap();
+        std::os::unix::fs::symlink(&outside, workdir.join(".tmp")).unwrap();
+        let err = prepare_workdir(&workspace, &workdir).unwrap_err();
+        assert!(err.contains(".tmp is a symlink"), "{err}");
+        assert_eq!(mode(&outside), 0o755, "nothing outside the workspace was touched");
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "nothing was created outside");
     }
 }
