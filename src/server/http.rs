@@ -131,10 +131,22 @@ async fn health() -> axum::Json<serde_json::Value> {
     axum::Json(serde_json::json!({"status": "ok"}))
 }
 
-/// Who is asking, for the stream cap: the sha256 of the bearer token, or None for the anonymous
-/// `--as` operator.
+/// Who is asking: the sha256 of the bearer token, or None for the anonymous `--as` operator. The
+/// bearer middleware puts it in every request's extensions once; the stream cap counts it, and an
+/// MCP session (streamable or legacy SSE) belongs to the credential that opened it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Credential(Option<String>);
+pub struct Credential(Option<String>);
+
+/// Keeps `guard` alive until the response body has been sent (or dropped): an SSE stream holds
+/// it for as long as it is open.
+pub fn hold_until_sent<G: Send + Sync + 'static>(response: Response, guard: G) -> Response {
+    response.map(|body| {
+        axum::body::Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
+            let _held = &guard;
+            frame
+        }))
+    })
+}
 
 /// A 429 naming the limit, with `Connection: close` so the refused connection is freed too.
 fn too_many(limit: &'static str, max: usize, what: String) -> Response {
@@ -187,17 +199,13 @@ impl<K: Eq + std::hash::Hash> Drop for Held<K> {
 
 /// Runs the request if its credential has a free place; the place is held until the response
 /// body ends (an SSE stream holds it for as long as it is open).
-async fn within_stream_cap(open: &Open<Credential>, credential: Credential, req: Request, next: Next) -> Response {
+async fn within_stream_cap(open: &Open<Credential>, credential: Credential, mut req: Request, next: Next) -> Response {
     let Some(held) = open.take(&credential) else {
         let what = "this credential already has that many requests and streams open".to_string();
         return too_many(open.limit, open.max, what);
     };
-    next.run(req).await.map(|body| {
-        axum::body::Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
-            let _place = &held;
-            frame
-        }))
-    })
+    req.extensions_mut().insert(credential);
+    hold_until_sent(next.run(req).await, held)
 }
 
 fn unauthorized() -> Response {

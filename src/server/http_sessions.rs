@@ -1,8 +1,8 @@
 //! What rmcp's streamable-HTTP session manager does not know: who opened an MCP session, and
 //! which request ids are in flight on it. A middleware in front of `/mcp`:
 //!
-//! - **Bound sessions.** The credential (the bearer token's hash, the same one the legacy
-//!   `/message` checks) that opened a session with `initialize` is recorded against its
+//! - **Bound sessions.** The [`Credential`] (set by the bearer middleware; the legacy `/message`
+//!   checks the same one) that opened a session with `initialize` is recorded against its
 //!   `Mcp-Session-Id`. A request of any method carrying that id with another credential is handed
 //!   to rmcp with an id no session has, so it gets exactly the answer an unknown session gets
 //!   (404): another token holder can neither act on the session (stream its notifications,
@@ -17,14 +17,13 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::caller::sha256_hex;
+use super::http::{Credential, hold_until_sent};
 
 /// rmcp's header naming the MCP session.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -35,17 +34,10 @@ const PRUNE_ABOVE: usize = 1024;
 
 use rmcp::transport::streamable_http_server::session::{SessionManager, local::LocalSessionManager};
 
-/// The credential of a request: the hash of its bearer token (of nothing, for loopback `--as`).
-pub fn credential_of(headers: &HeaderMap) -> String {
-    let token =
-        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    sha256_hex(token.unwrap_or("").trim())
-}
-
 #[derive(Default)]
 struct Tables {
     /// Mcp-Session-Id → the credential that opened it.
-    owners: HashMap<String, String>,
+    owners: HashMap<String, Credential>,
     /// (session, JSON-encoded request id) of the requests whose response has not ended.
     in_flight: HashSet<(String, String)>,
 }
@@ -86,7 +78,7 @@ impl SessionGuard {
 
 /// The axum middleware (see the module docs).
 pub async fn guard(State(sessions): State<SessionGuard>, mut req: Request, next: Next) -> Response {
-    let credential = credential_of(req.headers());
+    let credential = credential_of(&req);
     let Some(session) = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(String::from) else {
         let response = next.run(req).await;
         return record_new_session(&sessions, credential, response).await;
@@ -111,13 +103,14 @@ pub async fn guard(State(sessions): State<SessionGuard>, mut req: Request, next:
         sessions.tables().owners.remove(&session);
     }
     match slot {
-        Some(slot) => release_when_sent(response, slot),
+        // The id stays claimed until its answer (JSON or an SSE stream) has been sent.
+        Some(slot) => hold_until_sent(response, slot),
         None => response,
     }
 }
 
 /// An `initialize` answered with a new session id: bind it to the credential that opened it.
-async fn record_new_session(sessions: &SessionGuard, credential: String, response: Response) -> Response {
+async fn record_new_session(sessions: &SessionGuard, credential: Credential, response: Response) -> Response {
     let Some(id) = response.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else { return response };
     let bound = {
         let mut tables = sessions.tables();
@@ -184,12 +177,7 @@ fn duplicate_id(id: &Value) -> Response {
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
-/// Keeps the request's id claimed until its response (JSON or an SSE stream) has been sent.
-fn release_when_sent(response: Response, slot: Slot) -> Response {
-    let (parts, body) = response.into_parts();
-    let stream = body.into_data_stream().map(move |chunk| {
-        let _held = &slot;
-        chunk
-    });
-    Response::from_parts(parts, Body::from_stream(stream))
+/// The request's credential, set by the bearer middleware that runs before this one.
+pub fn credential_of(req: &Request) -> Credential {
+    req.extensions().get::<Credential>().cloned().expect("the bearer middleware sets the credential")
 }

@@ -21,8 +21,8 @@ use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
 use super::SessionsServer;
+use super::http::Credential;
 use super::http::HttpOptions;
-use super::http_sessions::credential_of;
 use super::subscriptions::Hub;
 use crate::access::Access;
 use crate::caller::Caller;
@@ -33,7 +33,7 @@ const MAX_SESSIONS: usize = 256;
 
 struct Session {
     to_server: mpsc::Sender<ClientJsonRpcMessage>,
-    token_hash: String,
+    opened_by: Credential,
 }
 
 #[derive(Clone)]
@@ -89,7 +89,12 @@ fn host_and_origin_ok(options: &HttpOptions, headers: &HeaderMap) -> bool {
     }
 }
 
-async fn open_stream(State(st): State<SseState>, Extension(caller): Extension<Caller>, headers: HeaderMap) -> Response {
+async fn open_stream(
+    State(st): State<SseState>,
+    Extension(caller): Extension<Caller>,
+    Extension(credential): Extension<Credential>,
+    headers: HeaderMap,
+) -> Response {
     if !host_and_origin_ok(&st.options, &headers) {
         return (StatusCode::FORBIDDEN, "Host or Origin not allowed").into_response();
     }
@@ -99,7 +104,7 @@ async fn open_stream(State(st): State<SseState>, Extension(caller): Extension<Ca
     let id = uuid::Uuid::new_v4().to_string();
     let (to_server, from_client) = mpsc::channel::<ClientJsonRpcMessage>(64);
     let (to_client, from_server) = mpsc::channel::<ServerJsonRpcMessage>(64);
-    st.sessions.write().await.insert(id.clone(), Session { to_server, token_hash: credential_of(&headers) });
+    st.sessions.write().await.insert(id.clone(), Session { to_server, opened_by: credential });
     // Dropping the SSE body (the client went away) ends the service.
     let closed = CancellationToken::new();
     let guard = closed.clone().drop_guard();
@@ -138,6 +143,7 @@ struct SessionQuery {
 async fn post_message(
     State(st): State<SseState>,
     Query(q): Query<SessionQuery>,
+    Extension(credential): Extension<Credential>,
     headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, &'static str) {
@@ -147,7 +153,7 @@ async fn post_message(
     // Another token's session is answered like a missing one: it must not learn the id is live.
     let tx = {
         let sessions = st.sessions.read().await;
-        sessions.get(&q.session_id).filter(|s| s.token_hash == credential_of(&headers)).map(|s| s.to_server.clone())
+        sessions.get(&q.session_id).filter(|s| s.opened_by == credential).map(|s| s.to_server.clone())
     };
     let Some(mut tx) = tx else { return (StatusCode::NOT_FOUND, "unknown sessionId") };
     let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(&body) else {
