@@ -9,10 +9,8 @@ use serde_json::{Map, Value};
 
 /// Longest text block returned, in characters.
 pub const MAX_TEXT_CHARS: usize = 4000;
-/// Budget of one answer's messages, in bytes of JSON.
-pub const BUDGET_BYTES: usize = 80 * 1024;
+const CUT_WORD: &str = "…(truncated)…";
 const CUT_MARKER: &str = "\n…(truncated)…";
-const TOO_LARGE: &str = "[sessions_history omitted: message too large]";
 
 /// What sanitising did to a batch of messages.
 #[derive(Debug, Default, Clone, Copy)]
@@ -101,72 +99,154 @@ pub fn run_text(text: Option<&str>) -> Option<String> {
     text.map(|t| redact(t).0)
 }
 
-/// Redacts and cuts one text field.
-fn clean_text(text: &str, flags: &mut Flags) -> String {
-    let (mut t, redacted) = redact(text);
-    flags.content_redacted |= redacted;
-    if t.chars().count() > MAX_TEXT_CHARS {
-        t = t.chars().take(MAX_TEXT_CHARS).collect::<String>() + CUT_MARKER;
-        flags.content_truncated = true;
-    }
-    t
+/// Redacts and cuts text fields: at `max_chars` for a page of messages, never for a
+/// continuation read (which pages through a message's whole text instead).
+struct Cleaner<'a> {
+    max_chars: usize,
+    flags: &'a mut Flags,
+    cut: bool,
 }
 
-/// Redacts every string inside a JSON value (tool-call arguments, tool results).
-fn clean_value(v: &mut Value, flags: &mut Flags) {
-    match v {
-        Value::String(s) => *s = clean_text(s, flags),
-        Value::Array(items) => items.iter_mut().for_each(|i| clean_value(i, flags)),
-        Value::Object(map) => map.values_mut().for_each(|i| clean_value(i, flags)),
-        _ => {}
+impl Cleaner<'_> {
+    fn text(&mut self, text: &str) -> String {
+        let (mut t, redacted) = redact(text);
+        self.flags.content_redacted |= redacted;
+        if t.chars().count() > self.max_chars {
+            t = t.chars().take(self.max_chars).collect::<String>() + CUT_MARKER;
+            self.cut = true;
+        }
+        t
     }
-}
 
-fn clean_block(block: &mut Map<String, Value>, flags: &mut Flags) {
-    match block.get("type").and_then(Value::as_str) {
-        Some("image") => {
-            if let Some(data) = block.remove("data") {
-                let bytes = data.as_str().map_or(0, str::len);
-                block.insert("omitted".into(), true.into());
-                block.insert("bytes".into(), bytes.into());
-            }
-        }
-        Some("thinking") => {
-            block.remove("thinkingSignature");
-            if let Some(Value::String(t)) = block.get_mut("thinking") {
-                *t = clean_text(t, flags);
-            }
-        }
-        Some("toolCall") => {
-            if let Some(args) = block.get_mut("arguments") {
-                clean_value(args, flags);
-            }
-        }
-        _ => {
-            block.remove("textSignature");
-            if let Some(Value::String(t)) = block.get_mut("text") {
-                *t = clean_text(t, flags);
-            }
+    /// Redacts every string inside a JSON value (tool-call arguments, tool results).
+    fn value(&mut self, v: &mut Value) {
+        match v {
+            Value::String(s) => *s = self.text(s),
+            Value::Array(items) => items.iter_mut().for_each(|i| self.value(i)),
+            Value::Object(map) => map.values_mut().for_each(|i| self.value(i)),
+            _ => {}
         }
     }
-}
 
-/// Sanitises one message (the JSON from the store) in place.
-pub fn sanitize_message(msg: &mut Value, flags: &mut Flags) {
-    let Some(obj) = msg.as_object_mut() else { return };
-    match obj.get_mut("content") {
-        Some(Value::String(s)) => *s = clean_text(s, flags),
-        Some(Value::Array(blocks)) => {
-            for b in blocks.iter_mut() {
-                match b {
-                    Value::Object(block) => clean_block(block, flags),
-                    Value::String(s) => *s = clean_text(s, flags),
-                    _ => {}
+    fn block(&mut self, block: &mut Map<String, Value>) {
+        match block.get("type").and_then(Value::as_str) {
+            Some("image") => {
+                if let Some(data) = block.remove("data") {
+                    let bytes = data.as_str().map_or(0, str::len);
+                    block.insert("omitted".into(), true.into());
+                    block.insert("bytes".into(), bytes.into());
+                }
+            }
+            Some("thinking") => {
+                block.remove("thinkingSignature");
+                if let Some(Value::String(t)) = block.get_mut("thinking") {
+                    *t = self.text(t);
+                }
+            }
+            Some("toolCall") => {
+                if let Some(args) = block.get_mut("arguments") {
+                    self.value(args);
+                }
+            }
+            _ => {
+                block.remove("textSignature");
+                if let Some(Value::String(t)) = block.get_mut("text") {
+                    *t = self.text(t);
                 }
             }
         }
-        _ => {}
     }
+
+    fn content(&mut self, content: &mut Value) {
+        match content {
+            Value::String(s) => *s = self.text(s),
+            Value::Array(blocks) => {
+                for b in blocks.iter_mut() {
+                    match b {
+                        Value::Object(block) => self.block(block),
+                        Value::String(s) => *s = self.text(s),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Per-message fields the model pays for and does not need (the reference strips `usage`,
+/// `cost` and `details`; `api` and `provider` say no more than `model`). `show` and `export`
+/// keep them.
+const HEAVY_FIELDS: [&str; 5] = ["usage", "cost", "details", "api", "provider"];
+
+/// Sanitises one message (the JSON from the store) in place. A message whose text was cut gets
+/// `rest: {fromChar, totalChars}`: pass its `seq` and `fromChar` to `sessions_history` to read on.
+pub fn sanitize_message(msg: &mut Value, flags: &mut Flags) {
+    let Some(obj) = msg.as_object_mut() else { return };
+    for field in HEAVY_FIELDS {
+        obj.remove(field);
+    }
+    let Some(content) = obj.get_mut("content") else { return };
+    let raw = content.clone();
+    let mut cleaner = Cleaner { max_chars: MAX_TEXT_CHARS, flags, cut: false };
+    cleaner.content(content);
+    if !cleaner.cut {
+        return;
+    }
+    cleaner.flags.content_truncated = true;
+    let from_char = cut_position(&flatten(content));
+    let total_chars = whole_text(&raw, &mut Flags::default()).chars().count();
+    if obj.contains_key("seq") {
+        obj.insert("rest".into(), rest(from_char, total_chars));
+    }
+}
+
+fn rest(from_char: usize, total_chars: usize) -> Value {
+    serde_json::json!({"fromChar": from_char, "totalChars": total_chars})
+}
+
+/// A message's content as one text, secrets masked and nothing cut: what a continuation read
+/// (`seq`, `fromChar`) pages through. Blocks are joined by a blank line; a thinking block reads
+/// `[thinking] …`, a tool call `[toolCall name] {arguments}`, an image `[image mime, N bytes]`.
+pub fn whole_text(content: &Value, flags: &mut Flags) -> String {
+    let mut content = content.clone();
+    Cleaner { max_chars: usize::MAX, flags, cut: false }.content(&mut content);
+    flatten(&content)
+}
+
+fn flatten(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks.iter().map(flatten_block).collect::<Vec<_>>().join("\n\n"),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn flatten_block(block: &Value) -> String {
+    let field = |k: &str| block.get(k).and_then(Value::as_str).unwrap_or("");
+    match block.get("type").and_then(Value::as_str) {
+        _ if block.is_string() => block.as_str().unwrap_or("").to_string(),
+        Some("text") => field("text").to_string(),
+        Some("thinking") => format!("[thinking] {}", field("thinking")),
+        Some("toolCall") => {
+            let args = block.get("arguments").map(Value::to_string).unwrap_or_default();
+            format!("[toolCall {}] {args}", field("name"))
+        }
+        Some("image") => {
+            format!("[image {}, {} bytes]", field("mimeType"), block.get("bytes").and_then(Value::as_u64).unwrap_or(0))
+        }
+        _ => block.to_string(),
+    }
+}
+
+/// Where the first cut marker of a flattened text begins, in characters (the marker may sit
+/// inside tool-call arguments, where its newline is escaped).
+fn cut_position(shown: &str) -> usize {
+    let Some(at) = shown.find(CUT_WORD) else { return shown.chars().count() };
+    let before = &shown[..at];
+    let before = before.strip_suffix("\\n").or_else(|| before.strip_suffix('\n')).unwrap_or(before);
+    before.chars().count()
 }
 
 /// A one-line preview of a message's content (for the operator's `show`).
@@ -203,9 +283,10 @@ pub struct Fitted {
 
 /// Drops messages until the JSON array fits `budget` bytes: the oldest first, or the newest
 /// first when `drop_newest` (an `afterSeq` read, so continuing from the last seq misses nothing).
-/// One message is always kept; if it alone is too large, its content is replaced.
+/// One message is always kept; if it alone is too large, its text is cut to fit, with `rest`
+/// saying where to read on.
 pub fn fit_budget(messages: Vec<Value>, budget: usize, drop_newest: bool) -> Fitted {
-    let sizes: Vec<usize> = messages.iter().map(|m| serde_json::to_string(m).map_or(0, |s| s.len())).collect();
+    let sizes: Vec<usize> = messages.iter().map(json_len).collect();
     let total = |n: usize, sum: usize| 2 + sum + n.saturating_sub(1);
     let mut sum: usize = sizes.iter().sum();
     let (mut lo, mut hi) = (0, messages.len());
@@ -221,15 +302,86 @@ pub fn fit_budget(messages: Vec<Value>, budget: usize, drop_newest: bool) -> Fit
     let dropped = messages.len() - (hi - lo);
     let mut kept: Vec<Value> = messages.into_iter().skip(lo).take(hi - lo).collect();
     let mut oversized = false;
-    if kept.len() == 1 && total(1, sum) > budget {
-        if let Some(obj) = kept[0].as_object_mut() {
-            obj.insert("content".into(), Value::String(TOO_LARGE.into()));
-        }
+    if let [only] = kept.as_mut_slice()
+        && total(1, sum) > budget
+    {
+        shrink_message(only, budget.saturating_sub(total(1, 0)));
         oversized = true;
-        sum = serde_json::to_string(&kept[0]).map_or(0, |s| s.len());
+        sum = json_len(only);
     }
     let bytes = if kept.is_empty() { 2 } else { total(kept.len(), sum) };
     Fitted { messages: kept, dropped, bytes, oversized }
+}
+
+fn json_len(v: &Value) -> usize {
+    serde_json::to_string(v).map_or(0, |s| s.len())
+}
+
+/// Cuts one sanitised message to `budget` bytes of JSON: its text up to where it was already
+/// cut, as much of it as fits.
+fn shrink_message(msg: &mut Value, budget: usize) {
+    let shown = flatten(msg.get("content").unwrap_or(&Value::Null));
+    let chars = shown.chars().count();
+    let rest_of = |k: &str| msg.pointer(&format!("/rest/{k}")).and_then(Value::as_u64).map(|n| n as usize);
+    let (limit, total) = (rest_of("fromChar").unwrap_or(chars), rest_of("totalChars").unwrap_or(chars));
+    fit_text(msg, &shown, TextPart { from: 0, limit, total }, budget);
+}
+
+/// The longest prefix of `text`, marked as cut, whose JSON string takes at most `max_json`
+/// bytes (a reply or an error text that would not let its answer fit).
+pub fn cut_to_json_len(text: &str, max_json: usize) -> String {
+    let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
+    let cut = |n: usize| text[..bounds[n]].to_string() + CUT_MARKER;
+    let (mut lo, mut hi) = (0, bounds.len() - 1);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if serde_json::to_string(&cut(mid)).map_or(usize::MAX, |s| s.len()) <= max_json {
+            lo = mid
+        } else {
+            hi = mid - 1
+        }
+    }
+    cut(lo)
+}
+
+/// Which characters of a message's text may go into its `content`.
+#[derive(Debug, Clone, Copy)]
+pub struct TextPart {
+    /// The first character to show.
+    pub from: usize,
+    /// Show nothing at or past this character of `text`.
+    pub limit: usize,
+    /// The whole text's length, for `rest`.
+    pub total: usize,
+}
+
+/// Sets the message's `content` to as much of `text` from `part.from` as keeps the message within
+/// `budget` bytes of JSON (a cut part ends with the marker), and `rest` to where the next part
+/// starts; messages without a seq cannot be read on, so they get no `rest`.
+pub fn fit_text(msg: &mut Value, text: &str, part: TextPart, budget: usize) {
+    let Some(obj) = msg.as_object_mut() else { return };
+    let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
+    let (from, limit) = (part.from.min(bounds.len() - 1), part.limit.min(bounds.len() - 1));
+    let has_seq = obj.contains_key("seq");
+    let mut set = |end: usize| {
+        let mut shown = text[bounds[from]..bounds[end]].to_string();
+        obj.remove("rest");
+        if end < part.total {
+            shown.push_str(CUT_MARKER);
+            if has_seq {
+                obj.insert("rest".into(), rest(end, part.total));
+            }
+        }
+        obj.insert("content".into(), Value::String(shown));
+        serde_json::to_string(&*obj).map_or(usize::MAX, |s| s.len())
+    };
+    // The largest end that fits: binary search, since escaping makes size grow unevenly.
+    let (mut lo, mut hi) = (from, limit.max(from));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if set(mid) <= budget { lo = mid } else { hi = mid - 1 }
+    }
+    set(lo);
 }
 
 #[cfg(test)]
@@ -295,9 +447,49 @@ mod tests {
         assert_eq!(f.messages.last().unwrap()["seq"], 9);
         let f = fit_budget(msgs.clone(), 400, true);
         assert_eq!(f.messages.first().unwrap()["seq"], 0);
-        let f = fit_budget(msgs, 50, false);
+        let f = fit_budget(msgs, 120, false);
         assert_eq!(f.messages.len(), 1);
-        assert!(f.oversized);
-        assert_eq!(f.messages[0]["content"], TOO_LARGE);
+        assert!(f.oversized && f.bytes <= 120, "{f:?}");
+        let content = f.messages[0]["content"].as_str().unwrap();
+        assert!(content.starts_with('y') && content.ends_with(CUT_MARKER), "{content}");
+        let shown = content.len() - CUT_MARKER.len();
+        assert_eq!(f.messages[0]["rest"], json!({"fromChar": shown, "totalChars": 100}));
+    }
+
+    #[test]
+    fn a_cut_message_says_where_its_text_goes_on() {
+        let mut f = Flags::default();
+        let mut m = json!({"seq": 7, "role": "assistant", "usage": {"input": 1}, "api": "x", "provider": "y",
+            "content": [{"type": "text", "text": "ab"}, {"type": "text", "text": "é".repeat(5000)}]});
+        sanitize_message(&mut m, &mut f);
+        assert!(m.get("usage").is_none() && m.get("api").is_none() && m.get("provider").is_none());
+        // "ab", the blank line, then 4000 of the 5000 characters.
+        assert_eq!(m["rest"], json!({"fromChar": 2 + 2 + 4000, "totalChars": 2 + 2 + 5000}));
+        let whole = whole_text(&m.clone()["content"], &mut Flags::default());
+        assert!(whole.starts_with("ab\n\né"));
+        let mut raw = json!({"seq": 7, "role": "assistant", "content": [{"type": "text", "text": "ab"},
+            {"type": "text", "text": "é".repeat(5000)}]});
+        let text = whole_text(&raw["content"], &mut Flags::default());
+        fit_text(&mut raw, &text, TextPart { from: 4004, limit: 5004, total: 5004 }, 10_000);
+        assert_eq!(raw["content"], "é".repeat(1000));
+        assert!(raw.get("rest").is_none());
+    }
+
+    #[test]
+    fn a_cut_inside_tool_call_arguments_is_found() {
+        let mut f = Flags::default();
+        let mut m =
+            json!({"seq": 1, "content": [{"type": "toolCall", "name": "w", "arguments": {"a": "z".repeat(4100)}}]});
+        sanitize_message(&mut m, &mut f);
+        let prefix = "[toolCall w] {\"a\":\"".chars().count();
+        assert_eq!(m["rest"]["fromChar"], prefix + 4000);
+    }
+
+    #[test]
+    fn a_cut_text_fits_its_json_length() {
+        let text = "\"quoted\" ".repeat(100);
+        let cut = cut_to_json_len(&text, 200);
+        assert!(serde_json::to_string(&cut).unwrap().len() <= 200);
+        assert!(cut.ends_with(CUT_MARKER) && text.starts_with(cut.trim_end_matches(CUT_MARKER)));
     }
 }

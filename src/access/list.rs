@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use super::Access;
 use crate::caller::Caller;
 use crate::config::Visibility;
-use crate::keys::SessionKind;
+use crate::keys::{SessionKey, SessionKind};
 use crate::store::{ListQuery, SessionRow, SessionState, SliceScope, now_ms};
 use crate::tools::ToolError;
 
@@ -30,6 +30,29 @@ pub struct ListPage {
     pub rows: Vec<SessionRow>,
     pub has_more: bool,
     pub next_cursor: Option<String>,
+    /// The caller's own key (its row is on the first page only) and the filters' fingerprint:
+    /// what a cursor is made of.
+    own_key: SessionKey,
+    fingerprint: String,
+}
+
+impl ListPage {
+    /// Ends the page one row earlier (for the answer budget): drops the last row other than the
+    /// caller's own and points the cursor at it. The index it had, if there was one to drop.
+    pub fn drop_last_other(&mut self) -> Option<usize> {
+        let at = self.rows.iter().rposition(|r| r.key != self.own_key)?;
+        self.rows.remove(at);
+        self.has_more = true;
+        self.next_cursor = Some(next_cursor(&self.rows, &self.own_key, &self.fingerprint));
+        Some(at)
+    }
+}
+
+/// Continue after the last other row; a page holding only the caller's own row continues from
+/// the top (the own row is excluded from every page after the first).
+fn next_cursor(rows: &[SessionRow], own_key: &SessionKey, fingerprint: &str) -> String {
+    let position = rows.iter().rev().find(|r| r.key != *own_key).map_or((i64::MAX, i64::MAX), |r| (r.updated_at, r.id));
+    encode_cursor(position, fingerprint)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -107,14 +130,9 @@ impl Access {
                 has_more = true;
             }
         }
-        // Continue after the last other row; a page holding only the caller's own row continues
-        // from the top (the own row is excluded from every page after the first).
-        let next_cursor = has_more.then(|| {
-            let position =
-                rows.iter().rev().find(|r| r.key != caller.key).map_or((i64::MAX, i64::MAX), |r| (r.updated_at, r.id));
-            encode_cursor(position, &fingerprint)
-        });
-        Ok(ListPage { rows, has_more, next_cursor })
+        let own_key = caller.key.clone();
+        let next_cursor = has_more.then(|| next_cursor(&rows, &own_key, &fingerprint));
+        Ok(ListPage { rows, has_more, next_cursor, own_key, fingerprint })
     }
 }
 

@@ -44,6 +44,11 @@ pub mod defaults {
     /// Half of `MAX_CONNECTIONS`: one address can never hold the listener alone.
     pub const MAX_CONNECTIONS_PER_PEER: u32 = 128;
     pub const MAX_SUBSCRIPTIONS: u32 = 100;
+    /// Every major host shows an answer this size whole (Codex cuts above ~12,000 bytes).
+    pub const MAX_RESULT_BYTES: usize = 10_000;
+    /// Below 4 KiB one message and the answer's own fields no longer fit; above 1 MiB an answer
+    /// is more than any model context should take in one call.
+    pub const RESULT_BYTES_RANGE: std::ops::RangeInclusive<usize> = 4096..=1024 * 1024;
     pub const RUNNER_TIMEOUT_SECONDS: u64 = 900;
     pub const RUNNER_IDLE_TIMEOUT_SECONDS_JSONL: u64 = 300;
     pub const RUNNER_CANCEL_GRACE_SECONDS: u64 = 5;
@@ -489,10 +494,20 @@ impl Visibility {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct SessionsToolConfig {
     pub visibility: Visibility,
+    /// The largest answer a tool call or `resources/read` returns, in bytes of JSON (4,096 to
+    /// 1,048,576; default 10,000). Every major host shows an answer of 10,000 bytes whole; Codex
+    /// cuts larger ones out of the middle. Longer transcripts and lists come in pages.
+    pub max_result_bytes: usize,
+}
+
+impl Default for SessionsToolConfig {
+    fn default() -> Self {
+        Self { visibility: Visibility::default(), max_result_bytes: defaults::MAX_RESULT_BYTES }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
@@ -723,6 +738,14 @@ impl Config {
             return Err(format!(
                 "session.mainKey must be a non-empty word without ':' or whitespace, got {:?}",
                 self.session.main_key
+            ));
+        }
+        let budget = self.tools.sessions.max_result_bytes;
+        if !defaults::RESULT_BYTES_RANGE.contains(&budget) {
+            return Err(format!(
+                "tools.sessions.maxResultBytes must be {}-{}, got {budget}",
+                defaults::RESULT_BYTES_RANGE.start(),
+                defaults::RESULT_BYTES_RANGE.end()
             ));
         }
         let mut seen = std::collections::BTreeSet::new();

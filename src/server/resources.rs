@@ -1,4 +1,5 @@
-//! Transcripts as MCP resources: the template `sessions://history/{key}`, a paginated list of the
+//! Transcripts as MCP resources: the template `sessions://history/{key}` (`?beforeSeq=N` or
+//! `?afterSeq=N` for another page, within the same answer budget), a paginated list of the
 //! caller's visible sessions, reads through the same path as `sessions_history` (so an invisible
 //! session and an unknown one answer alike), and `notifications/resources/updated` when a watched transcript grows — asked for with
 //! `resources/subscribe` (handshake era) or `subscriptions/listen` (2026-07-28).
@@ -33,7 +34,10 @@ pub fn templates() -> ListResourceTemplatesResult {
     let mut r = ListResourceTemplatesResult::with_all_items(vec![
         ResourceTemplate::new(TEMPLATE, "session-history")
             .with_title("Session transcript")
-            .with_description("A session's transcript as sessions_history returns it (key in any accepted form)")
+            .with_description(
+                "A session's transcript as sessions_history returns it (key in any accepted form); \
+                 page on with ?beforeSeq=N or ?afterSeq=N, the answer's nextBeforeSeq / nextAfterSeq",
+            )
             .with_mime_type("application/json"),
     ]);
     r.cache_scope = Some(CacheScope::Private);
@@ -75,14 +79,32 @@ pub async fn read(ctx: &Ctx<'_>, uri: &str) -> Result<ReadResourceResult, McpErr
 
 async fn history(ctx: &Ctx<'_>, uri: &str) -> Option<Value> {
     let key = key_part(uri)?;
-    let args = json!({"sessionKey": key}).as_object().cloned();
-    let result = tools::call(ctx, "sessions_history", args).await?;
+    let mut args = json!({"sessionKey": key}).as_object().cloned()?;
+    for (name, value) in page_query(uri)? {
+        args.insert(name.into(), value.into());
+    }
+    let result = tools::call(ctx, "sessions_history", Some(args)).await?;
     let structured = result.structured_content?;
     (structured.get("status").and_then(Value::as_str) == Some("ok")).then_some(structured)
 }
 
 fn key_part(uri: &str) -> Option<&str> {
-    uri.strip_prefix(PREFIX).filter(|k| !k.is_empty() && !k.contains('/'))
+    let path = uri.split_once('?').map_or(uri, |(path, _)| path);
+    path.strip_prefix(PREFIX).filter(|k| !k.is_empty() && !k.contains('/'))
+}
+
+/// The page a URI asks for: `?beforeSeq=N` or `?afterSeq=N` (nothing: the newest page). None
+/// for any other query, which reads as an unknown resource.
+fn page_query(uri: &str) -> Option<Vec<(&'static str, u64)>> {
+    let Some((_, query)) = uri.split_once('?') else { return Some(Vec::new()) };
+    query
+        .split('&')
+        .map(|pair| {
+            let (name, value) = pair.split_once('=')?;
+            let name = ["beforeSeq", "afterSeq"].into_iter().find(|n| *n == name)?;
+            Some((name, value.parse().ok()?))
+        })
+        .collect()
 }
 
 /// `resources/subscribe` (handshake era): watches a transcript the caller may read, counted once

@@ -123,9 +123,10 @@ fn task_of(run: &RunRow) -> Task {
 
 /// What the tool would have answered had the call waited for the run's end.
 fn final_result(access: &Access, caller: &Caller, run: &RunRow) -> JsonObject {
+    let budget = access.config.tools.sessions.max_result_bytes;
     let result = match run.mode {
-        RunMode::Spawn => tools::final_result(sessions_spawn::task_result(run)),
-        _ => tools::final_result(sessions_send::task_result(access, caller, run)),
+        RunMode::Spawn => tools::final_result(sessions_spawn::task_result(&access.store, run, budget), budget),
+        _ => tools::final_result(sessions_send::task_result(access, caller, run), budget),
     };
     match serde_json::to_value(result) {
         Ok(Value::Object(o)) => o,

@@ -1,6 +1,6 @@
 //! Transcript messages: append with the next `seq`, and read pages that cost O(limit).
 
-use rusqlite::{Connection, Row, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use serde_json::{Map, Value};
 
 use super::{Result, Store, now_ms};
@@ -145,6 +145,66 @@ impl Store {
             let has_more = messages.len() > limit;
             messages.truncate(limit);
             Ok(HistoryPage { messages, has_more })
+        })
+    }
+
+    /// The last `limit` messages before `before_seq` (oldest first): reading backwards.
+    pub fn history_before(
+        &self,
+        session: i64,
+        before_seq: i64,
+        limit: usize,
+        include_tools: bool,
+    ) -> Result<HistoryPage> {
+        self.read(|c| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq < ?2{} ORDER BY seq DESC LIMIT ?3",
+                visible_filter(include_tools)
+            );
+            let mut messages: Vec<MessageRow> = c
+                .prepare_cached(&sql)?
+                .query_map(params![session, before_seq, limit as i64 + 1], MessageRow::from_row)?
+                .collect::<rusqlite::Result<_>>()?;
+            let has_more = messages.len() > limit;
+            messages.truncate(limit);
+            messages.reverse();
+            Ok(HistoryPage { messages, has_more })
+        })
+    }
+
+    /// The seq of a run's last assistant message in `session`: where its whole reply is.
+    pub fn reply_seq(&self, session: &crate::keys::SessionKey, run_id: &str) -> Result<Option<i64>> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT m.seq FROM messages m JOIN sessions s ON s.id = m.session
+                 WHERE s.key = ?1 AND m.run_id = ?2 AND m.role = 'assistant' ORDER BY m.seq DESC LIMIT 1",
+            )?
+            .query_row(params![session.as_str(), run_id], |r| r.get(0))
+            .optional()
+        })
+    }
+
+    /// One message by seq, whatever its role.
+    pub fn message_at(&self, session: i64, seq: i64) -> Result<Option<MessageRow>> {
+        self.read(|c| {
+            c.prepare_cached(&format!("SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq = ?2"))?
+                .query_row(params![session, seq], MessageRow::from_row)
+                .optional()
+        })
+    }
+
+    /// Whether the session has visible messages before `first` and after `last`: which ways a
+    /// page of its history can be read on.
+    pub fn history_around(&self, session: i64, first: i64, last: i64, include_tools: bool) -> Result<(bool, bool)> {
+        self.read(|c| {
+            let filter = visible_filter(include_tools);
+            let exists = |cmp: &str, seq: i64| {
+                c.prepare_cached(&format!(
+                    "SELECT EXISTS(SELECT 1 FROM messages WHERE session = ?1 AND seq {cmp} ?2{filter})"
+                ))?
+                .query_row(params![session, seq], |r| r.get::<_, bool>(0))
+            };
+            Ok((exists("<", first)?, exists(">", last)?))
         })
     }
 

@@ -248,12 +248,50 @@ pub async fn run(ctx: &Ctx<'_>, tool: ToolName, args: Option<Map<String, Value>>
             ToolName::SessionsSpawn => to_value(sessions_spawn::run(ctx, args).await),
         },
     };
-    result(structured)
+    result(within_budget(structured, ctx.access.config.tools.sessions.max_result_bytes))
+}
+
+/// Size of a value as the JSON a host receives.
+pub(crate) fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    serde_json::to_string(value).map_or(usize::MAX, |s| s.len())
+}
+
+/// Room kept for the field that says where a cut text can be read whole.
+const POINTER_ROOM: usize = 48;
+
+/// Cuts the text `field` picks so the whole answer fits `budget`; whether it cut.
+pub(crate) fn fit_text_field<T: Serialize>(
+    answer: &mut T,
+    field: impl Fn(&mut T) -> Option<&mut String>,
+    budget: usize,
+) -> bool {
+    let size = json_len(answer);
+    if size <= budget {
+        return false;
+    }
+    let Some(text) = field(answer) else { return false };
+    let room = json_len(text).saturating_sub(size - budget + POINTER_ROOM);
+    *text = crate::sanitize::cut_to_json_len(text, room);
+    true
+}
+
+/// The last line of the budget: every tool fits its answer itself (pages, cuts), so this only
+/// fires for a shape no tool foresaw, and then the caller learns why instead of getting an
+/// answer a host would cut out of the middle.
+fn within_budget(structured: Value, budget: usize) -> Value {
+    let size = json_len(&structured);
+    if size <= budget {
+        return structured;
+    }
+    tracing::warn!(size, budget, "a tool answer did not fit the budget");
+    serde_json::json!({"status": "error", "error": format!(
+        "the answer ({size} bytes) is larger than tools.sessions.maxResultBytes ({budget}); ask for less (a smaller limit), or raise tools.sessions.maxResultBytes (at most 1048576)"
+    )})
 }
 
 /// The result of a tool whose success shape is `ok` (a task's final result).
-pub(crate) fn final_result<T: Serialize>(ok: T) -> CallToolResult {
-    result(to_value(Output::Ok(ok)))
+pub(crate) fn final_result<T: Serialize>(ok: T, budget: usize) -> CallToolResult {
+    result(within_budget(to_value(Output::Ok(ok)), budget))
 }
 
 fn to_value<T: Serialize>(out: Output<T>) -> Value {

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::args::Bounds;
 use super::{Ctx, OkStatus, Output, ToolError, ToolSpec};
-use crate::access::ListRequest;
+use crate::access::{ListPage, ListRequest};
 use crate::keys::{self, KeyScope, SessionKind};
 use crate::policy::ToolName;
 use crate::sanitize::{self, Flags};
@@ -52,7 +52,8 @@ pub struct ListOk {
     /// Arguments that were clamped to their maximum: name → applied value.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit_applied: Option<Map<String, Value>>,
-    /// Some rows' messages were left out to keep the answer under 80 KiB.
+    /// Some rows' messages were left out to keep the answer within the budget
+    /// (tools.sessions.maxResultBytes); rows that did not fit are on the next page instead.
     pub dropped_messages: bool,
     pub content_truncated: bool,
     pub content_redacted: bool,
@@ -161,13 +162,12 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<ListOk, ToolError
     let clamped = a.finish()?;
 
     let req = ListRequest { kinds, limit: limit as usize, active_minutes, include_archived, cursor };
-    let page = ctx.access.list(ctx.caller, &req)?;
+    let mut page = ctx.access.list(ctx.caller, &req)?;
     let scope = ctx.access.scope(ctx.caller);
     let state_dir_export = ctx.access.store.path().parent().map(|d| d.join("export"));
     let mut rows: Vec<ListRow> =
         page.rows.iter().map(|r| list_row(r, &scope, ctx.caller.sandboxed, state_dir_export.as_deref())).collect();
     let mut flags = Flags::default();
-    let mut dropped_messages = false;
     if message_limit > 0 {
         let ids: Vec<i64> = page.rows.iter().map(|r| r.id).collect();
         let all = ctx.access.store.last_messages(&ids, message_limit as usize)?;
@@ -176,11 +176,10 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<ListOk, ToolError
             out.iter_mut().for_each(|m| sanitize::sanitize_message(m, &mut flags));
             row.messages = Some(out);
         }
-        dropped_messages = fit_rows(&mut rows);
     }
     let rules = ctx.access.rules(ctx.caller);
     let note = scope_note(rules.effective, rules.configured, ctx.caller.sandboxed);
-    Ok(ListOk {
+    let mut answer = ListOk {
         status: OkStatus::Ok,
         count: rows.len(),
         sessions: rows,
@@ -191,12 +190,14 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<ListOk, ToolError
             note,
         },
         has_more: page.has_more,
-        next_cursor: page.next_cursor,
+        next_cursor: page.next_cursor.clone(),
         limit_applied: super::limit_applied(clamped),
-        dropped_messages,
+        dropped_messages: false,
         content_truncated: flags.content_truncated,
         content_redacted: flags.content_redacted,
-    })
+    };
+    fit_answer(&mut answer, &mut page, ctx.access.config.tools.sessions.max_result_bytes);
+    Ok(answer)
 }
 
 fn scope_note(effective: crate::config::Visibility, configured: crate::config::Visibility, sandboxed: bool) -> String {
@@ -216,23 +217,36 @@ fn scope_note(effective: crate::config::Visibility, configured: crate::config::V
     }
 }
 
-/// Keeps the whole answer under the budget by dropping messages from the oldest rows first.
-fn fit_rows(rows: &mut [ListRow]) -> bool {
-    let mut total = serde_json::to_string(&*rows).map_or(0, |s| s.len());
-    let mut dropped = false;
-    for row in rows.iter_mut().rev() {
-        let Some(msgs) = row.messages.as_mut() else { continue };
-        while total > sanitize::BUDGET_BYTES && !msgs.is_empty() {
-            let m = msgs.remove(0);
-            total -= serde_json::to_string(&m).map_or(0, |s| s.len()) + usize::from(!msgs.is_empty());
-            dropped = true;
+/// Keeps the whole answer within `budget` bytes. Rows go first, from the end of the page (the
+/// cursor then continues from the last row kept, so nothing is lost); the caller's own row stays.
+/// If the rows left are still too large, their oldest messages go (`droppedMessages`).
+fn fit_answer(answer: &mut ListOk, page: &mut ListPage, budget: usize) {
+    let mut size = super::json_len(&*answer);
+    while size > budget && answer.sessions.len() > 1 {
+        let Some(at) = page.drop_last_other() else { break };
+        let row = answer.sessions.remove(at);
+        size -= super::json_len(&row) + 1;
+        if answer.next_cursor.is_none() {
+            size += CURSOR_ROOM;
         }
-        if total <= sanitize::BUDGET_BYTES {
-            break;
+        answer.has_more = true;
+        answer.next_cursor = page.next_cursor.clone();
+        answer.count = answer.sessions.len();
+    }
+    size = super::json_len(&*answer);
+    for row in answer.sessions.iter_mut().rev() {
+        let Some(msgs) = row.messages.as_mut() else { continue };
+        while size > budget && !msgs.is_empty() {
+            let m = msgs.remove(0);
+            size -= super::json_len(&m) + usize::from(!msgs.is_empty());
+            answer.dropped_messages = true;
         }
     }
-    dropped
+    // `droppedMessages: true` is one byte shorter than false; nothing else changed size.
 }
+
+/// Bytes a `nextCursor` adds to an answer that had none.
+const CURSOR_ROOM: usize = 160;
 
 /// One row as the caller sees it. `lastTo` and `deliveryContext.to` are hidden from sandboxed callers.
 pub fn list_row(r: &SessionRow, scope: &KeyScope, sandboxed: bool, export_dir: Option<&std::path::Path>) -> ListRow {
@@ -254,7 +268,8 @@ pub fn list_row(r: &SessionRow, scope: &KeyScope, sandboxed: bool, export_dir: O
         kind: r.kind,
         channel,
         label: r.label.clone(),
-        display_name: r.display_name.clone(),
+        // As the reference: a row without a display name of its own shows its label (`"calc"`).
+        display_name: r.display_name.clone().or_else(|| r.label.clone()),
         updated_at: r.updated_at,
         session_id: r.session_id.clone(),
         model: r.model.clone(),

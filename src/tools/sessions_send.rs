@@ -81,6 +81,10 @@ pub struct SendOk {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub inbox: Option<Value>,
+    /// The reply was cut to fit the answer budget: read it whole with sessions_history
+    /// {sessionKey, seq: replySeq}.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_seq: Option<i64>,
 }
 
 impl SendOk {
@@ -95,14 +99,28 @@ impl SendOk {
             error: None,
             note: None,
             inbox: None,
+            reply_seq: None,
         }
+    }
+
+    /// Cuts the reply or the error so the answer fits `budget`; a cut reply says where it is whole.
+    fn fit(mut self, store: &crate::store::Store, session: &crate::keys::SessionKey, budget: usize) -> Self {
+        if super::fit_text_field(&mut self, |a| a.reply.as_mut().and_then(Option::as_mut), budget) {
+            self.reply_seq = self.run_id.as_deref().and_then(|run| store.reply_seq(session, run).ok().flatten());
+        }
+        super::fit_text_field(&mut self, |a| a.error.as_mut(), budget);
+        self
     }
 }
 
 /// The final result of a send that ran as an MCP task: what a wait that saw the run end answers.
 pub fn task_result(access: &Access, caller: &Caller, run: &RunRow) -> SendOk {
     let base = SendOk::new(SendStatus::Ok, Some(run.run_id.clone()), access.scope(caller).display(&run.session_key));
-    finished(base, run, access.store.delivery_of(&run.run_id).ok().flatten())
+    finished(base, run, access.store.delivery_of(&run.run_id).ok().flatten()).fit(
+        &access.store,
+        &run.session_key,
+        access.config.tools.sessions.max_result_bytes,
+    )
 }
 
 pub fn spec() -> ToolSpec {
@@ -325,7 +343,11 @@ async fn finish(
         let _ = ctx.access.store.set_waiting(&own.run_id, None);
     }
     match waited? {
-        Waited::Finished(run) => Ok(finished(base(SendStatus::Ok, Some(run_id.clone())), &run, delivery())),
+        Waited::Finished(run) => Ok(finished(base(SendStatus::Ok, Some(run_id.clone())), &run, delivery()).fit(
+            &ctx.access.store,
+            &run.session_key,
+            ctx.access.config.tools.sessions.max_result_bytes,
+        )),
         Waited::TimedOut => {
             let mut t = base(SendStatus::Timeout, Some(run_id.clone()));
             t.error = Some(format!("timed out waiting {}s for the reply; the run goes on", args.timeout));

@@ -135,6 +135,10 @@ pub struct SpawnOk {
     /// As a task's final result: why the child did not finish.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The reply was cut to fit the answer budget: read it whole with sessions_history
+    /// {sessionKey: childSessionKey, seq: replySeq}.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_seq: Option<i64>,
 }
 
 pub fn spec() -> ToolSpec {
@@ -488,12 +492,13 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
         attachments: None,
         reply: None,
         error: None,
+        reply_seq: None,
     }
 }
 
 /// The final result of a spawn that ran as an MCP task: the child's outcome. The announce still
 /// reaches the requester's session as usual.
-pub fn task_result(run: &RunRow) -> SpawnOk {
+pub fn task_result(store: &crate::store::Store, run: &RunRow, budget: usize) -> SpawnOk {
     let (status, error) = match run.status.as_str() {
         "ok" => (SpawnStatus::Ok, None),
         s => {
@@ -501,7 +506,7 @@ pub fn task_result(run: &RunRow) -> SpawnOk {
             (SpawnStatus::Error, Some(error.unwrap_or_else(|| format!("the child's run ended {s}"))))
         }
     };
-    SpawnOk {
+    let mut ok = SpawnOk {
         status,
         run_id: run.run_id.clone(),
         child_session_key: run.session_key.to_string(),
@@ -512,5 +517,11 @@ pub fn task_result(run: &RunRow) -> SpawnOk {
         attachments: None,
         reply: if error.is_none() { crate::sanitize::run_text(run.reply.as_deref()) } else { None },
         error,
+        reply_seq: None,
+    };
+    if super::fit_text_field(&mut ok, |a| a.reply.as_mut(), budget) {
+        ok.reply_seq = store.reply_seq(&run.session_key, &run.run_id).ok().flatten();
     }
+    super::fit_text_field(&mut ok, |a| a.error.as_mut(), budget);
+    ok
 }
