@@ -17,7 +17,7 @@
 //! | [`keys`]    | session keys: parse, canonical and display forms, kind, chat type, channel |
 //! | [`store`]   | the SQLite store (WAL, `synchronous=FULL`, versioned migrations) behind [`store::Store`] |
 //! | [`safe_dirs`] | directories below an agent-writable workspace, opened through descriptors without following links |
-//! | [`sanitize`]| what transcripts look like on the way out: redaction, cuts, the 80 KiB budget |
+//! | [`sanitize`]| what transcripts look like on the way out: redaction, cuts, fitting the answer budget |
 //! | [`config`]  | the JSON5 config with the reference's key paths; every default in one place |
 //! | [`schemas`] | the checked-in JSON schemas of the tools and the config |
 //! | [`runtime`] | the runtime owner: lock election, the run queue, waits, the run socket, sweeps |

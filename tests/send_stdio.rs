@@ -781,3 +781,40 @@ fn deliverers_retry_on_75_and_fail_on_other_exit_codes() {
     let failed = announce_delivery(slack, "failed");
     assert!(failed["lastError"].as_str().unwrap().contains("no route to channel"), "{failed}");
 }
+
+/// A reply longer than the answer budget comes cut, with the seq of the message that holds it
+/// whole; reading that message with `seq` and `fromChar` gives back every character of it.
+#[test]
+fn a_reply_over_the_budget_is_cut_and_read_whole_by_its_seq() {
+    let env = setup(
+        None,
+        json!({"rules": [{"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"}], "default": {"reply": "{input}"}}),
+        json!({}),
+        json!({"sessions": [{"key": WORKER}]}),
+    );
+    let mut c = env.serve(None);
+    let long: String = (0..3000).map(|i| format!("{i:05}é ")).collect();
+    let r = c.call("sessions_send", json!({"sessionKey": WORKER, "message": long, "timeoutSeconds": 20}));
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(r.to_string().len() <= 10_000, "{} bytes", r.to_string().len());
+    let reply = r["reply"].as_str().expect("a reply");
+    assert!(reply.ends_with("…(truncated)…") && long.starts_with(reply.trim_end_matches("\n…(truncated)…")));
+    let seq = r["replySeq"].as_i64().expect("replySeq says where the reply is whole");
+    let mut whole = String::new();
+    let mut from = 0;
+    loop {
+        let part = c.call("sessions_history", json!({"sessionKey": WORKER, "seq": seq, "fromChar": from}));
+        assert!(part.to_string().len() <= 10_000, "{} bytes", part.to_string().len());
+        let m = &part["messages"][0];
+        let text = m["content"].as_str().expect("text");
+        match m["rest"]["fromChar"].as_u64() {
+            Some(next) => {
+                whole.push_str(text.strip_suffix("\n…(truncated)…").expect("marker"));
+                from = next;
+            }
+            None => break whole.push_str(text),
+        }
+    }
+    // The agent's reply is its output trimmed.
+    assert!(whole == long.trim_end(), "{} characters read back of {}", whole.chars().count(), long.chars().count());
+}

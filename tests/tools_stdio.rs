@@ -165,7 +165,8 @@ fn list_filters_apply_before_the_limit() {
 
 #[test]
 fn limit_is_clamped_and_the_cursor_pages_without_gaps() {
-    let env = TestEnv::with_config("{tools: {sessions: {visibility: 'agent'}}}");
+    // A budget that holds all 46 rows: this is about clamping (the default budget pages them).
+    let env = TestEnv::with_config("{tools: {sessions: {visibility: 'agent', maxResultBytes: 1048576}}}");
     env.seed_generated(&["--sessions", "45", "--messages", "90"]);
     let mut c = env.serve(None);
     let big = c.call("sessions_list", json!({"limit": 5000.7, "messageLimit": 99}));
@@ -268,7 +269,9 @@ fn history_budget_and_cuts_set_honest_flags() {
     assert_eq!(h["contentRedacted"], false);
     assert_eq!(h["truncated"], true);
     assert_eq!(h["hasMore"], true);
-    assert!(h["bytes"].as_u64().unwrap() <= 80 * 1024);
+    assert!(h.to_string().len() <= 10_000, "the whole answer fits the default budget");
+    assert_eq!(h["nextBeforeSeq"], h["messages"][0]["seq"], "the older page is one call away");
+    assert!(h.get("nextAfterSeq").is_none(), "nothing is newer than the newest page");
     let msgs = h["messages"].as_array().unwrap();
     assert_eq!(msgs.last().unwrap()["seq"], 50, "the newest are kept");
     let fresh = c.call("sessions_history", json!({"sessionKey": "main", "afterSeq": 0}));
@@ -283,6 +286,10 @@ fn history_budget_and_cuts_set_honest_flags() {
     assert_eq!(cut["droppedMessages"], false);
     let blocks = &cut["messages"][0]["content"];
     assert!(blocks[0]["text"].as_str().unwrap().ends_with("…(truncated)…"));
+    assert_eq!(
+        cut["messages"][0]["rest"],
+        json!({"fromChar": 4000, "totalChars": 5000 + "\n\n[image image/png, 4 bytes]".chars().count()})
+    );
     assert_eq!(blocks[1], json!({"type": "image", "mimeType": "image/png", "omitted": true, "bytes": 4}));
 }
 

@@ -867,6 +867,13 @@ mod tests {
     fn json5_and_ours_are_validated() {
         let (c, _) = parse("{ tools: { sessions: { visibility: 'all' } }, // comment\n }").unwrap();
         assert_eq!(c.tools.sessions.visibility, Visibility::All);
+        for bad in [0, 4095, 1024 * 1024 + 1] {
+            let err = parse(&format!("{{ tools: {{ sessions: {{ maxResultBytes: {bad} }} }} }}")).unwrap_err();
+            assert!(
+                matches!(&err, ParseError::Invalid(m) if m.contains("tools.sessions.maxResultBytes must be 4096-1048576")),
+                "{err:?}"
+            );
+        }
         let err = parse("{ tools: { sessions: { visibility: 'everything' } } }").unwrap_err();
         assert!(matches!(err, ParseError::Invalid(m) if m.contains("tools.sessions.visibility")));
         let err = parse("{ agents: { defaults: { subagents: { maxSpawnDepth: 9 } } } }").unwrap_err();

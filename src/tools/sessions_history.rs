@@ -291,3 +291,29 @@ fn set_pointers(ctx: &Ctx, session: i64, include_tools: bool, answer: &mut Histo
     answer.next_after_seq = newer.then_some(last);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window_of(args: Value) -> Result<Window, ToolError> {
+        let mut a = crate::tools::reader(ToolName::SessionsHistory, args.as_object().cloned())?;
+        window(&mut a)
+    }
+
+    #[test]
+    fn windows_that_contradict_each_other_are_refused_by_name() {
+        for (args, says) in [
+            (json!({"afterSeq": 1, "beforeSeq": 9}), "afterSeq and beforeSeq"),
+            (json!({"afterSeq": 1, "seq": 3}), "seq reads one message"),
+            (json!({"beforeSeq": 1, "seq": 3}), "seq reads one message"),
+            (json!({"fromChar": 10}), "fromChar needs seq"),
+        ] {
+            let e = window_of(args.clone()).expect_err("refused");
+            assert!(e.message.contains(says), "{args}: {}", e.message);
+        }
+        assert!(matches!(window_of(json!({"seq": 3})), Ok(Window::One { seq: 3, from_char: 0 })));
+        assert!(matches!(window_of(json!({"beforeSeq": 4})), Ok(Window::Before(4))));
+        assert!(matches!(window_of(json!({})), Ok(Window::Newest)));
+    }
+}
