@@ -54,7 +54,9 @@ fn reply_events(request: &Value) -> String {
     };
     let result = blocks.iter().find(|b| b["type"] == "tool_result");
     let text = blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(" ");
-    let (block, stop) = if let Some(r) = result {
+    let (block, stop) = if let Some(next) = paging_step(&messages) {
+        next
+    } else if let Some(r) = result {
         let output = match &r["content"] {
             Value::String(s) => s.clone(),
             other => text_of(other),
@@ -89,6 +91,52 @@ fn reply_events(request: &Value) -> String {
         json!({"type": "message_stop"}),
     ];
     events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect()
+}
+
+/// The session a PAGE turn reads, page by page, backwards from its newest message.
+const BIG: &str = "agent:claude:big";
+
+/// A model that pages: after a turn that says PAGE, it calls `sessions_history` on [`BIG`], then
+/// follows each answer's `nextBeforeSeq`; when there is none, it reports what reached it: how many
+/// tool results came, whether each was whole JSON, their largest size, and every seq it read.
+fn paging_step(messages: &[Value]) -> Option<(Value, &'static str)> {
+    let last = messages.iter().rev().find(|m| m["role"] == "user")?;
+    let answers_a_page = last["content"].to_string().contains("toolu_page_");
+    if !answers_a_page && !text_of(&last["content"]).contains("PAGE") {
+        return None;
+    }
+    let results: Vec<String> = messages
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| match &b["content"] {
+            Value::String(s) => s.clone(),
+            other => text_of(other),
+        })
+        .map(|t| t.split("<system-reminder>").next().unwrap_or("").trim().to_string())
+        .collect();
+    let parsed: Vec<Value> = results.iter().filter_map(|t| serde_json::from_str(t).ok()).collect();
+    let call = |input: Value| {
+        let id = format!("toolu_page_{}", results.len());
+        (json!({"type": "tool_use", "id": id, "name": "mcp__sessions__sessions_history", "input": input}), "tool_use")
+    };
+    match parsed.last() {
+        None if results.is_empty() => Some(call(json!({"sessionKey": BIG}))),
+        Some(last) if parsed.len() == results.len() && last["nextBeforeSeq"].is_i64() => {
+            Some(call(json!({"sessionKey": BIG, "beforeSeq": last["nextBeforeSeq"]})))
+        }
+        _ => {
+            let mut seqs: Vec<i64> = parsed
+                .iter()
+                .flat_map(|p| p["messages"].as_array().cloned().unwrap_or_default())
+                .filter_map(|m| m["seq"].as_i64())
+                .collect();
+            seqs.sort();
+            let largest = results.iter().map(String::len).max().unwrap_or(0);
+            let report = json!({"results": results.len(), "whole": parsed.len(), "largest": largest, "seqs": seqs});
+            Some((json!({"type": "text", "text": format!("paged: {report}")}), "end_turn"))
+        }
+    }
 }
 
 /// The CLI, or None after saying why the test is skipped (a failure in CI's extended tier).
@@ -217,4 +265,27 @@ fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
     assert!(text_of(&result["content"]).contains("\"status\""), "{result}");
     let cost = messages.iter().filter_map(|m| m["usage"]["costUsd"].as_f64()).next();
     assert!(cost.is_some_and(|c| c > 0.0), "Claude Code's cost on the reply: {messages:?}");
+}
+
+/// Claude Code as the host of our tools, with a model that pages a 60-message transcript
+/// backwards: every answer reaches the model whole (valid JSON, within the 10,000-byte budget,
+/// never Claude Code's preview), and following `nextBeforeSeq` reads every message exactly once.
+#[test]
+fn claude_code_hands_every_page_to_its_model_whole_and_paging_reads_every_message_once() {
+    let Some(claude) = cli_or_skip() else { return };
+    let (env, vars) = claude_env(&claude, json!({"tools": {"sessions": {"visibility": "agent"}}}));
+    let long: Vec<Value> =
+        (0..60).map(|i| json!({"role": "user", "content": format!("{i} {}", "z".repeat(800))})).collect();
+    env.seed(json!({"sessions": [{"key": BIG, "messages": long}]}));
+    let mut c = serve(&env, &vars);
+    let r = c.call("sessions_send", json!({"sessionKey": KEY, "message": "PAGE through it", "timeoutSeconds": 120}));
+    assert_eq!(r["status"], "ok", "{r}");
+    let reply = r["reply"].as_str().unwrap_or_default();
+    let report: Value =
+        serde_json::from_str(reply.strip_prefix("paged: ").unwrap_or_else(|| panic!("{reply}"))).unwrap();
+    let results = report["results"].as_u64().unwrap();
+    assert!(results > 4, "the transcript took several pages: {report}");
+    assert_eq!(report["whole"], results, "every answer reached the model as whole JSON: {report}");
+    assert!(report["largest"].as_u64().unwrap() <= 10_000, "{report}");
+    assert_eq!(report["seqs"], json!((1..=60).collect::<Vec<i64>>()), "every message exactly once");
 }

@@ -133,19 +133,7 @@ impl Store {
         limit: usize,
         include_tools: bool,
     ) -> Result<HistoryPage> {
-        self.read(|c| {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq > ?2{} ORDER BY seq ASC LIMIT ?3",
-                visible_filter(include_tools)
-            );
-            let mut messages: Vec<MessageRow> = c
-                .prepare_cached(&sql)?
-                .query_map(params![session, after_seq, limit as i64 + 1], MessageRow::from_row)?
-                .collect::<rusqlite::Result<_>>()?;
-            let has_more = messages.len() > limit;
-            messages.truncate(limit);
-            Ok(HistoryPage { messages, has_more })
-        })
+        self.read(|c| history_from(c, session, Direction::After(after_seq), limit, include_tools))
     }
 
     /// The last `limit` messages before `before_seq` (oldest first): reading backwards.
@@ -156,20 +144,7 @@ impl Store {
         limit: usize,
         include_tools: bool,
     ) -> Result<HistoryPage> {
-        self.read(|c| {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq < ?2{} ORDER BY seq DESC LIMIT ?3",
-                visible_filter(include_tools)
-            );
-            let mut messages: Vec<MessageRow> = c
-                .prepare_cached(&sql)?
-                .query_map(params![session, before_seq, limit as i64 + 1], MessageRow::from_row)?
-                .collect::<rusqlite::Result<_>>()?;
-            let has_more = messages.len() > limit;
-            messages.truncate(limit);
-            messages.reverse();
-            Ok(HistoryPage { messages, has_more })
-        })
+        self.read(|c| history_from(c, session, Direction::Before(before_seq), limit, include_tools))
     }
 
     /// The seq of a run's last assistant message in `session`: where its whole reply is.
@@ -276,17 +251,41 @@ impl Store {
 }
 
 fn history_tail(c: &Connection, session: i64, limit: usize, include_tools: bool) -> rusqlite::Result<HistoryPage> {
+    history_from(c, session, Direction::Before(i64::MAX), limit, include_tools)
+}
+
+/// Which way a page of history reads from a seq.
+#[derive(Clone, Copy)]
+enum Direction {
+    After(i64),
+    Before(i64),
+}
+
+/// A page next to a seq, oldest first either way.
+fn history_from(
+    c: &Connection,
+    session: i64,
+    direction: Direction,
+    limit: usize,
+    include_tools: bool,
+) -> rusqlite::Result<HistoryPage> {
+    let (cmp, order, seq) = match direction {
+        Direction::After(seq) => (">", "ASC", seq),
+        Direction::Before(seq) => ("<", "DESC", seq),
+    };
     let sql = format!(
-        "SELECT {COLUMNS} FROM messages WHERE session = ?1{} ORDER BY seq DESC LIMIT ?2",
+        "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq {cmp} ?2{} ORDER BY seq {order} LIMIT ?3",
         visible_filter(include_tools)
     );
     let mut messages: Vec<MessageRow> = c
         .prepare_cached(&sql)?
-        .query_map(params![session, limit as i64 + 1], MessageRow::from_row)?
+        .query_map(params![session, seq, limit as i64 + 1], MessageRow::from_row)?
         .collect::<rusqlite::Result<_>>()?;
     let has_more = messages.len() > limit;
     messages.truncate(limit);
-    messages.reverse();
+    if matches!(direction, Direction::Before(_)) {
+        messages.reverse();
+    }
     Ok(HistoryPage { messages, has_more })
 }
 
