@@ -20,12 +20,12 @@ const RUNS_SHOWN: usize = 20;
 pub struct Params {
     /// The session: a key (`main`, `agent:<id>:…`, `discord:group:<id>`, …) or a sessionId.
     session_key: String,
-    /// Messages to return (default 200, at most 1000; larger values are clamped).
+    /// Messages to return (at least 1, default 200, at most 1000; larger values are clamped).
     #[schemars(range(min = 1))]
     limit: Option<f64>,
     /// Include tool results and silent messages (default false).
     include_tools: Option<bool>,
-    /// Only messages with seq > afterSeq, oldest first: read what arrived since you last looked.
+    /// Only messages with seq > afterSeq (0 or more), oldest first: read what arrived since you last looked.
     #[schemars(range(min = 0))]
     after_seq: Option<f64>,
     /// Also return the session's last runs and their deliveries (default false).
