@@ -1,6 +1,8 @@
 //! Every client configuration the README shows (`mcp.json`, `examples/clients/*`) parses and
 //! starts a working server: stdio entries are launched as a host would (command + args + env, no
-//! shell), HTTP entries are used against `serve --http` with their headers.
+//! shell), HTTP entries are used against `serve --http` with their headers. The MCP Bundle's
+//! manifest (`packaging/mcpb/manifest.json`) starts the server it describes, and the registry
+//! entry (`server.json`) names this version and its bundle.
 
 mod common;
 
@@ -103,6 +105,68 @@ fn http_configs_reach_the_server_with_their_headers() {
     drop(server);
 }
 
+/// The tool names `tools/list` answers, in its order.
+fn listed_tools(c: &mut Client) -> Vec<String> {
+    let tools = c.request("tools/list", json!({}));
+    tools["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn the_bundle_manifest_starts_the_server_it_describes() {
+    let manifest = load("packaging/mcpb/manifest.json");
+    assert_eq!(manifest["version"], env!("CARGO_PKG_VERSION"), "the manifest's version is Cargo.toml's");
+    let server = &manifest["server"];
+    assert_eq!(server["type"], "binary");
+    let config = &server["mcp_config"];
+    let entry_point = server["entry_point"].as_str().unwrap();
+    assert_eq!(config["command"], format!("${{__dirname}}/{entry_point}"), "the host runs the bundled binary");
+    // A host fills in where it unpacked the bundle and the user's choices; any other variable
+    // would reach the server verbatim.
+    let env = TestEnv::new();
+    let filled = config
+        .to_string()
+        .replace("${__dirname}", "/unpacked/bundle")
+        .replace("${user_config.state_dir}", &env.state_dir().display().to_string());
+    assert!(!filled.contains("${"), "a variable the manifest does not define: {filled}");
+    let filled: Value = serde_json::from_str(&filled).unwrap();
+    assert_eq!(manifest["user_config"]["state_dir"]["required"], false, "zero-config install");
+
+    let mut c = launch(&filled, &env);
+    let declared: Vec<&str> =
+        manifest["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(declared, listed_tools(&mut c), "the manifest lists the tools the server serves");
+    for tool in manifest["tools"].as_array().unwrap() {
+        assert!(tool["description"].as_str().is_some_and(|d| !d.is_empty()), "{tool}: a description to show");
+    }
+    c.close();
+}
+
+/// `server.json` against the 2025-12-11 schema's required fields and limits, and the registry's
+/// rules for MCPB packages. The schema itself is not vendored; `packaging/mcpb/build.sh` adds the
+/// bundle's `fileSha256` to the copy it writes beside the bundle.
+#[test]
+fn the_registry_entry_names_this_version_and_its_bundle() {
+    let entry = load("server.json");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(entry["$schema"], "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json");
+    let name = entry["name"].as_str().unwrap();
+    assert!(regex::Regex::new("^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$").unwrap().is_match(name), "reverse-DNS name {name}");
+    let description = entry["description"].as_str().unwrap();
+    assert!((1..=100).contains(&description.chars().count()), "the registry takes 1-100 characters: {description}");
+    assert_eq!(entry["version"], version, "the entry's version is Cargo.toml's");
+
+    let [package] = entry["packages"].as_array().unwrap().as_slice() else { panic!("one package: {entry}") };
+    assert_eq!(package["registryType"], "mcpb");
+    assert_eq!(package["transport"], json!({"type": "stdio"}));
+    assert_eq!(package["version"], version);
+    // The registry takes bundles from GitHub or GitLab releases, at a URL that says "mcp".
+    let url = package["identifier"].as_str().unwrap();
+    assert!(url.starts_with("https://github.com/"), "{url}");
+    assert!(url.contains(&format!("/releases/download/v{version}/sessions-mcp-{version}-")), "{url}");
+    assert!(url.ends_with(".mcpb"), "{url}");
+    assert!(package.get("fileSha256").is_none(), "the tracked entry has no digest: build.sh writes the bundle's");
+}
+
 #[test]
 fn the_readme_shows_every_shipped_config() {
     let readme = std::fs::read_to_string(repo("README.md")).unwrap();
@@ -112,6 +176,8 @@ fn the_readme_shows_every_shipped_config() {
         "examples/clients/vscode.mcp.json",
         "examples/clients/http.mcp.json",
         "examples/clients/vscode-http.mcp.json",
+        "packaging/mcpb/manifest.json",
+        "server.json",
     ] {
         assert!(readme.contains(path), "README mentions {path}");
     }

@@ -847,7 +847,8 @@ impl Config {
 
 /// The JSON schema of the configuration file (`schemas/config.json`).
 pub fn json_schema() -> serde_json::Value {
-    serde_json::to_value(schemars::schema_for!(Config)).expect("schema serialises")
+    let schema = crate::tools::published_settings().into_generator().into_root_schema_for::<Config>();
+    serde_json::to_value(schema).expect("schema serialises")
 }
 
 #[cfg(test)]

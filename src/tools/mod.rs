@@ -139,14 +139,7 @@ impl ToolSpec {
         if let Some(o) = input.as_object_mut() {
             o.entry("properties").or_insert_with(|| Value::Object(Map::new()));
         }
-        ToolSpec {
-            name,
-            title,
-            description,
-            read_only,
-            input,
-            output: schema::<Output<O>>(SchemaSettings::draft2020_12()),
-        }
+        ToolSpec { name, title, description, read_only, input, output: schema::<Output<O>>(published_settings()) }
     }
 
     /// The camelCase argument names of the input schema.
@@ -169,14 +162,51 @@ impl ToolSpec {
     }
 }
 
+/// The settings of every schema we publish (tools and config): JSON Schema 2020-12 with only the
+/// spec's own `format`s (see [`without_custom_format`]).
+pub fn published_settings() -> SchemaSettings {
+    SchemaSettings::draft2020_12().with(|s| s.transforms.push(Box::new(RecursiveTransform(without_custom_format))))
+}
+
 /// Input schemas in the subset every model's function calling accepts: an optional argument is
 /// one plain type, absent from `required` (Gemini refuses `"type": [T, "null"]`, and one such tool
 /// fails every request of the session), and no `$ref`s. An explicit `null` is still read as absent.
 fn input_settings() -> SchemaSettings {
-    SchemaSettings::draft2020_12().with(|s| {
+    published_settings().with(|s| {
         s.inline_subschemas = true;
         s.transforms.push(Box::new(RecursiveTransform(without_null)));
     })
+}
+
+/// The `format`s JSON Schema 2020-12 defines that Ajv (with ajv-formats) also knows.
+const STANDARD_FORMATS: &[&str] = &[
+    "date-time",
+    "date",
+    "time",
+    "duration",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uri-reference",
+    "uri-template",
+    "uuid",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
+];
+
+/// Drops a `format` outside [`STANDARD_FORMATS`]: schemars marks numbers `uint`, `int64`,
+/// `double`, ..., which Ajv-based clients (the TypeScript SDK, Gemini CLI, the Inspector) log as
+/// `unknown format "uint" ignored`. The range stays in `minimum`/`maximum`, and the other keys
+/// keep their order.
+fn without_custom_format(schema: &mut Schema) {
+    if schema.get("format").and_then(Value::as_str).is_some_and(|f| !STANDARD_FORMATS.contains(&f))
+        && let Some(o) = schema.as_object_mut()
+    {
+        o.shift_remove("format");
+    }
 }
 
 /// Takes `null` out of a schema's `type`, `enum` and `anyOf` (what `Option<T>` puts there).
@@ -351,6 +381,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The whole numbers a text states (`0-20` and `at least 1` both count).
+    fn numbers_in(text: &str) -> Vec<f64> {
+        text.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect()
+    }
+
+    #[test]
+    fn every_input_range_is_stated_in_its_description() {
+        // Codex strips `minimum` and `maximum` from input schemas: its model sees only the description.
+        for spec in specs() {
+            for node in nodes(&spec.input).into_iter().filter_map(Value::as_object) {
+                for bound in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
+                    let Some(n) = node.get(bound).and_then(Value::as_f64) else { continue };
+                    let description = node.get("description").and_then(Value::as_str).unwrap_or_default();
+                    let name = spec.name.as_str();
+                    assert!(numbers_in(description).contains(&n), "{name}: {bound} {n} is not in {description:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn published_schemas_use_only_standard_formats_and_keep_their_ranges() {
+        let config = crate::config::json_schema();
+        let schemas = specs().iter().flat_map(|s| [&s.input, &s.output]).chain([&config]);
+        for node in schemas.flat_map(nodes) {
+            if let Some(format) = node.get("format").and_then(Value::as_str) {
+                assert!(STANDARD_FORMATS.contains(&format), "format {format:?} in {node}");
+            }
+        }
+        // `usize` fields were `"format": "uint", "minimum": 0`: the format goes, the range stays.
+        let count = &spec(ToolName::SessionsList).output["$defs"]["ListOk"]["properties"]["count"];
+        assert_eq!(count.get("minimum"), Some(&Value::from(0)), "{count}");
     }
 
     #[test]

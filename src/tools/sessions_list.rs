@@ -22,7 +22,7 @@ pub const MAX_MESSAGE_LIMIT: u64 = 20;
 pub struct Params {
     /// Only these kinds: main, group, cron, hook, node, other.
     kinds: Option<Vec<SessionKind>>,
-    /// Rows per page (default 50, at most 200; larger values are clamped and reported in limitApplied).
+    /// Rows per page (at least 1, default 50, at most 200; larger values are clamped and reported in limitApplied).
     #[schemars(range(min = 1))]
     limit: Option<f64>,
     /// Only sessions updated in the last N minutes (at least 1).

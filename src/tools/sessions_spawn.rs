@@ -39,7 +39,7 @@ pub struct Params {
     model: Option<String>,
     /// off | minimal | low | medium | high | xhigh | adaptive.
     thinking: Option<String>,
-    /// Kill the child's run after this many seconds (can only lower the operator's cap).
+    /// Kill the child's run after this many seconds (0 = no own limit; can only lower the operator's cap).
     #[schemars(range(min = 0))]
     run_timeout_seconds: Option<f64>,
     /// Bind the child to a thread: not available in this version (always invalid).
