@@ -273,16 +273,18 @@ fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
 #[test]
 fn claude_code_hands_every_page_to_its_model_whole_and_paging_reads_every_message_once() {
     let Some(claude) = cli_or_skip() else { return };
-    let (env, vars) = claude_env(&claude, json!({"tools": {"sessions": {"visibility": "agent"}}}));
+    let (env, vars) = claude_env(&claude, json!({}));
     let long: Vec<Value> =
         (0..60).map(|i| json!({"role": "user", "content": format!("{i} {}", "z".repeat(800))})).collect();
-    env.seed(json!({"sessions": [{"key": BIG, "messages": long}]}));
+    // In the tree of the child's session, so the default visibility lets it read the transcript.
+    env.seed(json!({"sessions": [{"key": BIG, "spawnedBy": KEY, "messages": long}]}));
     let mut c = serve(&env, &vars);
     let r = c.call("sessions_send", json!({"sessionKey": KEY, "message": "PAGE through it", "timeoutSeconds": 120}));
     assert_eq!(r["status"], "ok", "{r}");
     let reply = r["reply"].as_str().unwrap_or_default();
     let report: Value =
         serde_json::from_str(reply.strip_prefix("paged: ").unwrap_or_else(|| panic!("{reply}"))).unwrap();
+    eprintln!("what Claude Code handed its model: {report}");
     let results = report["results"].as_u64().unwrap();
     assert!(results > 4, "the transcript took several pages: {report}");
     assert_eq!(report["whole"], results, "every answer reached the model as whole JSON: {report}");

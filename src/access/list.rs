@@ -38,8 +38,12 @@ pub struct ListPage {
 
 impl ListPage {
     /// Ends the page one row earlier (for the answer budget): drops the last row other than the
-    /// caller's own and points the cursor at it. The index it had, if there was one to drop.
+    /// caller's own and points the cursor at it. The index it had; None when one other row is
+    /// left, which every page keeps so that paging moves on.
     pub fn drop_last_other(&mut self) -> Option<usize> {
+        if self.rows.iter().filter(|r| r.key != self.own_key).count() < 2 {
+            return None;
+        }
         let at = self.rows.iter().rposition(|r| r.key != self.own_key)?;
         self.rows.remove(at);
         self.has_more = true;

@@ -218,11 +218,12 @@ fn scope_note(effective: crate::config::Visibility, configured: crate::config::V
 }
 
 /// Keeps the whole answer within `budget` bytes. Rows go first, from the end of the page (the
-/// cursor then continues from the last row kept, so nothing is lost); the caller's own row stays.
-/// If the rows left are still too large, their oldest messages go (`droppedMessages`).
+/// cursor then continues from the last row kept, so nothing is lost), down to the caller's own
+/// row and one other. If those are still too large, their oldest messages go, from the oldest
+/// row first (`droppedMessages`).
 fn fit_answer(answer: &mut ListOk, page: &mut ListPage, budget: usize) {
     let mut size = super::json_len(&*answer);
-    while size > budget && answer.sessions.len() > 1 {
+    while size > budget {
         let Some(at) = page.drop_last_other() else { break };
         let row = answer.sessions.remove(at);
         size -= super::json_len(&row) + 1;
