@@ -83,7 +83,9 @@ fn reply(request: &Value) -> String {
     let last = last.cloned().unwrap_or_default();
     let earlier = input.iter().filter(|i| i["role"] == "assistant").count();
     let user_text = input_text(&last);
-    let item = if last["type"] == "function_call_output" {
+    let item = if let Some(item) = paging_item(&input, &last) {
+        item
+    } else if last["type"] == "function_call_output" {
         let output = last["output"].as_str().unwrap_or_default();
         let output = output.split("Output:\n").last().unwrap_or_default().trim();
         message(&format!("done: {output}"))
@@ -127,6 +129,51 @@ fn reply(request: &Value) -> String {
     let stream: String =
         events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect();
     format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{stream}")
+}
+
+/// The session a PAGE turn reads, page by page, backwards from its newest message.
+const BIG: &str = "agent:codex:big";
+
+/// A model that pages: after a user turn with PAGE it calls `sessions_history` on [`BIG`], then
+/// follows each answer's `nextBeforeSeq` until there is none, and says "paged".
+fn paging_item(input: &[Value], last: &Value) -> Option<Value> {
+    let answers_a_page = last["call_id"].as_str().is_some_and(|id| id.starts_with("call_page_"));
+    if !(answers_a_page || last["role"] == "user" && input_text(last).contains("PAGE")) {
+        return None;
+    }
+    let outputs = page_outputs(input);
+    let next = match outputs.last() {
+        None => Some(json!({"sessionKey": BIG})),
+        Some(page) => page
+            .as_ref()
+            .ok()
+            .and_then(|p| p["nextBeforeSeq"].as_i64())
+            .map(|n| json!({"sessionKey": BIG, "beforeSeq": n})),
+    };
+    Some(match next {
+        Some(arguments) => {
+            json!({"id": format!("fc_page_{}", outputs.len()), "type": "function_call", "status": "completed",
+            "call_id": format!("call_page_{}", outputs.len()), "namespace": NAMESPACE, "name": "sessions_history",
+            "arguments": arguments.to_string()})
+        }
+        None => message("paged"),
+    })
+}
+
+/// The paging calls' outputs as the model received them: the JSON after Codex's `Output:`
+/// header, or the raw text when it is not JSON.
+fn page_outputs(input: &[Value]) -> Vec<Result<Value, String>> {
+    input
+        .iter()
+        .filter(|i| {
+            i["type"] == "function_call_output" && i["call_id"].as_str().is_some_and(|id| id.starts_with("call_page_"))
+        })
+        .map(|i| {
+            let output = i["output"].as_str().unwrap_or_default();
+            let json = output.split("Output:\n").last().unwrap_or_default().trim();
+            serde_json::from_str(json).map_err(|_| output.to_string())
+        })
+        .collect()
 }
 
 /// The text of a Responses API input message (its `input_text` / `output_text` parts).
@@ -286,4 +333,34 @@ fn codex_calls_the_servers_own_tools_through_connect_and_the_token_stays_out_of_
     assert!(cmdlines.iter().any(|c| c.contains(" exec --json ") && c.contains(env_vars)), "{cmdlines:?}");
     assert!(cmdlines.iter().any(|c| c.ends_with("sessions-mcp connect ")), "{cmdlines:?}");
     assert!(!cmdlines.iter().any(|c| c.contains("smcp_run_")), "a run token in argv: {cmdlines:?}");
+}
+
+/// Codex as the host of our tools, with a model that pages a 60-message transcript backwards:
+/// Codex cuts any tool output over ~12,000 bytes out of the middle, so every answer must stay
+/// within the 10,000-byte budget to reach the model whole; following `nextBeforeSeq` then reads
+/// every message exactly once.
+#[test]
+fn codex_hands_every_page_to_its_model_whole_and_paging_reads_every_message_once() {
+    let Some(codex) = cli_or_skip() else { return };
+    let (env, mut c, seen) = codex_env(&codex);
+    let long: Vec<Value> =
+        (0..60).map(|i| json!({"role": "user", "content": format!("{i} {}", "z".repeat(800))})).collect();
+    // In the tree of the child's session, so the default visibility lets it read the transcript.
+    env.seed(json!({"sessions": [{"key": BIG, "spawnedBy": KEY, "messages": long}]}));
+    let r = send(&mut c, "PAGE through it");
+    assert_eq!((r["status"].as_str(), r["reply"].as_str()), (Some("ok"), Some("paged")), "{r}");
+    let requests = seen.requests.lock().unwrap();
+    let outputs = page_outputs(requests.last().unwrap()["input"].as_array().unwrap());
+    let pages: Vec<&Value> =
+        outputs.iter().map(|o| o.as_ref().unwrap_or_else(|raw| panic!("not JSON: {raw}"))).collect();
+    let sizes: Vec<usize> = pages.iter().map(|p| p.to_string().len()).collect();
+    eprintln!("what Codex handed its model: {} pages of {sizes:?} bytes", pages.len());
+    assert!(pages.len() > 4 && sizes.iter().all(|s| *s <= 10_000), "{sizes:?}");
+    let mut seqs: Vec<i64> = pages
+        .iter()
+        .flat_map(|p| p["messages"].as_array().unwrap().clone())
+        .filter_map(|m| m["seq"].as_i64())
+        .collect();
+    seqs.sort();
+    assert_eq!(seqs, (1..=60).collect::<Vec<i64>>(), "every message exactly once");
 }
