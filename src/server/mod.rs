@@ -2,6 +2,7 @@
 //! `tools/`. The caller is bound to the transport — the stdio process's credentials, or per HTTP
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
+mod degraded;
 pub mod http;
 mod http_sessions;
 mod resources;
@@ -10,6 +11,7 @@ mod stdio;
 pub mod subscriptions;
 mod tasks;
 
+pub use degraded::DegradedServer;
 pub use stdio::serve_lines;
 
 use rmcp::model::{
@@ -253,18 +255,22 @@ impl ServerHandler for SessionsServer {
         }
         match tools::call(&ctx, &request.name, request.arguments).await {
             Some(result) => Ok(CallToolResponse::Complete(result)),
-            None => Err(McpError::invalid_params(
-                format!(
-                    "unknown tool {:?}; tools: agents_list, sessions_history, sessions_list, sessions_send, sessions_spawn",
-                    request.name
-                ),
-                None,
-            )),
+            None => Err(unknown_tool(&request.name)),
         }
     }
 }
 
-/// Serves one caller over stdin/stdout until the client closes stdin.
-pub async fn serve_stdio(server: SessionsServer) -> anyhow::Result<()> {
+/// The protocol error for a `tools/call` naming no tool of ours.
+fn unknown_tool(name: &str) -> McpError {
+    McpError::invalid_params(
+        format!(
+            "unknown tool {name:?}; tools: agents_list, sessions_history, sessions_list, sessions_send, sessions_spawn"
+        ),
+        None,
+    )
+}
+
+/// Serves one caller (or the degraded server) over stdin/stdout until the client closes stdin.
+pub async fn serve_stdio(server: impl ServerHandler) -> anyhow::Result<()> {
     serve_lines(server, tokio::io::stdin(), tokio::io::stdout()).await
 }
