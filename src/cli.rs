@@ -126,7 +126,7 @@ enum Command {
     /// A stdio MCP proxy to the runtime owner's socket, with SESSIONS_MCP_TOKEN (for agents that
     /// only speak stdio MCP).
     Connect,
-    /// The built-in scripted jsonl/1 agent (echoes without a script).
+    /// The built-in scripted jsonl/1 agent (echoes without a script; adds no notes to a spawn's announce).
     Agent {
         /// A JSON script of rules (see the README).
         #[arg(long)]
