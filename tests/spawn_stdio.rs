@@ -207,7 +207,7 @@ fn every_refusal_has_its_status_and_message_and_leaves_nothing_behind() {
         (
             json!({"task": "x", "thread": true}),
             "invalid",
-            vec!["thread=true", "channels.<ch>.threads"],
+            vec!["thread=true", "not available in this version", "mode \"run\""],
         ),
         (json!({"task": "x", "thread": true, "mode": "session"}), "invalid", vec!["thread"]),
         // A bad argument is reported even for an agent that is not allowed (arguments first).
