@@ -1,7 +1,7 @@
 //! The built-in scripted agent: `sessions-mcp agent --script FILE` speaks `jsonl/1` and answers
 //! from rules in a JSON script. Tests and demos use it; it needs no model and no network. With no
-//! script it echoes (`ECHO: <input>`): the zero-config agent `main` runs it so that `serve` works
-//! out of the box.
+//! script it echoes (`ECHO: <input>`), except in a spawn's Notes step, where it has nothing to add
+//! (`ANNOUNCE_SKIP`): the zero-config agent `main` runs it so that `serve` works out of the box.
 //!
 //! Script: `{"rules": [{"match": {...}, ...actions}], "default": {...actions}}`. The first rule
 //! whose `match` fits the request wins. Match keys (all optional): `mode`, `input` (substring),
@@ -144,7 +144,7 @@ impl Script {
         self.rule_for(req, input)
             .map(|r| r.actions.clone())
             .or_else(|| self.default.clone())
-            .unwrap_or_else(|| Actions { reply: Some("ECHO: {input}".into()), ..Default::default() })
+            .unwrap_or_else(|| built_in(req))
     }
 
     fn rule_for(&self, req: &Value, input: &str) -> Option<&Rule> {
@@ -164,6 +164,16 @@ impl Script {
                 .unwrap_or_default();
         Fill { input: input.to_string(), groups }
     }
+}
+
+/// What the agent does when no rule fits and the script has no default: echo the input. Not in
+/// a spawn's Notes step: its input is the server's Notes prompt, and an echo would repeat that
+/// prompt into every announce of a zero-config spawn; the echo agent has no notes to add.
+fn built_in(req: &Value) -> Actions {
+    let notes_step = req.get("mode").and_then(Value::as_str) == Some("announce")
+        && req.get("announceKind").and_then(Value::as_str) == Some("subagent");
+    let reply = if notes_step { crate::flows::context::ANNOUNCE_SKIP } else { "ECHO: {input}" };
+    Actions { reply: Some(reply.into()), ..Default::default() }
 }
 
 /// The placeholders of a turn: `{input}` and the capture groups `{1}`…`{9}`.
@@ -344,6 +354,17 @@ mod tests {
         assert_eq!(s.actions_for(&req, "other").reply.as_deref(), Some("ECHO: {input}"));
         let req = json!({"mode": "reply", "messages": [{"role": "user", "content": "a"}]});
         assert_eq!(s.actions_for(&req, "x").reply.as_deref(), Some("second"));
+    }
+
+    #[test]
+    fn the_echo_adds_no_notes_to_a_spawn_announce_but_echoes_every_other_turn() {
+        let echo = Script::default();
+        let notes = json!({"mode": "announce", "announceKind": "subagent", "messages": []});
+        assert_eq!(echo.actions_for(&notes, "Write short notes").reply.as_deref(), Some("ANNOUNCE_SKIP"));
+        let a2a = json!({"mode": "announce", "announceKind": "agent_to_agent", "messages": []});
+        assert_eq!(echo.actions_for(&a2a, "x").reply.as_deref(), Some("ECHO: {input}"));
+        let spawn = json!({"mode": "spawn", "messages": []});
+        assert_eq!(echo.actions_for(&spawn, "task").reply.as_deref(), Some("ECHO: {input}"));
     }
 
     #[test]

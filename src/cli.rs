@@ -1,5 +1,6 @@
 //! The command line: `serve`, `schemas`, `bench`, and the hidden `dev` helpers.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -7,10 +8,10 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand};
 
 use crate::access::Access;
-use crate::caller::{self, Credentials};
+use crate::caller::{self, Credentials, IdentityError};
 use crate::config::{self, Loaded};
 use crate::runtime::{Role, Runtime};
-use crate::server::{self, SessionsServer};
+use crate::server::{self, DegradedServer, SessionsServer};
 use crate::store::Store;
 
 #[derive(Parser)]
@@ -125,7 +126,7 @@ enum Command {
     /// A stdio MCP proxy to the runtime owner's socket, with SESSIONS_MCP_TOKEN (for agents that
     /// only speak stdio MCP).
     Connect,
-    /// The built-in scripted jsonl/1 agent (echoes without a script).
+    /// The built-in scripted jsonl/1 agent (echoes without a script; adds no notes to a spawn's announce).
     Agent {
         /// A JSON script of rules (see the README).
         #[arg(long)]
@@ -169,8 +170,28 @@ struct ServeArgs {
     /// Serve even if the state directory holds an OpenClaw store.
     #[arg(long)]
     force: bool,
+    /// When the server cannot start, exit 2 at once instead of first answering the client on stdin
+    /// with the problem (degraded mode) [env: SESSIONS_MCP_STRICT]
+    #[arg(long, env = "SESSIONS_MCP_STRICT", hide_env = true, value_parser = clap::builder::FalseyValueParser::new())]
+    strict: bool,
     #[command(flatten)]
     paths: Paths,
+}
+
+impl ServeArgs {
+    /// Whether a `serve` that cannot start exits at once (code 2, one line on stderr, as every
+    /// command does) instead of first serving the degraded server over stdio.
+    ///
+    /// Hosts start `serve` with no flags of ours and stdin a pipe, and hide a server that exits
+    /// at start, so degraded is the default. The exit code is 2 either way — after the client
+    /// closes stdin — so a script still reads it, at once when its stdin is `/dev/null` or closed.
+    /// Strict: `--strict` or `SESSIONS_MCP_STRICT=1` (a script that keeps stdin open), stdin a
+    /// terminal (a person sees the line and gets the prompt back), or `--http` (no client on
+    /// stdin; the terminal or service manager shows the line, and with no config to check tokens
+    /// against, an HTTP client would be answered without being authenticated).
+    fn strict(&self) -> bool {
+        self.strict || self.http.is_some() || std::io::stdin().is_terminal()
+    }
 }
 
 #[derive(Subcommand)]
@@ -332,19 +353,21 @@ pub fn holds_reference_store(dir: &Path) -> bool {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
+    let strict = args.strict();
     let env = match args.paths.resolve() {
         Ok(env) => env,
-        Err(e) => return fail(format!("{e} (run `sessions-mcp doctor` for details)")),
+        Err(e) => return cannot_start(format!("{e} (run `sessions-mcp doctor` for details)"), strict).await,
     };
     if holds_reference_store(&env.state_dir) && !args.force {
-        return fail(format!(
+        let problem = format!(
             "{} holds an OpenClaw store (agents/*/sessions/sessions.json); import it with `sessions-mcp import` into another state dir, or pass --force",
             env.state_dir.display()
-        ));
+        );
+        return cannot_start(problem, strict).await;
     }
-    let store = match open_store(&env.state_dir) {
+    let store = match Store::open(&Store::path_in(&env.state_dir)) {
         Ok(s) => s,
-        Err(code) => return code,
+        Err(e) => return cannot_start(e.to_string(), strict).await,
     };
     if let Some(addr) = &args.http {
         return serve_http(env, store, addr, args.insecure_remote, args.as_session.as_deref()).await;
@@ -357,12 +380,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let config = Arc::new(env.loaded.config);
     let caller = match caller::resolve(&creds, &config, &store) {
         Ok(c) => c,
+        // The store failed: that says nothing about the caller.
+        Err(IdentityError::Store(e)) => return cannot_start(e.to_string(), strict).await,
+        // A refused token or `--as` is never degraded: no answer goes to an unvouched caller.
         Err(e) => return fail(e),
     };
     let access = Access::new(store, config);
     let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve) {
         Ok(rt) => rt,
-        Err(e) => return fail(e),
+        Err(e) => return cannot_start(e, strict).await,
     };
     tracing::info!(session = %caller.key, "serving over stdio");
     let server = SessionsServer::new(access, caller, Some(runtime.clone()));
@@ -383,6 +409,26 @@ async fn serve(args: ServeArgs) -> ExitCode {
         _ = &mut signal => runtime.shutdown(true).await,
     }
     ExitCode::SUCCESS
+}
+
+/// `serve` cannot start, and `problem` says why and what to do. Strict (see [`ServeArgs::strict`]),
+/// it exits 2 with that line. Otherwise the line is logged and the degraded server answers the
+/// client on stdin with it until stdin closes (or SIGTERM); the exit code is 2 all the same.
+async fn cannot_start(problem: String, strict: bool) -> ExitCode {
+    if strict {
+        return fail(problem);
+    }
+    let server = DegradedServer::new(&problem);
+    tracing::error!("{}", server.message());
+    tokio::select! {
+        result = server::serve_stdio(server) => {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "stdio transport failed");
+            }
+        }
+        _ = terminate_signal() => {}
+    }
+    ExitCode::from(2)
 }
 
 /// `serve --http ADDR`: streamable HTTP at `/mcp` (both protocol eras), `/health`, bearer tokens.

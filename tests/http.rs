@@ -109,7 +109,16 @@ fn bad_tokens_get_401_and_nothing_else() {
         {"token": "smcp_run_ended", "sessionKey": "agent:main:w", "runId": "r1", "expiresAt": 1}]}));
     let server = start(&env);
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
-    for auth in [None, Some("Bearer nope"), Some("Bearer smcp_run_ended"), Some(&format!("Basic {DESK}") as &str)] {
+    let missing = "missing bearer token";
+    let unknown = "token not recognised or expired";
+    let basic = format!("Basic {DESK}");
+    let cases = [
+        (None, missing),
+        (Some("Bearer nope"), unknown),
+        (Some("Bearer smcp_run_ended"), unknown),
+        (Some(&*basic), missing),
+    ];
+    for (auth, reason) in cases {
         let mut h = vec![("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")];
         if let Some(a) = auth {
             h.push(("Authorization", a));
@@ -117,7 +126,10 @@ fn bad_tokens_get_401_and_nothing_else() {
         let (status, headers, text) = http(server.port, "POST", &h, &body);
         assert_eq!(status, 401, "{auth:?}");
         assert!(headers.iter().any(|(k, v)| k == "www-authenticate" && v.starts_with("Bearer")), "{headers:?}");
-        assert!(text.is_empty(), "no other information: {text}");
+        assert!(headers.iter().any(|(k, v)| k == "content-type" && v == "application/json"), "{headers:?}");
+        let body: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{auth:?}: a JSON reason ({e}): {text}"));
+        assert_eq!(body, json!({"error": "unauthorized", "error_description": reason}), "{auth:?}: nothing more");
     }
     // Another session's token acts as that session, and sees nothing of desk's.
     let mut other = Mcp::legacy(server.port, OTHER);

@@ -204,7 +204,11 @@ fn every_refusal_has_its_status_and_message_and_leaves_nothing_behind() {
         (json!({"task": "x", "channel": "discord"}), "invalid", vec!["channel", "sessions_send"]),
         (json!({"task": "x", "priority": 1}), "invalid", vec!["priority"]),
         (json!({"task": "x", "attachments": "file.txt"}), "invalid", vec!["attachments"]),
-        (json!({"task": "x", "thread": true}), "invalid", vec!["thread=true", "channels.<ch>.threads"]),
+        (
+            json!({"task": "x", "thread": true}),
+            "invalid",
+            vec!["thread=true", "not available in this version", "mode \"run\""],
+        ),
         (json!({"task": "x", "thread": true, "mode": "session"}), "invalid", vec!["thread"]),
         // A bad argument is reported even for an agent that is not allowed (arguments first).
         (json!({"task": "x", "agentId": "helper", "thinking": "extreme"}), "invalid", vec!["thinking"]),
@@ -367,6 +371,22 @@ fn max_queued_refuses_beyond_the_queue_and_leaves_nothing_behind() {
 }
 
 // ---- the announce ------------------------------------------------------------------------------
+
+/// With no config the child runs the built-in echo agent: its Result is the echoed task, and its
+/// Notes step adds nothing (it used to echo the Notes prompt into every announce).
+#[test]
+fn a_zero_config_spawn_announces_the_echoed_task_without_notes() {
+    let env = TestEnv::new();
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, json!({"task": "say hi"}));
+    let child = child_of(&r);
+    let text = text_of(&wait_announce(&mut c, after_seq(&r), &child, 20)["content"]);
+    assert!(text.starts_with("Status: completed successfully\nResult: ECHO: say hi\nStats: runtime "), "{text}");
+    assert!(line(&text, "Notes:").is_none() && !text.contains("Write short notes"), "{text}");
+    assert_eq!(text.lines().count(), 3, "Status, Result, Stats: {text}");
+    let show = env.show(&child);
+    assert_eq!(runs_of(&show, Some("announce")).len(), 1, "the Notes step still ran: {show}");
+}
 
 #[test]
 fn an_external_requester_is_accepted_and_gets_the_announce_in_its_inbox() {

@@ -208,8 +208,25 @@ async fn within_stream_cap(open: &Open<Credential>, credential: Credential, mut 
     hold_until_sent(next.run(req).await, held)
 }
 
-fn unauthorized() -> Response {
-    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer realm=\"sessions-mcp\"")]).into_response()
+/// Why a request is answered 401 (the body says which, and nothing more).
+#[derive(Debug, Clone, Copy)]
+enum Unauthorized {
+    /// No `Authorization: Bearer <token>` header.
+    Missing,
+    /// A token that is neither a configured client token nor a live run token.
+    Unknown,
+}
+
+/// A 401 with a short JSON reason: clients show `error_description` (an empty body left the
+/// TypeScript SDK's error with an empty reason).
+fn unauthorized(why: Unauthorized) -> Response {
+    let description = match why {
+        Unauthorized::Missing => "missing bearer token",
+        Unauthorized::Unknown => "token not recognised or expired",
+    };
+    let body = serde_json::json!({"error": "unauthorized", "error_description": description});
+    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer realm=\"sessions-mcp\"")], axum::Json(body))
+        .into_response()
 }
 
 /// The bearer middleware's state: static client tokens are resolved once (acting as their session
@@ -240,7 +257,7 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
             req.extensions_mut().insert(op);
             return within_stream_cap(&auth.open, Credential(None), req, next).await;
         }
-        return unauthorized();
+        return unauthorized(Unauthorized::Missing);
     };
     let hash = caller::sha256_hex(&token);
     let cached = auth.static_callers.lock().expect("static callers").get(&hash).cloned();
@@ -259,7 +276,7 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
             req.extensions_mut().insert(caller);
             within_stream_cap(&auth.open, Credential(Some(hash)), req, next).await
         }
-        _ => unauthorized(),
+        _ => unauthorized(Unauthorized::Unknown),
     }
 }
 

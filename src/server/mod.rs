@@ -2,6 +2,7 @@
 //! `tools/`. The caller is bound to the transport — the stdio process's credentials, or per HTTP
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
+mod degraded;
 pub mod http;
 mod http_sessions;
 mod resources;
@@ -10,6 +11,7 @@ mod stdio;
 pub mod subscriptions;
 mod tasks;
 
+pub use degraded::DegradedServer;
 pub use stdio::serve_lines;
 
 use rmcp::model::{
@@ -75,14 +77,27 @@ impl SessionsServer {
             Some(c) => c.key.to_string(),
             None => "<the session of your bearer token>".to_string(),
         };
-        format!(
-            "sessions-mcp: session tools for agents. You act as session {me:?}. sessions_list shows \
-             the sessions you may see; sessions_history reads one. Results of sessions_send and \
-             sessions_spawn that arrive after the call returns are appended to your own session \
-             ({me}); read them with sessions_history {{sessionKey: \"{me}\", afterSeq: N}} where N is \
-             the last seq you have seen."
-        )
+        guide(&me)
     }
+}
+
+/// The server instructions for a caller acting as session `me`: one line per tool (what for, its
+/// key arguments) and the inbox pattern. They are the model's first guide to the tools: Claude
+/// Code defers MCP tools behind its ToolSearch, so until the model loads a schema it sees only the
+/// tool names and these lines.
+fn guide(me: &str) -> String {
+    format!(
+        "sessions-mcp: session tools. You act as session {me:?}.\n\
+         - sessions_list: the sessions you may see, newest first {{kinds?, activeMinutes?, messageLimit?, cursor?}}\n\
+         - sessions_history: one session's messages, oldest first, each with its seq {{sessionKey, afterSeq?, limit?}}\n\
+         - sessions_send: message another session and wait for its reply {{sessionKey or label, message, \
+         timeoutSeconds? (0 = do not wait)}}\n\
+         - sessions_spawn: run a sub-agent in a new child session; never blocks {{task, label?, agentId?}}\n\
+         - agents_list: the agentIds sessions_spawn may target\n\
+         Inbox: a spawn's result and send replies that come after the call returns are appended to your own \
+         session; read them with sessions_history {{sessionKey: \"{me}\", afterSeq: N}}, N the last seq you saw \
+         (the call's inbox.afterSeq)."
+    )
 }
 
 impl SessionsServer {
@@ -253,18 +268,43 @@ impl ServerHandler for SessionsServer {
         }
         match tools::call(&ctx, &request.name, request.arguments).await {
             Some(result) => Ok(CallToolResponse::Complete(result)),
-            None => Err(McpError::invalid_params(
-                format!(
-                    "unknown tool {:?}; tools: agents_list, sessions_history, sessions_list, sessions_send, sessions_spawn",
-                    request.name
-                ),
-                None,
-            )),
+            None => Err(unknown_tool(&request.name)),
         }
     }
 }
 
-/// Serves one caller over stdin/stdout until the client closes stdin.
-pub async fn serve_stdio(server: SessionsServer) -> anyhow::Result<()> {
+/// The protocol error for a `tools/call` naming no tool of ours.
+fn unknown_tool(name: &str) -> McpError {
+    McpError::invalid_params(
+        format!(
+            "unknown tool {name:?}; tools: agents_list, sessions_history, sessions_list, sessions_send, sessions_spawn"
+        ),
+        None,
+    )
+}
+
+/// Serves one caller (or the degraded server) over stdin/stdout until the client closes stdin.
+pub async fn serve_stdio(server: impl ServerHandler) -> anyhow::Result<()> {
     serve_lines(server, tokio::io::stdin(), tokio::io::stdout()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guide;
+
+    /// The guide stays under this many bytes (with a session key of up to 64 characters).
+    const GUIDE_MAX_BYTES: usize = 900;
+
+    #[test]
+    fn the_guide_names_every_tool_and_the_inbox_pattern_within_its_size() {
+        for me in ["main", "<the session of your bearer token>", &format!("agent:main:{}", "x".repeat(53))] {
+            let text = guide(me);
+            for tool in crate::tools::specs() {
+                let line = format!("\n- {}: ", tool.name.as_str());
+                assert!(text.contains(&line), "a line for {}: {text}", tool.name.as_str());
+            }
+            assert!(text.contains(&format!("sessions_history {{sessionKey: \"{me}\", afterSeq: N}}")), "{text}");
+            assert!(text.len() < GUIDE_MAX_BYTES, "{} bytes for {me:?}: {text}", text.len());
+        }
+    }
 }

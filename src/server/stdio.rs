@@ -9,19 +9,19 @@ use std::fmt;
 
 use rmcp::model::{ErrorCode, ErrorData};
 use rmcp::transport::async_rw::{AsyncRwTransport, DEFAULT_MAX_LINE_LENGTH};
-use rmcp::{RoleServer, ServiceExt};
+use rmcp::{RoleServer, ServerHandler, ServiceExt};
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
-use super::SessionsServer;
-
 /// The in-process pipes between the filters and rmcp.
 const PIPE_BYTES: usize = 64 * 1024;
 
-/// Serves one caller over `read`/`write` until `read` ends.
-pub async fn serve_lines<R, W>(server: SessionsServer, read: R, write: W) -> anyhow::Result<()>
+/// Serves `server` (a caller's [`super::SessionsServer`], or the degraded one) over `read`/`write`
+/// until `read` ends.
+pub async fn serve_lines<S, R, W>(server: S, read: R, write: W) -> anyhow::Result<()>
 where
+    S: ServerHandler,
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send,
 {

@@ -324,6 +324,11 @@ pub(crate) fn final_result<T: Serialize>(ok: T, budget: usize) -> CallToolResult
     result(within_budget(to_value(Output::Ok(ok)), budget))
 }
 
+/// The result of a tool call that failed with `error` (the degraded server's every answer).
+pub(crate) fn error_result(error: ToolError) -> CallToolResult {
+    result(to_value(Output::<()>::Err(error)))
+}
+
 fn to_value<T: Serialize>(out: Output<T>) -> Value {
     serde_json::to_value(out).unwrap_or_else(|e| serde_json::json!({"status": "error", "error": e.to_string()}))
 }

@@ -258,7 +258,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
     let mode = one_of(&mut a, "mode", &["run", "session"])?;
     if thread {
         return Err(ToolError::invalid(
-            "thread=true needs a deliverer for the requester's channel that declares thread support (channels.<ch>.threads: true)",
+            "thread=true (a child bound to a thread of your channel) is not available in this version; leave thread out and use mode \"run\": the child's result is announced to you when it ends",
         ));
     }
     if mode.as_deref() == Some("session") {

@@ -57,6 +57,7 @@ impl TestEnv {
             "SESSIONS_MCP_RUN_ID",
             "SESSIONS_MCP_CONFIG",
             "SESSIONS_MCP_STATE_DIR",
+            "SESSIONS_MCP_STRICT",
         ] {
             c.env_remove(var);
         }
@@ -274,7 +275,14 @@ impl Client {
     }
 
     /// Closes stdin and waits for the process (it must exit 0).
-    pub fn close(mut self) -> String {
+    pub fn close(self) -> String {
+        let (out, err) = self.finish();
+        assert!(out.success(), "serve exited with {out}: {err}");
+        err
+    }
+
+    /// Closes stdin, waits for the process, and returns its exit status and stderr.
+    pub fn finish(mut self) -> (std::process::ExitStatus, String) {
         drop(self.stdin.take());
         let out = self.child.wait().expect("wait");
         let mut err = String::new();
@@ -282,8 +290,7 @@ impl Client {
             use std::io::Read;
             let _ = s.read_to_string(&mut err);
         }
-        assert!(out.success(), "serve exited with {out}: {err}");
-        err
+        (out, err)
     }
 }
 
