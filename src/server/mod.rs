@@ -88,15 +88,15 @@ impl SessionsServer {
 fn guide(me: &str) -> String {
     format!(
         "sessions-mcp: session tools. You act as session {me:?}.\n\
-         - sessions_list: the sessions you may see, newest first {{kinds?, activeMinutes?, messageLimit?, cursor?}}\n\
-         - sessions_history: one session's messages, oldest first, each with its seq {{sessionKey, afterSeq?, limit?}}\n\
+         - sessions_list: sessions you may see, newest first {{kinds?, activeMinutes?, messageLimit?, cursor?}}\n\
+         - sessions_history: a session's messages, oldest first, each with its seq {{sessionKey, afterSeq?, \
+         beforeSeq?}}; page with nextAfterSeq / nextBeforeSeq\n\
          - sessions_send: message another session and wait for its reply {{sessionKey or label, message, \
          timeoutSeconds? (0 = do not wait)}}\n\
-         - sessions_spawn: run a sub-agent in a new child session; never blocks {{task, label?, agentId?}}\n\
+         - sessions_spawn: run a sub-agent in a child session; never blocks {{task, label?, agentId?}}\n\
          - agents_list: the agentIds sessions_spawn may target\n\
-         Inbox: a spawn's result and send replies that come after the call returns are appended to your own \
-         session; read them with sessions_history {{sessionKey: \"{me}\", afterSeq: N}}, N the last seq you saw \
-         (the call's inbox.afterSeq)."
+         Inbox: spawn results and late send replies are appended to your own session; read them with \
+         sessions_history {{sessionKey: \"{me}\", afterSeq: N}}, N the last seq you saw (the call's inbox.afterSeq)."
     )
 }
 
