@@ -1,7 +1,7 @@
 //! The README tells the truth: its tool examples conform to the input schemas and run, and the
 //! shipped `mcp.json` (also shown in the README) starts a working server.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! (the `initialize` handshake with `Mcp-Session-Id`, and 2026-07-28 stateless requests), bearer
 //! identity, and the hardening: 401s, Host/Origin checks, the body limit, slow headers, load.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

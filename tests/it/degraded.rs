@@ -4,7 +4,7 @@
 //! (`--strict`, `SESSIONS_MCP_STRICT=1`, stdin a terminal) it exits 2 at once with one line, as
 //! does a refused identity (a bad token or `--as`) whatever stdin is.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

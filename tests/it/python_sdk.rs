@@ -6,7 +6,7 @@
 //! `python3` if it can import `mcp`. Without one the test says so and passes locally; under CI
 //! (`CI` set) a missing SDK is a failure, so CI can never skip it silently.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

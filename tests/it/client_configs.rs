@@ -4,7 +4,7 @@
 //! manifest (`packaging/mcpb/manifest.json`) starts the server it describes, and the registry
 //! entry (`server.json`) names this version and its bundle.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -12,7 +12,7 @@
 //!
 //! Cases: `PROPTEST_CASES` (default 5,000; the extended tier sets 100,000).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

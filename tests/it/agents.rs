@@ -1,6 +1,6 @@
 //! The agents the README documents actually run: the 20-line jsonl/1 example and the echo default.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! planted symlink is never followed, and neither is one swapped in while spawns stage their
 //! files (from the test, and from inside a sandboxed agent's jail).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,7 @@
 //! Run callbacks: the owner's Unix socket (bearer auth, 401 rules), `sessions-mcp connect`, and
 //! agents calling the session tools back as themselves — the loop guard and the deadlock guard.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

@@ -3,7 +3,7 @@
 //! socket, as themselves. In CI a jail that cannot start fails the test; on a developer machine
 //! without user namespaces the test is skipped with a printed reason.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

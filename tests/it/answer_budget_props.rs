@@ -12,7 +12,7 @@
 //!
 //! Cases: `PROPTEST_CASES` (default 32; the extended tier sets 2,000).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! `### user` / `### assistant` blocks (a text CLI has no session of its own to resume). A non-zero
 //! exit fails the run with the stderr tail.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! the model is not installed; under `.ci/run --extended` (`SESSIONS_MCP_EXTENDED` set) a missing
 //! model is a failure.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

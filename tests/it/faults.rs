@@ -7,7 +7,7 @@
 //! `FAULT_ROUNDS` (default 1) rounds of `FAULT_KILLS` (default 2) kills each; `FAULT_SEED` replays
 //! a failing round (every round prints its seed).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

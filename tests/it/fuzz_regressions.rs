@@ -1,7 +1,7 @@
 //! Every saved fuzz input (`fuzz/regressions/<target>/*`: crashes found and fixed, plus seeds)
 //! runs through the same entry points as the fuzzers, in the default tier, so none comes back.
 
-#[path = "../fuzz/entry.rs"]
+#[path = "../../fuzz/entry.rs"]
 mod entry;
 
 #[test]

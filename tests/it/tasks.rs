@@ -4,7 +4,7 @@
 //! or running), and a task is visible only to the session that created it — for anyone else its
 //! id is answered exactly like an id that never existed.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 //! `LOAD_SECONDS` (default 60) and `LOAD_RATE` (client calls per second over all clients,
 //! default 6).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -11,7 +11,7 @@
 //! `@openai/codex`). Without it the test prints why and passes — except in CI's extended tier
 //! (`CI` and `SESSIONS_MCP_EXTENDED` set), where it fails.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};

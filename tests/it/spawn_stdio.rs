@@ -4,7 +4,7 @@
 //! fallbacks and skip tokens; run timeouts and failures; the admission caps under concurrency;
 //! idempotent replay; nested spawns; cleanup and the archive sweep.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -3,7 +3,7 @@
 //! send policy, idempotency, the loop and deadlock guards, provenance and the inter-session
 //! marker, and MCP progress (DESIGN §5.3, §6, §7.1–§7.4).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -339,7 +339,7 @@ pub fn keys_of(list: &Value) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Helpers for the send and runs tests (tests/send_stdio.rs, tests/runs.rs).
+// Helpers for the send and runs tests (tests/it/send_stdio.rs, tests/it/runs.rs).
 
 /// Polls `f` every 50–200 ms until it returns `Some`, or panics after `timeout` naming `what`.
 pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {

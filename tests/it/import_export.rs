@@ -1,6 +1,6 @@
 //! OpenClaw import and export, and the operator CLI (ls, show, policy, prune, doctor), black-box.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

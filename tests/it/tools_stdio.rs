@@ -1,7 +1,7 @@
 //! The read tools over stdio, black-box: list, history, agents_list; visibility, scope, the
 //! channel rule, and the no-existence-oracle promise.
 
-mod common;
+use crate::common;
 
 use common::{TestEnv, keys_of};
 use serde_json::{Value, json};

@@ -3,7 +3,7 @@
 //! the per-caller cap, one subscription per transcript whatever form its URI takes, and slots
 //! given back when an HTTP MCP session ends.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

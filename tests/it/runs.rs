@@ -2,7 +2,7 @@
 //! crash recovery of a killed owner, draining on stdin EOF, and two `serve` processes on one
 //! state dir (DESIGN §3, §3.2, §7.1; RUNNER-PROTOCOL "Process rules").
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

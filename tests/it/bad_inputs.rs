@@ -8,7 +8,7 @@
 //! Contract: DESIGN.md §2, §5 (argument rules, statuses), §9; DECISIONS.md "Error statuses",
 //! "Out-of-range numbers", "Key grammar", "Configuration".
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};

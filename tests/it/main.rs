@@ -1,0 +1,31 @@
+//! The integration tests, one binary (as ripgrep and Codex do): the library links once, not once
+//! per file. One module per area; each starts the real binary or drives the library in-process
+//! through `common`. Run one area with `cargo test --test it <module>::`.
+
+mod agents;
+mod answer_budget_props;
+mod attachments;
+mod bad_inputs;
+mod callbacks;
+mod claude_code;
+mod client_configs;
+mod codex_cli;
+mod common;
+mod degraded;
+mod faults;
+mod fuzz_regressions;
+mod http;
+mod import_export;
+mod load;
+mod python_sdk;
+mod readme;
+mod real_model;
+mod resources;
+mod runs;
+mod sandbox;
+mod send_stdio;
+mod spawn_stdio;
+mod tasks;
+mod text_agent;
+mod tools_stdio;
+mod visibility_props;
