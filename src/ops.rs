@@ -467,7 +467,7 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
             let waited = rt.wait(&run_id, std::time::Duration::from_secs(timeout), &Default::default()).await;
             rt.shutdown(false).await;
             match waited {
-                Ok(crate::runtime::Waited::Finished(run)) if run.status == "ok" => {
+                Ok(crate::runtime::Waited::Finished(run)) if run.status == crate::store::RunStatus::Ok => {
                     println!("{}", run.reply.unwrap_or_default());
                     ExitCode::SUCCESS
                 }

@@ -37,14 +37,14 @@ pub use deliver::deliver_due;
 /// How a turn ended, as the flows need it.
 #[derive(Debug, Clone)]
 pub struct TurnResult {
-    pub status: String,
+    pub status: RunStatus,
     pub reply: Option<String>,
     pub silent: bool,
 }
 
 impl TurnResult {
     fn ok_reply(&self) -> Option<&str> {
-        (self.status == "ok" && !self.silent)
+        (self.status == RunStatus::Ok && !self.silent)
             .then_some(self.reply.as_deref())
             .flatten()
             .filter(|r| !r.trim().is_empty())
@@ -191,7 +191,7 @@ pub async fn run_turn(
     let config = &rt.access.config;
     let fail = |error: String| -> Result<TurnResult, StoreError> {
         let f = Finished {
-            status: "error".into(),
+            status: RunStatus::Error,
             reply: None,
             messages: vec![],
             usage: None,
@@ -203,7 +203,7 @@ pub async fn run_turn(
             cli_usage_total: None,
         };
         store.finish_run(&run.run_id, &f)?;
-        Ok(TurnResult { status: "error".into(), reply: None, silent: false })
+        Ok(TurnResult { status: RunStatus::Error, reply: None, silent: false })
     };
     let Some(session) = store.session_by_key(&run.session_key)? else {
         return fail(format!("session {} no longer exists", run.session_key));
@@ -289,8 +289,8 @@ pub async fn run_turn(
     };
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
     let status = match outcome.status {
-        RunStatus::Cancelled if rt.shutting_down() => "interrupted".to_string(),
-        s => s.as_str().to_string(),
+        RunStatus::Cancelled if rt.shutting_down() => RunStatus::Interrupted,
+        s => s,
     };
     let mut usage = outcome.usage;
     let cli_usage_total = match usage.as_mut().filter(|u| u.get("cumulative") == Some(&Value::Bool(true))) {
@@ -314,7 +314,7 @@ pub async fn run_turn(
         last.stop_reason = outcome.stop_reason.clone();
     }
     let finished = Finished {
-        status: status.clone(),
+        status,
         reply: outcome.reply.clone(),
         messages,
         cost: usage.as_ref().and_then(|u| u.get("costUsd")).and_then(Value::as_f64),
@@ -362,7 +362,7 @@ pub fn catch_up(rt: &Runtime, min_age_ms: i64) {
     };
     for run in runs {
         let silent = run.reply.as_deref().is_some_and(is_skip);
-        let result = TurnResult { status: run.status.clone(), reply: run.reply.clone(), silent };
+        let result = TurnResult { status: run.status, reply: run.reply.clone(), silent };
         tracing::info!(run = %run.run_id, status = %run.status, "taking the steps a dead owner left");
         take_steps(rt, &run, &result);
     }
@@ -427,7 +427,7 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
             };
             store.write(|tx| set_delivery_status(tx, id, status, Some(&why)).map_err(StoreError::from))?;
         }
-        if result.status == "ok" && run.session_key != requester {
+        if result.status == RunStatus::Ok && run.session_key != requester {
             return queue_announce(rt, run, &target, &flow);
         }
         return Ok(());

@@ -13,7 +13,7 @@ use crate::caller::{Caller, key_scope};
 use crate::keys::{self, AgentId, SessionKey};
 use crate::runtime::Runtime;
 use crate::store::{
-    DeliveryKind, DeliveryMode, NewDelivery, NewMessage, NewRun, NewSession, RunMode, RunRow, SessionRow, StoreError,
+    DeliveryKind, DeliveryMode, NewDelivery, NewMessage, NewRun, NewSession, RunMode, RunRow, RunStatus, SessionRow, StoreError,
     add_delivery, append_message, enqueue, insert_session, remember_key, spawn_counts,
 };
 
@@ -173,11 +173,11 @@ pub fn start(access: &Access, plan: &SpawnPlan) -> Result<Spawned, Refused> {
 
 /// The status line of an announce, from the runtime (never from model text).
 fn status_text(run: &RunRow) -> String {
-    match run.status.as_str() {
-        "ok" => "completed successfully".to_string(),
-        "timeout" => "timed out".to_string(),
-        "interrupted" => "interrupted".to_string(),
-        _ => format!("failed: {}", run.error.clone().unwrap_or_else(|| run.status.clone())),
+    match run.status {
+        RunStatus::Ok => "completed successfully".to_string(),
+        RunStatus::Timeout => "timed out".to_string(),
+        RunStatus::Interrupted => "interrupted".to_string(),
+        s => format!("failed: {}", run.error.clone().unwrap_or_else(|| s.to_string())),
     }
 }
 
@@ -275,7 +275,7 @@ pub fn after_child_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Resul
     if store.unannounced_children(child.key.as_str())? > 0 {
         return Ok(()); // the last child's completion wakes this session again
     }
-    let ok = result.status == "ok";
+    let ok = result.status == RunStatus::Ok;
     if ok && rt.access.config.agents.defaults.subagents.announce_step {
         return queue_notes(rt, &child, run);
     }
@@ -283,7 +283,7 @@ pub fn after_child_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Resul
     let status_run = if run.mode == RunMode::Spawn {
         spawn_run.clone()
     } else {
-        RunRow { status: result.status.clone(), ..spawn_run.clone() }
+        RunRow { status: result.status, ..spawn_run.clone() }
     };
     announce(rt, &child, &status_run, &result_text, None)
 }

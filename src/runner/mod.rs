@@ -21,31 +21,12 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::store::RunStatus;
 use crate::store::NewMessage;
 
 pub use spec::{RunnerSpec, resolve_runner};
 
 use adapters::Decoder;
-
-/// How a run ended (the run row's status).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunStatus {
-    Ok,
-    Error,
-    Timeout,
-    Cancelled,
-}
-
-impl RunStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Error => "error",
-            Self::Timeout => "timeout",
-            Self::Cancelled => "cancelled",
-        }
-    }
-}
 
 /// What one run produced.
 #[derive(Debug, Clone)]

@@ -18,7 +18,7 @@ use crate::caller::Caller;
 use crate::export::iso;
 use crate::policy::ToolName;
 use crate::runtime::Runtime;
-use crate::store::{RunMode, RunRow};
+use crate::store::{RunMode, RunRow, RunStatus};
 use crate::tools::{self, sessions_send, sessions_spawn};
 
 /// What a client is asked to wait between two `tasks/get`.
@@ -64,9 +64,9 @@ pub fn answer(access: &Access, result: CallToolResult) -> CallToolResponse {
 /// `tasks/get`: the run's state; once it ended, the tool's final result.
 pub fn get(access: &Access, caller: &Caller, task_id: &str) -> Result<GetTaskResult, McpError> {
     let run = owned_run(access, caller, task_id)?;
-    let payload = match run.status.as_str() {
-        "queued" | "running" => TaskPayload::Working,
-        "cancelled" => TaskPayload::Cancelled,
+    let payload = match run.status {
+        RunStatus::Queued | RunStatus::Running => TaskPayload::Working,
+        RunStatus::Cancelled => TaskPayload::Cancelled,
         _ => TaskPayload::Completed { result: final_result(access, caller, &run) },
     };
     Ok(GetTaskResult::new(DetailedTask::new(task_of(&run), payload)))
@@ -110,9 +110,9 @@ fn owned_run(access: &Access, caller: &Caller, task_id: &str) -> Result<RunRow, 
 }
 
 fn task_of(run: &RunRow) -> Task {
-    let status = match run.status.as_str() {
-        "queued" | "running" => TaskStatus::Working,
-        "cancelled" => TaskStatus::Cancelled,
+    let status = match run.status {
+        RunStatus::Queued | RunStatus::Running => TaskStatus::Working,
+        RunStatus::Cancelled => TaskStatus::Cancelled,
         _ => TaskStatus::Completed,
     };
     let updated = run.ended_at.or(run.started_at).unwrap_or(run.created_at);

@@ -5,7 +5,7 @@
 use rusqlite::params;
 
 use super::run_queue::run_by_id;
-use super::{Result, RunRow, Store, now_ms};
+use super::{Result, RunRow, RunStatus, Store, now_ms};
 
 /// What a cancel request did.
 #[derive(Debug)]
@@ -24,8 +24,8 @@ impl Store {
         self.write(|tx| -> Result<CancelRequest> {
             let Some(run) = run_by_id(tx, run_id)? else { return Ok(CancelRequest::AlreadyEnded) };
             let now = now_ms();
-            match run.status.as_str() {
-                "queued" => {
+            match run.status {
+                RunStatus::Queued => {
                     tx.execute(
                         "UPDATE runs SET status = 'cancelled', ended_at = ?2, cancel_requested_at = ?2,
                              error = 'cancelled by its requester before it started'
@@ -35,7 +35,7 @@ impl Store {
                     let dequeued = run_by_id(tx, run_id)?.expect("the run was just read");
                     Ok(CancelRequest::Dequeued(Box::new(dequeued)))
                 }
-                "running" => {
+                RunStatus::Running => {
                     tx.execute(
                         "UPDATE runs SET cancel_requested_at = coalesce(cancel_requested_at, ?2) WHERE run_id = ?1",
                         params![run_id, now],
@@ -92,7 +92,7 @@ mod tests {
         let (_dir, store, session) = store_with_session();
         let run_id = queued_run(&store, session);
         match store.request_cancel(&run_id).unwrap() {
-            CancelRequest::Dequeued(run) => assert_eq!(run.status, "cancelled"),
+            CancelRequest::Dequeued(run) => assert_eq!(run.status, RunStatus::Cancelled),
             other => panic!("expected Dequeued, got {other:?}"),
         }
         assert!(matches!(store.request_cancel(&run_id).unwrap(), CancelRequest::AlreadyEnded));
@@ -110,6 +110,6 @@ mod tests {
         assert!(matches!(store.request_cancel(&run_id).unwrap(), CancelRequest::Flagged));
         assert_eq!(store.cancel_requests("owner-a").unwrap(), vec![run_id.clone()]);
         assert!(store.cancel_requests("owner-b").unwrap().is_empty());
-        assert_eq!(store.run(&run_id).unwrap().unwrap().status, "running", "only the owner ends it");
+        assert_eq!(store.run(&run_id).unwrap().unwrap().status, RunStatus::Running, "only the owner ends it");
     }
 }

@@ -31,7 +31,7 @@ pub(crate) use messages::append_message;
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
 pub(crate) use run_queue::enqueue;
-pub use run_queue::{Caps, Finished, NewRun, RunMode, RunRow};
+pub use run_queue::{Caps, Finished, NewRun, RunMode, RunRow, RunStatus};
 pub(crate) use sessions::insert_session;
 pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};
 pub use spawn::SpawnCounts;

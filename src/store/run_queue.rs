@@ -11,6 +11,59 @@ use super::messages::append_message;
 use super::{NewMessage, Result, Store, now_ms};
 use crate::keys::{AgentId, SessionKey};
 
+/// Where a run is: waiting, running, or one of the five ways it ends. Stored as its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    Ok,
+    Error,
+    Timeout,
+    Cancelled,
+    /// The server stopped (or its owner died) before the run finished.
+    Interrupted,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::Queued,
+            Self::Running,
+            Self::Ok,
+            Self::Error,
+            Self::Timeout,
+            Self::Cancelled,
+            Self::Interrupted,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
+
+    /// Queued and running runs have not ended.
+    pub fn is_finished(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why a run exists (the request's `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunMode {
@@ -90,7 +143,7 @@ pub struct RunRow {
     pub session_key: SessionKey,
     pub agent_id: AgentId,
     pub mode: RunMode,
-    pub status: String,
+    pub status: RunStatus,
     pub input: Value,
     pub provenance: Option<Value>,
     pub requester_key: Option<SessionKey>,
@@ -110,7 +163,7 @@ pub struct RunRow {
 
 impl RunRow {
     pub fn is_finished(&self) -> bool {
-        !matches!(self.status.as_str(), "queued" | "running")
+        self.status.is_finished()
     }
 }
 
@@ -128,7 +181,12 @@ fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
         session_key: SessionKey::from_canonical(r.get::<_, String>(2)?),
         agent_id: AgentId::parse(&r.get::<_, String>(3)?).unwrap_or_else(|_| AgentId::main()),
         mode: RunMode::parse(&r.get::<_, String>(4)?).unwrap_or(RunMode::Send),
-        status: r.get(5)?,
+        status: {
+            let raw: String = r.get(5)?;
+            RunStatus::parse(&raw).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(5, rusqlite::types::Type::Text, format!("run status {raw:?}").into())
+            })?
+        },
         input: json(6)?.unwrap_or(Value::Null),
         provenance: json(7)?,
         requester_key: r.get::<_, Option<String>>(8)?.map(SessionKey::from_canonical),
@@ -162,7 +220,7 @@ pub struct Caps {
 /// How a run ended, as the runtime records it.
 #[derive(Debug, Clone)]
 pub struct Finished {
-    pub status: String,
+    pub status: RunStatus,
     pub reply: Option<String>,
     pub messages: Vec<NewMessage>,
     pub usage: Option<Value>,
@@ -296,7 +354,7 @@ impl Store {
                  WHERE run_id = ?1",
                 params![
                     run_id,
-                    f.status,
+                    f.status.as_str(),
                     f.reply,
                     f.usage.as_ref().map(Value::to_string),
                     f.cost,
@@ -320,10 +378,10 @@ impl Store {
                     tout,
                     f.cost,
                     f.model,
-                    f.status != "ok",
+                    f.status != RunStatus::Ok,
                     now,
-                    f.external_session_id.as_deref().filter(|_| f.status == "ok"),
-                    f.cli_usage_total.as_ref().filter(|_| f.status == "ok").map(Value::to_string)
+                    f.external_session_id.as_deref().filter(|_| f.status == RunStatus::Ok),
+                    f.cli_usage_total.as_ref().filter(|_| f.status == RunStatus::Ok).map(Value::to_string)
                 ],
             )?;
             // The run's token ends with the run: by now every process of the run is gone (the

@@ -19,7 +19,7 @@ use crate::flows::context::is_skip;
 use crate::flows::send::{SendPlan, Started};
 use crate::policy::{Action, ToolName};
 use crate::runtime::Waited;
-use crate::store::RunRow;
+use crate::store::{RunRow, RunStatus};
 
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 30;
@@ -366,7 +366,7 @@ async fn finish(
 
 fn finished(mut out: SendOk, run: &RunRow, delivery: Option<Value>) -> SendOk {
     out.delivery = delivery;
-    if run.status == "ok" {
+    if run.status == RunStatus::Ok {
         let silent = run.reply.as_deref().is_some_and(is_skip);
         out.reply = Some(if silent { None } else { crate::sanitize::run_text(run.reply.as_deref()) });
         if silent {
@@ -374,8 +374,8 @@ fn finished(mut out: SendOk, run: &RunRow, delivery: Option<Value>) -> SendOk {
         }
     } else {
         out.status = SendStatus::Error;
-        out.error = Some(match run.status.as_str() {
-            "interrupted" => "interrupted: the run was interrupted before it finished".to_string(),
+        out.error = Some(match run.status {
+            RunStatus::Interrupted => "interrupted: the run was interrupted before it finished".to_string(),
             s => crate::sanitize::run_text(run.error.as_deref()).unwrap_or_else(|| format!("the run ended {s}")),
         });
     }

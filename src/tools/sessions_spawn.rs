@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::flows::spawn::{Refused, SpawnPlan, Spawned};
 use crate::keys::{AgentId, SessionKey};
 use crate::policy::ToolName;
-use crate::store::RunRow;
+use crate::store::{RunRow, RunStatus};
 
 pub const MAX_TASK_BYTES: usize = 64 * 1024;
 pub const MAX_ATTACHMENTS: usize = 50;
@@ -499,8 +499,8 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
 /// The final result of a spawn that ran as an MCP task: the child's outcome. The announce still
 /// reaches the requester's session as usual.
 pub fn task_result(store: &crate::store::Store, run: &RunRow, budget: usize) -> SpawnOk {
-    let (status, error) = match run.status.as_str() {
-        "ok" => (SpawnStatus::Ok, None),
+    let (status, error) = match run.status {
+        RunStatus::Ok => (SpawnStatus::Ok, None),
         s => {
             let error = crate::sanitize::run_text(run.error.as_deref());
             (SpawnStatus::Error, Some(error.unwrap_or_else(|| format!("the child's run ended {s}"))))
