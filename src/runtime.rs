@@ -326,7 +326,8 @@ impl Runtime {
         let request = self.access.store.request_cancel(run_id)?;
         match &request {
             CancelRequest::Dequeued(run) => {
-                let ended = crate::flows::TurnResult { status: crate::store::RunStatus::Cancelled, reply: None, silent: false };
+                let ended =
+                    crate::flows::TurnResult { status: crate::store::RunStatus::Cancelled, reply: None, silent: false };
                 crate::flows::take_steps(self, run, &ended);
             }
             CancelRequest::Flagged => self.stop_flagged(),

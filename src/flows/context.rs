@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::agent::content_text;
-use crate::store::{MessageRow, RunMode, RunRow};
+use crate::store::{AnnounceKind, MessageRow, RunMode, RunRow};
 
 pub const REPLY_SKIP: &str = "REPLY_SKIP";
 pub const ANNOUNCE_SKIP: &str = "ANNOUNCE_SKIP";
@@ -171,7 +171,7 @@ pub fn request(p: RequestParts) -> Value {
         req["system"] = s.into();
     }
     if run.mode == RunMode::Announce {
-        req["announceKind"] = run.announce_kind.clone().unwrap_or_else(|| "agent_to_agent".into()).into();
+        req["announceKind"] = run.announce_kind.unwrap_or(AnnounceKind::AgentToAgent).as_str().into();
     }
     req
 }

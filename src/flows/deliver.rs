@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 
 use crate::keys::SessionKey;
 use crate::runtime::Runtime;
-use crate::store::{DeliveryKind, DeliveryMode, NewDelivery, RunRow, SessionRow, StoreError, add_delivery, now_ms};
+use crate::store::{
+    DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, RunRow, SessionRow, StoreError, add_delivery, now_ms,
+};
 
 const DELIVER_TIMEOUT: Duration = Duration::from_secs(30);
 const EXIT_RETRY: i32 = 75;
@@ -21,7 +23,7 @@ pub fn record(
     run: &RunRow,
     kind: DeliveryKind,
     channel: &str,
-    status: &str,
+    status: DeliveryStatus,
     why: Option<&str>,
     mode: Option<DeliveryMode>,
 ) -> Result<(), StoreError> {
@@ -67,13 +69,13 @@ pub fn channel_delivery(
     if deliverer.is_none() {
         if matches!(channel, "internal" | "unknown") {
             let why = "no channel to deliver to (the session has no external channel)";
-            return record(rt, run, kind, channel, "skipped", Some(why), None);
+            return record(rt, run, kind, channel, DeliveryStatus::Skipped, Some(why), None);
         }
         if channel == "webchat" {
-            return record(rt, run, kind, channel, "delivered", None, Some(DeliveryMode::Inbox));
+            return record(rt, run, kind, channel, DeliveryStatus::Delivered, None, Some(DeliveryMode::Inbox));
         }
         let why = format!("no deliverer for channel {channel:?} (channels.{channel}.deliver)");
-        return record(rt, run, kind, channel, "undeliverable", Some(&why), None);
+        return record(rt, run, kind, channel, DeliveryStatus::Undeliverable, Some(&why), None);
     }
     let (to, thread_id) = address(&run.session_key, row);
     let account = row.and_then(|r| r.last_account_id.clone());
@@ -99,16 +101,16 @@ pub async fn deliver_due(rt: &Runtime) {
     for d in due {
         let argv = rt.access.config.channels.get(&d.channel).and_then(|c| c.deliver.clone()).unwrap_or_default();
         let (status, error, next) = match attempt(&argv, &d.payload).await {
-            Ok(()) => ("delivered", None, None),
+            Ok(()) => (DeliveryStatus::Delivered, None, None),
             Err(Attempt::Retry(e)) => {
                 let backoff = 1000i64.saturating_mul(1 << d.attempts.clamp(0, 6)).min(60_000);
                 if now_ms() + backoff > d.deadline_at {
-                    ("expired", Some(format!("gave up at the deadline; last error: {e}")), None)
+                    (DeliveryStatus::Expired, Some(format!("gave up at the deadline; last error: {e}")), None)
                 } else {
-                    ("queued", Some(e), Some(now_ms() + backoff))
+                    (DeliveryStatus::Queued, Some(e), Some(now_ms() + backoff))
                 }
             }
-            Err(Attempt::Failed(e)) => ("failed", Some(e), None),
+            Err(Attempt::Failed(e)) => (DeliveryStatus::Failed, Some(e), None),
         };
         if let Err(e) = rt.access.store.delivery_attempted(d.id, status, error.as_deref(), next) {
             tracing::error!(error = %e, "recording a delivery attempt failed");

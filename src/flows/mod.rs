@@ -27,8 +27,8 @@ use crate::runner::template::CliTurn;
 use crate::runner::{Hooks, Input, Launch, RunStatus, RunnerSpec, resolve_runner, sandbox};
 use crate::runtime::Runtime;
 use crate::store::{
-    DeliveryKind, DeliveryMode, Finished, NewDelivery, NewMessage, NewRun, RunMode, RunRow, SessionRow, StoreError,
-    TokenRow, add_delivery, append_message, enqueue, set_delivery_status,
+    AnnounceKind, DeliveryKind, DeliveryMode, DeliveryStatus, Finished, NewDelivery, NewMessage, NewRun, RunMode,
+    RunRow, SessionRow, StoreError, TokenRow, add_delivery, append_message, enqueue, set_delivery_status,
 };
 use context::{ANNOUNCE_INPUT, Parties, is_skip};
 
@@ -372,7 +372,7 @@ pub fn catch_up(rt: &Runtime, min_age_ms: i64) {
 fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     match run.mode {
         RunMode::Send | RunMode::Reply => reply_back(rt, run, result),
-        RunMode::Announce if run.announce_kind.as_deref() == Some("subagent") => {
+        RunMode::Announce if run.announce_kind == Some(AnnounceKind::Subagent) => {
             spawn::after_child_run(rt, run, result)
         }
         RunMode::Announce => announce_delivery(rt, run, result),
@@ -421,9 +421,9 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
     let Some(text) = reply else {
         if let Some(id) = delivery_id {
             let (status, why) = if result.silent {
-                ("skipped", "silent: the reply was a skip token".to_string())
+                (DeliveryStatus::Skipped, "silent: the reply was a skip token".to_string())
             } else {
-                ("failed", format!("the run ended {}", result.status))
+                (DeliveryStatus::Failed, format!("the run ended {}", result.status))
             };
             store.write(|tx| set_delivery_status(tx, id, status, Some(&why)).map_err(StoreError::from))?;
         }
@@ -445,7 +445,9 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
         if let Some(id) = delivery_id {
             let why =
                 if turn >= max { "ping-pong limit reached (session.agentToAgent.maxPingPongTurns)" } else { "policy" };
-            store.write(|tx| set_delivery_status(tx, id, "skipped", Some(why)).map_err(StoreError::from))?;
+            store.write(|tx| {
+                set_delivery_status(tx, id, DeliveryStatus::Skipped, Some(why)).map_err(StoreError::from)
+            })?;
         }
         return queue_announce(rt, run, &target, &flow);
     }
@@ -477,7 +479,7 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
     store.write(|tx| -> Result<(), StoreError> {
         enqueue(tx, &step)?;
         if let Some(id) = delivery_id {
-            set_delivery_status(tx, id, "delivered", None)?;
+            set_delivery_status(tx, id, DeliveryStatus::Delivered, None)?;
         }
         add_delivery(
             tx,
@@ -485,7 +487,7 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
                 run_id: &step.run_id,
                 kind: DeliveryKind::Reply,
                 mode: DeliveryMode::Inbox,
-                status: "queued",
+                status: DeliveryStatus::Queued,
                 target_key: run.session_key.as_str(),
                 channel: None,
                 last_error: None,
@@ -518,7 +520,7 @@ fn append_inbox(
     let provenance = json!({"kind": "inter_session", "sourceSessionKey": from.as_str(),
         "sourceChannel": channel_of_row(from, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
     rt.access.store.write(|tx| -> Result<(), StoreError> {
-        if !set_delivery_status(tx, delivery, "delivered", None)? {
+        if !set_delivery_status(tx, delivery, DeliveryStatus::Delivered, None)? {
             return Ok(());
         }
         let id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [to.as_str()], |r| r.get(0))?;
@@ -558,7 +560,7 @@ fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Value)
         requester_key: requester,
         chain_id: run.chain_id.clone(),
         hop: run.hop,
-        announce_kind: Some("agent_to_agent".into()),
+        announce_kind: Some(AnnounceKind::AgentToAgent),
         model: None,
         thinking: None,
         timeout_ms: None,
@@ -585,7 +587,7 @@ fn to_channel(rt: &Runtime, run: &RunRow, result: &TurnResult, kind: DeliveryKin
     let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
     let Some(text) = result.ok_reply().map(String::from) else {
         let why = if result.silent { "silent: the reply was a skip token" } else { "the run produced no reply" };
-        return deliver::record(rt, run, kind, &channel, "skipped", Some(why), None);
+        return deliver::record(rt, run, kind, &channel, DeliveryStatus::Skipped, Some(why), None);
     };
     let decision = rt.access.send_decision(&run.session_key, row.as_ref());
     if !decision.allowed() {
@@ -593,7 +595,7 @@ fn to_channel(rt: &Runtime, run: &RunRow, result: &TurnResult, kind: DeliveryKin
             Some(i) => format!("policy: rule {i}"),
             None => "policy".to_string(),
         };
-        return deliver::record(rt, run, kind, &channel, "skipped", Some(&why), None);
+        return deliver::record(rt, run, kind, &channel, DeliveryStatus::Skipped, Some(&why), None);
     }
     deliver::channel_delivery(rt, run, row.as_ref(), &channel, &text, kind)
 }

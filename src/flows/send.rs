@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 use crate::caller::{Caller, key_scope};
 use crate::keys::{self, SessionKey};
 use crate::store::{
-    DeliveryKind, DeliveryMode, NewDelivery, NewMessage, NewRun, NewSession, RunMode, Store, StoreError, add_delivery,
-    append_message, enqueue, insert_session, remember_key,
+    DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode, Store,
+    StoreError, add_delivery, append_message, enqueue, insert_session, remember_key,
 };
 
 /// What the send did.
@@ -79,7 +79,7 @@ pub fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> 
                     run_id: &run_id,
                     kind: DeliveryKind::Inbox,
                     mode: DeliveryMode::Inbox,
-                    status: "delivered",
+                    status: DeliveryStatus::Delivered,
                     target_key: plan.target.as_str(),
                     channel: Some("webchat"),
                     last_error: None,
@@ -111,7 +111,7 @@ pub fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> 
                     run_id: &run_id,
                     kind: DeliveryKind::Reply,
                     mode: DeliveryMode::Inbox,
-                    status: "queued",
+                    status: DeliveryStatus::Queued,
                     target_key: plan.caller.key.as_str(),
                     channel: None,
                     last_error: None,

@@ -13,8 +13,9 @@ use crate::caller::{Caller, key_scope};
 use crate::keys::{self, AgentId, SessionKey};
 use crate::runtime::Runtime;
 use crate::store::{
-    DeliveryKind, DeliveryMode, NewDelivery, NewMessage, NewRun, NewSession, RunMode, RunRow, RunStatus, SessionRow, StoreError,
-    add_delivery, append_message, enqueue, insert_session, remember_key, spawn_counts,
+    AnnounceKind, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode,
+    RunRow, RunStatus, SessionRow, StoreError, add_delivery, append_message, enqueue, insert_session, remember_key,
+    spawn_counts,
 };
 
 /// Longest Result in an announce, in bytes.
@@ -300,7 +301,7 @@ fn queue_notes(rt: &Runtime, child: &SessionRow, run: &RunRow) -> Result<(), Sto
         requester_key: run.requester_key.clone(),
         chain_id: run.chain_id.clone(),
         hop: run.hop,
-        announce_kind: Some("subagent".into()),
+        announce_kind: Some(AnnounceKind::Subagent),
         model: None,
         thinking: None,
         timeout_ms: None,
@@ -329,7 +330,7 @@ fn announce(
         let Some(r) = &requester_row else { return Ok(()) };
         // One announce per child: the delivery row goes first, and a step taken again stops here.
         let kind = if r.external { DeliveryKind::Announce } else { DeliveryKind::Completion };
-        if !add_delivery(tx, &delivery(spawn_run, kind, requester.as_str(), "delivered"))? {
+        if !add_delivery(tx, &delivery(spawn_run, kind, requester.as_str(), DeliveryStatus::Delivered))? {
             return Ok(());
         }
         if r.external {
@@ -372,7 +373,7 @@ fn announce(
     finish(rt, child, spawn_run)
 }
 
-fn delivery<'a>(run: &'a RunRow, kind: DeliveryKind, target: &'a str, status: &'a str) -> NewDelivery<'a> {
+fn delivery<'a>(run: &'a RunRow, kind: DeliveryKind, target: &'a str, status: DeliveryStatus) -> NewDelivery<'a> {
     NewDelivery {
         run_id: &run.run_id,
         kind,

@@ -21,8 +21,8 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
-pub use crate::store::RunStatus;
 use crate::store::NewMessage;
+pub use crate::store::RunStatus;
 
 pub use spec::{RunnerSpec, resolve_runner};
 

@@ -43,13 +43,41 @@ impl DeliveryMode {
     }
 }
 
+/// Where a delivery is. `queued` and `running` may still change; the rest are final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryStatus {
+    Queued,
+    Running,
+    Delivered,
+    Failed,
+    Skipped,
+    /// A channel delivery that kept failing until its deadline.
+    Expired,
+    /// No channel can carry it (no deliverer configured, no address).
+    Undeliverable,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Delivered => "delivered",
+            Self::Failed => "failed",
+            Self::Skipped => "skipped",
+            Self::Expired => "expired",
+            Self::Undeliverable => "undeliverable",
+        }
+    }
+}
+
 /// A ledger row to create.
 #[derive(Debug, Clone)]
 pub struct NewDelivery<'a> {
     pub run_id: &'a str,
     pub kind: DeliveryKind,
     pub mode: DeliveryMode,
-    pub status: &'a str,
+    pub status: DeliveryStatus,
     pub target_key: &'a str,
     pub channel: Option<&'a str>,
     pub last_error: Option<&'a str>,
@@ -69,11 +97,11 @@ pub(crate) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Resul
             d.run_id,
             d.kind.as_str(),
             d.mode.as_str(),
-            d.status,
+            d.status.as_str(),
             d.target_key,
             d.channel,
             d.last_error,
-            i64::from(d.status != "queued"),
+            i64::from(d.status != DeliveryStatus::Queued),
             now
         ])?;
     Ok(added == 1)
@@ -84,7 +112,7 @@ pub(crate) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Resul
 pub(crate) fn set_delivery_status(
     tx: &Transaction,
     id: i64,
-    status: &str,
+    status: DeliveryStatus,
     error: Option<&str>,
 ) -> rusqlite::Result<bool> {
     let changed = tx
@@ -93,7 +121,7 @@ pub(crate) fn set_delivery_status(
                  updated_at = ?4
              WHERE id = ?1 AND status IN ('queued', 'running')",
         )?
-        .execute(params![id, status, error, now_ms()])?;
+        .execute(params![id, status.as_str(), error, now_ms()])?;
     Ok(changed == 1)
 }
 
@@ -233,7 +261,7 @@ impl Store {
     pub fn delivery_attempted(
         &self,
         id: i64,
-        status: &str,
+        status: DeliveryStatus,
         error: Option<&str>,
         next_attempt_at: Option<i64>,
     ) -> Result<()> {
@@ -241,7 +269,7 @@ impl Store {
             tx.execute(
                 "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
                      next_attempt_at = coalesce(?4, next_attempt_at), updated_at = ?5 WHERE id = ?1",
-                params![id, status, error, next_attempt_at, now_ms()],
+                params![id, status.as_str(), error, next_attempt_at, now_ms()],
             )?;
             Ok(())
         })

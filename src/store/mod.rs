@@ -25,13 +25,13 @@ use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
 pub use cancel::CancelRequest;
-pub use ledger::{DeliveryKind, DeliveryMode, IdempotencyHit, NewDelivery};
+pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
 pub(crate) use ledger::{add_delivery, remember_key, set_delivery_status};
 pub(crate) use messages::append_message;
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
 pub(crate) use run_queue::enqueue;
-pub use run_queue::{Caps, Finished, NewRun, RunMode, RunRow, RunStatus};
+pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, RunMode, RunRow, RunStatus};
 pub(crate) use sessions::insert_session;
 pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};
 pub use spawn::SpawnCounts;

@@ -39,17 +39,9 @@ impl RunStatus {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            Self::Queued,
-            Self::Running,
-            Self::Ok,
-            Self::Error,
-            Self::Timeout,
-            Self::Cancelled,
-            Self::Interrupted,
-        ]
-        .into_iter()
-        .find(|v| v.as_str() == s)
+        [Self::Queued, Self::Running, Self::Ok, Self::Error, Self::Timeout, Self::Cancelled, Self::Interrupted]
+            .into_iter()
+            .find(|v| v.as_str() == s)
     }
 
     /// Queued and running runs have not ended.
@@ -61,6 +53,28 @@ impl RunStatus {
 impl std::fmt::Display for RunStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Whose result an announce run announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnnounceKind {
+    /// A spawned child's result, to its requester.
+    Subagent,
+    /// The end of a send's exchange between two sessions.
+    AgentToAgent,
+}
+
+impl AnnounceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Subagent => "subagent",
+            Self::AgentToAgent => "agent_to_agent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Subagent, Self::AgentToAgent].into_iter().find(|k| k.as_str() == s)
     }
 }
 
@@ -106,7 +120,7 @@ pub struct NewRun {
     pub requester_key: Option<SessionKey>,
     pub chain_id: Option<String>,
     pub hop: i64,
-    pub announce_kind: Option<String>,
+    pub announce_kind: Option<AnnounceKind>,
     pub model: Option<String>,
     pub thinking: Option<String>,
     pub timeout_ms: Option<i64>,
@@ -149,7 +163,7 @@ pub struct RunRow {
     pub requester_key: Option<SessionKey>,
     pub chain_id: Option<String>,
     pub hop: i64,
-    pub announce_kind: Option<String>,
+    pub announce_kind: Option<AnnounceKind>,
     pub model: Option<String>,
     pub thinking: Option<String>,
     pub timeout_ms: Option<i64>,
@@ -184,7 +198,11 @@ fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
         status: {
             let raw: String = r.get(5)?;
             RunStatus::parse(&raw).ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(5, rusqlite::types::Type::Text, format!("run status {raw:?}").into())
+                rusqlite::Error::FromSqlConversionFailure(
+                    5,
+                    rusqlite::types::Type::Text,
+                    format!("run status {raw:?}").into(),
+                )
             })?
         },
         input: json(6)?.unwrap_or(Value::Null),
@@ -192,7 +210,7 @@ fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
         requester_key: r.get::<_, Option<String>>(8)?.map(SessionKey::from_canonical),
         chain_id: r.get(9)?,
         hop: r.get(10)?,
-        announce_kind: r.get(11)?,
+        announce_kind: r.get::<_, Option<String>>(11)?.as_deref().and_then(AnnounceKind::parse),
         model: r.get(12)?,
         thinking: r.get(13)?,
         timeout_ms: r.get(14)?,
@@ -256,7 +274,7 @@ pub(crate) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<bool> 
             run.requester_key.as_ref().map(SessionKey::as_str),
             run.chain_id,
             run.hop,
-            run.announce_kind,
+            run.announce_kind.map(AnnounceKind::as_str),
             run.model,
             run.thinking,
             run.timeout_ms,
@@ -526,5 +544,33 @@ impl Store {
             }
             Ok(false)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_and_announce_kind_reads_back_as_it_is_stored() {
+        let statuses = [
+            RunStatus::Queued,
+            RunStatus::Running,
+            RunStatus::Ok,
+            RunStatus::Error,
+            RunStatus::Timeout,
+            RunStatus::Cancelled,
+            RunStatus::Interrupted,
+        ];
+        for s in statuses {
+            assert_eq!(RunStatus::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str(), "what show and tasks print");
+        }
+        let finished: Vec<RunStatus> = statuses.into_iter().filter(|s| s.is_finished()).collect();
+        assert_eq!(finished.len(), 5);
+        assert_eq!(RunStatus::parse("done"), None);
+        for k in [AnnounceKind::Subagent, AnnounceKind::AgentToAgent] {
+            assert_eq!(AnnounceKind::parse(k.as_str()), Some(k));
+        }
     }
 }
