@@ -136,7 +136,9 @@ enum Command {
     #[command(hide = true)]
     Supervise(crate::supervise::SuperviseArgs),
     /// Measure start-up, tool latency, sends, concurrency, memory and import on generated stores
-    /// (whole processes over stdio and HTTP, and in-process); prints one table.
+    /// (whole processes over stdio and HTTP, and in-process); prints one table. Only in a build
+    /// with `--features bench`.
+    #[cfg(feature = "bench")]
     Bench {
         /// Small sizes, for CI (under a minute in a debug build).
         #[arg(long)]
@@ -298,6 +300,7 @@ pub fn main() -> ExitCode {
         Command::Agent { script } => crate::agent::run(script.as_deref()),
         Command::Connect => block_on(crate::socket_client::connect()),
         Command::Supervise(args) => crate::supervise::run(&args),
+        #[cfg(feature = "bench")]
         Command::Bench { quick, only, .. } => block_on(crate::bench::run(quick, only)),
         Command::Dev(DevCommand::Seed(args)) => crate::dev::seed(&args),
         Command::Dev(DevCommand::Dump { paths }) => with_store(&paths, crate::ops::dump),

@@ -134,7 +134,7 @@ fn entry(s: &SessionRow, path: &Path) -> Value {
     put("spawnedBy", s.spawned_by.as_ref().map(|k| k.as_str().into()));
     put("spawnDepth", (s.spawn_depth > 0).then(|| s.spawn_depth.into()));
     put("subagentRole", s.subagent_role.clone().map(Value::from));
-    put("sendPolicy", s.send_policy.clone().map(Value::from));
+    put("sendPolicy", s.send_policy.map(|p| p.as_str().into()));
     put("model", s.model.clone().map(Value::from));
     put("thinkingLevel", s.thinking_level.clone().map(Value::from));
     put("verboseLevel", s.verbose_level.clone().map(Value::from));

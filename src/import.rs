@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 use crate::caller::key_scope;
 use crate::config::Config;
 use crate::keys::{self, AgentId, ChatType, SessionKey, SessionRef};
-use crate::store::{self, NewMessage, NewSession, Store, StoreError};
+use crate::store::{self, NewMessage, NewSession, SendPolicyOverride, Store, StoreError};
 
 /// Assistant replies that mean "nothing to say": stored `silent`, never returned or delivered.
 pub const SKIP_TOKENS: [&str; 3] = ["REPLY_SKIP", "ANNOUNCE_SKIP", "NO_REPLY"];
@@ -48,7 +48,7 @@ struct Pending {
 #[derive(Default)]
 struct SessionExtras {
     last_account_id: Option<String>,
-    send_policy: Option<String>,
+    send_policy: Option<SendPolicyOverride>,
     model_provider: Option<String>,
     thinking_level: Option<String>,
     verbose_level: Option<String>,
@@ -403,7 +403,7 @@ fn build(
     n.origin = Some(json!({"importedFrom": "openclaw", "entry": e}));
     let extra = SessionExtras {
         last_account_id: s("lastAccountId").or(dc_account),
-        send_policy: s("sendPolicy").filter(|p| p == "allow" || p == "deny"),
+        send_policy: s("sendPolicy").as_deref().and_then(SendPolicyOverride::parse),
         model_provider: s("modelProvider"),
         thinking_level: s("thinkingLevel"),
         verbose_level: s("verboseLevel"),
@@ -436,7 +436,7 @@ fn write_session(tx: &rusqlite::Transaction, p: &Pending, report: &mut Report) -
             rusqlite::params![
                 id,
                 x.last_account_id,
-                x.send_policy,
+                x.send_policy.map(SendPolicyOverride::as_str),
                 x.model_provider,
                 x.thinking_level,
                 x.verbose_level,

@@ -7,7 +7,7 @@
 //!
 //! | module      | job |
 //! |-------------|-----|
-//! | [`cli`]     | the command line (`serve`, `daemon`, the operator's commands, `schemas`, `bench`, hidden `dev`) |
+//! | [`cli`]     | the command line (`serve`, `daemon`, the operator's commands, `schemas`, hidden `dev`; `bench` with `--features bench`) |
 //! | [`server`]  | the rmcp `ServerHandler` (per-caller `tools/list`, `tools/call`, resources, tasks over the runs table); `server::http`: streamable HTTP + bearer auth |
 //! | [`caller`]  | who is calling: a [`caller::Caller`] from the transport credential, never from arguments |
 //! | [`tools`]   | one file per tool; each parses its raw arguments and returns `{status, …}` |
@@ -48,6 +48,7 @@
 
 pub mod access;
 pub mod agent;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod caller;
 pub mod cli;

@@ -12,7 +12,7 @@ use crate::caller::key_scope;
 use crate::cli::Env;
 use crate::config::Config;
 use crate::keys::{self, SessionRef};
-use crate::store::{SessionRow, SessionState, Store, now_ms};
+use crate::store::{SendPolicyOverride, SessionRow, SessionState, Store, now_ms};
 use crate::tools::sessions_list::list_row;
 
 fn print_json(v: &Value) {
@@ -163,8 +163,8 @@ pub fn show(env: &Env, store: &Store, raw: &str, as_json: bool) -> ExitCode {
 
 pub fn policy(env: &Env, store: &Store, raw: &str, mode: &str) -> ExitCode {
     let value = match mode.to_ascii_lowercase().as_str() {
-        "on" | "allow" => Some("allow"),
-        "off" | "deny" => Some("deny"),
+        "on" | "allow" => Some(SendPolicyOverride::Allow),
+        "off" | "deny" => Some(SendPolicyOverride::Deny),
         "inherit" | "default" | "reset" => None,
         other => {
             eprintln!(
@@ -179,7 +179,7 @@ pub fn policy(env: &Env, store: &Store, raw: &str, mode: &str) -> ExitCode {
     };
     match store.set_send_policy(row.key.as_str(), value) {
         Ok(_) => {
-            println!("send policy of {} set to {}", row.key, value.unwrap_or("inherit"));
+            println!("send policy of {} set to {}", row.key, value.map_or("inherit", SendPolicyOverride::as_str));
             ExitCode::SUCCESS
         }
         Err(e) => failed(e),

@@ -15,7 +15,7 @@ use crate::keys::{self, KeyScope, SessionKey, SessionRef};
 use crate::policy::{
     self, Action, SendDecision, SendTarget, ToolName, VisibilityFacts, VisibilityRules, check_visibility,
 };
-use crate::store::{SessionRow, SessionState, Store};
+use crate::store::{SendPolicyOverride, SessionRow, SessionState, Store};
 use crate::tools::ToolError;
 
 pub use list::{ListPage, ListRequest};
@@ -226,10 +226,9 @@ impl Access {
             row.and_then(|r| r.channel.as_deref()),
             row.and_then(|r| r.last_channel.as_deref()),
         );
-        let over = row.and_then(|r| r.send_policy.as_deref()).and_then(|p| match p {
-            "allow" => Some(PolicyAction::Allow),
-            "deny" => Some(PolicyAction::Deny),
-            _ => None,
+        let over = row.and_then(|r| r.send_policy).map(|p| match p {
+            SendPolicyOverride::Allow => PolicyAction::Allow,
+            SendPolicyOverride::Deny => PolicyAction::Deny,
         });
         policy::resolve_send_policy(
             over,

@@ -33,7 +33,7 @@ pub use operator::Pruned;
 pub(crate) use run_queue::enqueue;
 pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, RunMode, RunRow, RunStatus};
 pub(crate) use sessions::insert_session;
-pub use sessions::{ListQuery, NewSession, SessionRow, SessionState, SliceScope};
+pub use sessions::{ListQuery, NewSession, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub use spawn::SpawnCounts;
 pub(crate) use spawn::spawn_counts;
 pub use tokens::TokenRow;

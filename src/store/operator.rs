@@ -43,9 +43,12 @@ impl Store {
     }
 
     /// Sets (allow/deny) or clears (None) a session's send-policy override. False if no such session.
-    pub fn set_send_policy(&self, key: &str, policy: Option<&str>) -> Result<bool> {
+    pub fn set_send_policy(&self, key: &str, policy: Option<super::SendPolicyOverride>) -> Result<bool> {
         self.write(|tx| -> Result<bool> {
-            Ok(tx.execute("UPDATE sessions SET send_policy = ?2 WHERE key = ?1", params![key, policy])? > 0)
+            Ok(tx.execute(
+                "UPDATE sessions SET send_policy = ?2 WHERE key = ?1",
+                params![key, policy.map(super::SendPolicyOverride::as_str)],
+            )? > 0)
         })
     }
 

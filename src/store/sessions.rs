@@ -6,6 +6,26 @@ use serde_json::Value;
 use super::{Result, Store, StoreError, now_ms};
 use crate::keys::{AgentId, ChatType, SessionKey, SessionKind};
 
+/// A session's own send-policy override (`sessions-mcp policy`), over the configured rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendPolicyOverride {
+    Allow,
+    Deny,
+}
+
+impl SendPolicyOverride {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Allow, Self::Deny].into_iter().find(|p| p.as_str() == s)
+    }
+}
+
 /// Where a session is in its life. Only `Active` (and `Archived` on request) is listed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionState {
@@ -49,7 +69,7 @@ pub struct SessionRow {
     pub spawn_depth: i64,
     pub subagent_role: Option<String>,
     pub sandboxed: bool,
-    pub send_policy: Option<String>,
+    pub send_policy: Option<SendPolicyOverride>,
     pub model: Option<String>,
     pub thinking_level: Option<String>,
     pub verbose_level: Option<String>,
@@ -108,7 +128,7 @@ impl SessionRow {
             spawn_depth: r.get(16)?,
             subagent_role: r.get(17)?,
             sandboxed: r.get(18)?,
-            send_policy: r.get(19)?,
+            send_policy: r.get::<_, Option<String>>(19)?.as_deref().and_then(SendPolicyOverride::parse),
             model: r.get(20)?,
             thinking_level: r.get(21)?,
             verbose_level: r.get(22)?,

@@ -280,7 +280,7 @@ pub fn list_row(r: &SessionRow, scope: &KeyScope, sandboxed: bool, export_dir: O
         verbose_level: r.verbose_level.clone(),
         system_sent: r.system_sent,
         aborted_last_run: r.aborted_last_run,
-        send_policy: r.send_policy.clone(),
+        send_policy: r.send_policy.map(|p| p.as_str().to_string()),
         last_channel: r.last_channel.clone(),
         last_to: if sandboxed { None } else { r.last_to.clone() },
         delivery_context,

@@ -228,3 +228,14 @@ fn the_mcp_inspector_starts_the_server_from_mcp_json_and_lists_the_tools() {
     names.sort();
     assert_eq!(names, ["agents_list", "sessions_history", "sessions_list", "sessions_send", "sessions_spawn"]);
 }
+
+/// The binary a user installs has no benchmark harness: `bench` is a cargo feature.
+#[cfg(not(feature = "bench"))]
+#[test]
+fn the_shipped_binary_has_no_bench_command() {
+    let out = Command::new(common::bin()).arg("bench").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let help = Command::new(common::bin()).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("serve") && !help.contains("bench"), "{help}");
+}
