@@ -179,7 +179,7 @@ pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
             n.created_at = updated;
             n.updated_at = updated;
             store::insert_session(tx, &n)?;
-            let id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get(0))?;
+            let id: i64 = crate::store::session_id(tx, &key)?;
             tx.execute(
                 "UPDATE sessions SET send_policy = ?2, deleted_at = ?3, state = CASE WHEN ?3 IS NOT NULL THEN 2 ELSE state END WHERE id = ?1",
                 rusqlite::params![id, s.send_policy, s.deleted_at],
@@ -209,7 +209,7 @@ pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
         }
         for r in &world.runs {
             let key = canonical(&r.session_key).map_err(anyhow::Error::msg)?;
-            let session: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |x| x.get(0))?;
+            let session: i64 = crate::store::session_id(tx, &key)?;
             tx.execute(
                 "INSERT INTO runs (run_id, session, mode, status, input, waiting_on, owner, created_at, started_at)
                  VALUES (?1, ?2, 'send', ?3, ?4, ?5, ?6, ?7, ?7)",
@@ -268,12 +268,12 @@ fn generate(store: &Store, n: u64, args: &SeedArgs) -> anyhow::Result<u64> {
             s.created_at = base + i as i64 * 1000;
             s.updated_at = s.created_at;
             store::insert_session(tx, &s)?;
-            ids.push(tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get::<_, i64>(0))?);
+            ids.push(crate::store::session_id(tx, &key)?);
         }
         if let Some(key) = &into {
             let s = NewSession::new(key.clone(), key.agent_id(&agent), keys::kind_of(key, &scope, None), false);
             store::insert_session(tx, &s)?;
-            ids = vec![tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get(0))?];
+            ids = vec![crate::store::session_id(tx, key)?];
         }
         for i in 0..args.messages {
             let Some(session) = ids.get((i as usize) % ids.len().max(1)) else { break };

@@ -104,7 +104,7 @@ fn session(key: SessionKey) -> NewSession {
 
 fn insert(tx: &rusqlite::Transaction, s: &NewSession) -> anyhow::Result<i64> {
     insert_session(tx, s)?;
-    Ok(tx.query_row("SELECT id FROM sessions WHERE key = ?1", [s.key.as_str()], |r| r.get(0))?)
+    Ok(crate::store::session_id(tx, &s.key)?)
 }
 
 /// Message `i` of a transcript: user text, an assistant text with a tool call, its tool result,

@@ -32,7 +32,7 @@ pub fn start(access: &Access, state_dir: &Path, key: &SessionKey, text: &str) ->
         .store
         .write(|tx| -> Result<Option<String>, crate::store::StoreError> {
             insert_session(tx, &NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
-            let id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get(0))?;
+            let id: i64 = crate::store::session_id(tx, key)?;
             if external {
                 let m = NewMessage {
                     role: "user".into(),

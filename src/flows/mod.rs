@@ -523,7 +523,7 @@ fn append_inbox(
         if !set_delivery_status(tx, delivery, DeliveryStatus::Delivered, None)? {
             return Ok(());
         }
-        let id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [to.as_str()], |r| r.get(0))?;
+        let id: i64 = crate::store::session_id(tx, to)?;
         append_message(
             tx,
             id,

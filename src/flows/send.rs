@@ -57,8 +57,7 @@ pub fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> 
         let scope = key_scope(config, &agent);
         let new = NewSession::new(plan.target.clone(), agent, keys::kind_of(plan.target, &scope, None), false);
         insert_session(tx, &new)?;
-        let target_id: i64 =
-            tx.query_row("SELECT id FROM sessions WHERE key = ?1", [plan.target.as_str()], |r| r.get(0))?;
+        let target_id: i64 = crate::store::session_id(tx, plan.target)?;
         let run_id = uuid::Uuid::new_v4().to_string();
         let started = if plan.target_external {
             append_message(

@@ -125,7 +125,7 @@ pub fn start(access: &Access, plan: &SpawnPlan) -> Result<Spawned, Refused> {
         child.sandboxed = plan.sandboxed;
         child.model = plan.model.clone();
         insert_session(tx, &child)?;
-        let child_id: i64 = tx.query_row("SELECT id FROM sessions WHERE key = ?1", [child_key.as_str()], |r| r.get(0))?;
+        let child_id: i64 = crate::store::session_id(tx, &child_key)?;
         tx.execute("UPDATE sessions SET spawn_run = ?2 WHERE id = ?1", rusqlite::params![child_id, run_id])?;
         let mut flow = json!({
             "flow": "spawn", "requester": plan.caller.key.as_str(), "cleanup": if plan.cleanup_delete { "delete" } else { "keep" },

@@ -73,7 +73,7 @@ mod tests {
         let id = store
             .write(|tx| -> Result<i64> {
                 insert_session(tx, &new)?;
-                Ok(tx.query_row("SELECT id FROM sessions WHERE key = ?1", [key.as_str()], |r| r.get(0))?)
+                Ok(crate::store::session_id(tx, &key)?)
             })
             .unwrap();
         (dir, store, id)

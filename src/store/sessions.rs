@@ -309,6 +309,12 @@ pub(crate) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Resu
     c.prepare_cached(&sql)?.query_row([key.as_str()], SessionRow::from_row).optional()
 }
 
+/// The row id of the session `key`, inside a write (the flows append to sessions they just
+/// created or looked up).
+pub(crate) fn session_id(tx: &Transaction, key: &SessionKey) -> rusqlite::Result<i64> {
+    tx.prepare_cached("SELECT id FROM sessions WHERE key = ?1")?.query_row([key.as_str()], |r| r.get(0))
+}
+
 /// Inserts `s` unless its key exists. Returns whether a row was created.
 pub(crate) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Result<bool> {
     let state = if s.key.is_cron_run() {
