@@ -313,8 +313,24 @@ pub fn fit_budget(messages: Vec<Value>, budget: usize, drop_newest: bool) -> Fit
     Fitted { messages: kept, dropped, bytes, oversized }
 }
 
-fn json_len(v: &Value) -> usize {
-    serde_json::to_string(v).map_or(0, |s| s.len())
+/// Size of a value as the JSON a host receives.
+pub fn json_len<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+    serde_json::to_string(value).map_or(usize::MAX, |s| s.len())
+}
+
+/// The byte offset of every character of `text`, and of its end.
+fn char_bounds(text: &str) -> Vec<usize> {
+    text.char_indices().map(|(i, _)| i).chain([text.len()]).collect()
+}
+
+/// The largest `n` in `lo..=hi` for which `fits(n)` holds, given that it holds for `lo` or for
+/// nothing (then `lo`). A binary search: escaping makes JSON size grow unevenly with length.
+fn largest_fitting(mut lo: usize, mut hi: usize, mut fits: impl FnMut(usize) -> bool) -> usize {
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) { lo = mid } else { hi = mid - 1 }
+    }
+    lo
 }
 
 /// Cuts one sanitised message to `budget` bytes of JSON: its text up to where it was already
@@ -330,18 +346,9 @@ fn shrink_message(msg: &mut Value, budget: usize) {
 /// The longest prefix of `text`, marked as cut, whose JSON string takes at most `max_json`
 /// bytes (a reply or an error text that would not let its answer fit).
 pub fn cut_to_json_len(text: &str, max_json: usize) -> String {
-    let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
+    let bounds = char_bounds(text);
     let cut = |n: usize| text[..bounds[n]].to_string() + CUT_MARKER;
-    let (mut lo, mut hi) = (0, bounds.len() - 1);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if serde_json::to_string(&cut(mid)).map_or(usize::MAX, |s| s.len()) <= max_json {
-            lo = mid
-        } else {
-            hi = mid - 1
-        }
-    }
-    cut(lo)
+    cut(largest_fitting(0, bounds.len() - 1, |n| json_len(&cut(n)) <= max_json))
 }
 
 /// Which characters of a message's text may go into its `content`.
@@ -360,7 +367,7 @@ pub struct TextPart {
 /// starts; messages without a seq cannot be read on, so they get no `rest`.
 pub fn fit_text(msg: &mut Value, text: &str, part: TextPart, budget: usize) {
     let Some(obj) = msg.as_object_mut() else { return };
-    let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
+    let bounds = char_bounds(text);
     let (from, limit) = (part.from.min(bounds.len() - 1), part.limit.min(bounds.len() - 1));
     let has_seq = obj.contains_key("seq");
     let mut set = |end: usize| {
@@ -373,15 +380,10 @@ pub fn fit_text(msg: &mut Value, text: &str, part: TextPart, budget: usize) {
             }
         }
         obj.insert("content".into(), Value::String(shown));
-        serde_json::to_string(&*obj).map_or(usize::MAX, |s| s.len())
+        json_len(&*obj)
     };
-    // The largest end that fits: binary search, since escaping makes size grow unevenly.
-    let (mut lo, mut hi) = (from, limit.max(from));
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if set(mid) <= budget { lo = mid } else { hi = mid - 1 }
-    }
-    set(lo);
+    let end = largest_fitting(from, limit.max(from), |end| set(end) <= budget);
+    set(end);
 }
 
 #[cfg(test)]

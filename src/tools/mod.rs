@@ -24,6 +24,7 @@ use serde_json::{Map, Value};
 use crate::access::Access;
 use crate::caller::Caller;
 use crate::policy::ToolName;
+pub(crate) use crate::sanitize::json_len;
 use crate::store::StoreError;
 
 /// The error statuses of every tool (DESIGN §5): `isError: true`.
@@ -279,11 +280,6 @@ pub async fn run(ctx: &Ctx<'_>, tool: ToolName, args: Option<Map<String, Value>>
         },
     };
     result(within_budget(structured, ctx.access.config.tools.sessions.max_result_bytes))
-}
-
-/// Size of a value as the JSON a host receives.
-pub(crate) fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
-    serde_json::to_string(value).map_or(usize::MAX, |s| s.len())
 }
 
 /// Room kept for the field that says where a cut text can be read whole.
