@@ -9,7 +9,7 @@ use serde_json::json;
 
 use sessions_mcp::bench::in_process::World;
 use sessions_mcp::bench::worlds::{Worlds, history_key};
-use sessions_mcp::caller::key_scope;
+use sessions_mcp::config::key_scope;
 use sessions_mcp::config::{Config, SendPolicyConfig, Visibility};
 use sessions_mcp::keys::{self, AgentId, ChatType, SessionKey};
 use sessions_mcp::policy::{

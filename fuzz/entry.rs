@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::{Value, json};
 use sessions_mcp::access::Access;
-use sessions_mcp::caller::{Caller, key_scope};
+use sessions_mcp::access::caller::Caller;
+use sessions_mcp::config::key_scope;
 use sessions_mcp::config::{AttachmentsConfig, Config};
 use sessions_mcp::keys::{AgentId, SessionRef, parse_ref};
 use sessions_mcp::server::SessionsServer;
@@ -51,7 +52,7 @@ pub fn config(data: &[u8]) {
 pub fn attachments(data: &[u8]) {
     let Ok(Value::Array(list)) = serde_json::from_slice::<Value>(data) else { return };
     let limits = AttachmentsConfig { enabled: true, max_files: 8, max_file_bytes: 4096, max_total_bytes: 8192 };
-    if let Ok(files) = sessions_mcp::flows::attachments::validate(&list, &limits) {
+    if let Ok(files) = sessions_mcp::engine::attachments::validate(&list, &limits) {
         assert!(files.len() <= 8, "more files than maxFiles");
     }
 }
@@ -90,7 +91,7 @@ pub fn import(data: &[u8]) {
     std::fs::File::create(sessions.join("sessions.json")).and_then(|mut f| f.write_all(index)).expect("index");
     std::fs::File::create(sessions.join("s1.jsonl")).and_then(|mut f| f.write_all(transcript)).expect("transcript");
     let store = Store::open(&Store::path_in(&dir.path().join("state"))).expect("store");
-    let _ = sessions_mcp::import::import(dir.path(), &store, &Config::default());
+    let _ = sessions_mcp::openclaw::import::import(dir.path(), &store, &Config::default());
 }
 
 /// JSON-RPC through the whole server (the stdio transport over a duplex pipe): after any lines
@@ -141,7 +142,7 @@ fn server_world() -> &'static (tokio::runtime::Runtime, Access) {
             {"key": "agent:main:main", "messages": [{"role": "user", "content": "hello"}]},
             {"key": "agent:main:discord:group:g1", "label": "team", "messages": [{"role": "assistant", "content": "hi"}]},
         ]});
-        sessions_mcp::dev::seed_world(&store, &serde_json::from_value(world).expect("world")).expect("seed");
+        sessions_mcp::cli::seed::seed_world(&store, &serde_json::from_value(world).expect("world")).expect("seed");
         (rt, Access::new(store, Arc::new(Config::default())))
     })
 }

@@ -8,11 +8,29 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::Access;
-use crate::caller::Caller;
+use crate::access::ToolError;
+use crate::access::caller::Caller;
 use crate::config::Visibility;
 use crate::keys::{SessionKey, SessionKind};
 use crate::store::{ListQuery, SessionRow, SessionState, SliceScope, now_ms};
-use crate::tools::ToolError;
+
+/// Where a session's transcript can be read.
+pub enum Transcript {
+    /// Its exported file, when that lies under the export dir and exists.
+    File(String),
+    /// Otherwise its history resource.
+    Resource(String),
+}
+
+pub fn transcript(r: &SessionRow, export_dir: Option<&std::path::Path>) -> Transcript {
+    let exported = |p: &&String| {
+        export_dir.is_some_and(|d| std::path::Path::new(p).starts_with(d)) && std::path::Path::new(p).exists()
+    };
+    match r.transcript_path.as_ref().filter(exported) {
+        Some(path) => Transcript::File(path.clone()),
+        None => Transcript::Resource(format!("sessions://history/{}", r.key)),
+    }
+}
 
 /// What the caller asked for (already validated).
 #[derive(Debug, Clone, Default)]

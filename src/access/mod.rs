@@ -5,20 +5,23 @@
 //! key are made from the key and the caller's tree *before* existence is asked, so a session the
 //! caller may not see gets the same answer whether or not it exists.
 
+pub mod caller;
+mod error;
 mod list;
 
 use std::sync::Arc;
 
-use crate::caller::{Caller, key_scope};
+use crate::access::caller::Caller;
+use crate::config::key_scope;
 use crate::config::{Config, PolicyAction};
 use crate::keys::{self, KeyScope, SessionKey, SessionRef};
 use crate::policy::{
     self, Action, SendDecision, SendTarget, ToolName, VisibilityFacts, VisibilityRules, check_visibility,
 };
 use crate::store::{SendPolicyOverride, SessionRow, SessionState, Store};
-use crate::tools::ToolError;
 
-pub use list::{ListPage, ListRequest};
+pub use error::{ErrorStatus, ToolError};
+pub use list::{ListPage, ListRequest, Transcript, transcript};
 
 /// A target the caller may see. `row` is `None` for a configured agent's main session that has
 /// no message yet (it exists virtually).

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::worlds::history_key;
 use super::{Bench, Group, Row, Samples, sample};
 use crate::access::Access;
-use crate::caller::Caller;
+use crate::access::caller::Caller;
 use crate::store::Store;
 use crate::tools::{self, Ctx};
 

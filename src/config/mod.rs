@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::keys::{AgentId, ChatType};
+use crate::keys::{AgentId, ChatType, KeyScope, SessionKey};
 
 pub use paths::Classified;
 
@@ -845,9 +845,29 @@ impl Config {
     }
 }
 
+/// The key scope of a caller of `agent`: how `main` and bare keys resolve for it.
+pub fn key_scope(config: &Config, agent: &AgentId) -> KeyScope {
+    KeyScope {
+        caller_agent: agent.clone(),
+        default_agent: config.default_agent(),
+        main_key: config.main_key(),
+        global: config.global_scope(),
+    }
+}
+
+/// Whether sessions with this key run sandboxed under the config (`non-main`: all but main).
+pub fn configured_sandbox(config: &Config, key: &SessionKey) -> bool {
+    let agent = key.agent_id(&config.default_agent());
+    match config.sandbox_mode(&agent) {
+        SandboxMode::Off => false,
+        SandboxMode::All => true,
+        SandboxMode::NonMain => !key_scope(config, &agent).is_main(key),
+    }
+}
+
 /// The JSON schema of the configuration file (`schemas/config.json`).
 pub fn json_schema() -> serde_json::Value {
-    let schema = crate::tools::published_settings().into_generator().into_root_schema_for::<Config>();
+    let schema = crate::schemas::published_settings().into_generator().into_root_schema_for::<Config>();
     serde_json::to_value(schema).expect("schema serialises")
 }
 

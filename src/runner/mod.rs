@@ -8,8 +8,10 @@
 
 pub mod adapters;
 pub mod mcp_config;
+pub mod protocol;
 pub mod sandbox;
 mod spec;
+pub mod supervise;
 pub mod template;
 
 use std::process::Stdio;
@@ -133,7 +135,7 @@ impl Transcript {
             Some("message") => {
                 self.close();
                 let content = e.get("content").cloned().unwrap_or(Value::String(String::new()));
-                self.last_assistant_text = Some(crate::agent::content_text(&content));
+                self.last_assistant_text = Some(protocol::content_text(&content));
                 self.saw_message = true;
                 self.push("assistant", content, Map::new());
             }
@@ -545,7 +547,7 @@ fn end_orphaned_group(pgid: Option<i32>, supervisor: Option<&std::process::ExitS
     unsafe {
         libc::killpg(pgid, libc::SIGKILL);
     }
-    crate::supervise::kill_processes_of_run(run_id);
+    crate::runner::supervise::kill_processes_of_run(run_id);
 }
 
 async fn write_line(pipe: &mut tokio::process::ChildStdin, bytes: &[u8]) {

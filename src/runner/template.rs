@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::agent::content_text;
+use super::protocol::content_text;
 use crate::config::{PromptInput, SessionMode, SystemPromptWhen};
 
 /// How a CLI is called, from `agents.list[].runner` (CLI adapters only).

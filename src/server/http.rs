@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use super::SessionsServer;
 use super::subscriptions::Hub;
 use crate::access::Access;
-use crate::caller;
-use crate::runtime::Runtime;
+use crate::access::caller;
+use crate::engine::scheduler::Runtime;
 
 /// What differs between the run socket and a TCP listener.
 #[derive(Debug, Clone)]
@@ -38,7 +38,7 @@ pub struct HttpOptions {
     pub legacy_sse: bool,
     /// `serve --http --as KEY` on loopback: requests without any Authorization header act as
     /// this operator session (like stdio's `--as`); a present but bad token is still 401.
-    pub anonymous: Option<crate::caller::Caller>,
+    pub anonymous: Option<crate::access::caller::Caller>,
     /// Requests (SSE streams included) open at once per credential (429 above it).
     pub max_streams_per_credential: usize,
 }
@@ -234,8 +234,8 @@ fn unauthorized(why: Unauthorized) -> Response {
 #[derive(Clone)]
 struct Auth {
     access: Access,
-    static_callers: Arc<std::sync::Mutex<HashMap<String, crate::caller::Caller>>>,
-    anonymous: Option<crate::caller::Caller>,
+    static_callers: Arc<std::sync::Mutex<HashMap<String, crate::access::caller::Caller>>>,
+    anonymous: Option<crate::access::caller::Caller>,
     open: Open<Credential>,
 }
 
@@ -259,7 +259,7 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
         }
         return unauthorized(Unauthorized::Missing);
     };
-    let hash = caller::sha256_hex(&token);
+    let hash = crate::store::sha256_hex(&token);
     let cached = auth.static_callers.lock().expect("static callers").get(&hash).cloned();
     if let Some(c) = cached {
         req.extensions_mut().insert(c);
@@ -278,6 +278,20 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
         }
         _ => unauthorized(Unauthorized::Unknown),
     }
+}
+
+/// The owner's run socket as the engine starts it: the MCP router over a Unix socket, with the
+/// socket's own caps, until ownership ends.
+pub fn owner_socket() -> crate::engine::scheduler::OwnerSocket {
+    Box::new(|runtime: Arc<Runtime>, path: std::path::PathBuf, cancel: CancellationToken| {
+        let options = HttpOptions::socket(&runtime.access.config);
+        let router = router(runtime.access.clone(), Some(runtime.clone()), cancel.clone(), &options);
+        tokio::spawn(async move {
+            if let Err(e) = serve_socket(&path, router, cancel).await {
+                tracing::error!(error = %e, socket = %path.display(), "the run socket failed");
+            }
+        });
+    })
 }
 
 /// Serves `router` on a Unix socket (0600, in a 0700 directory) until `cancel` fires.

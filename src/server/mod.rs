@@ -26,8 +26,8 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use std::sync::Arc;
 
 use crate::access::Access;
-use crate::caller::Caller;
-use crate::runtime::Runtime;
+use crate::access::caller::Caller;
+use crate::engine::scheduler::Runtime;
 use crate::tools::{self, Ctx, Progress};
 use subscriptions::{Hub, Subscriptions};
 

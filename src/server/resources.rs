@@ -13,8 +13,8 @@ use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
 
 use super::subscriptions::{Named, Subscriptions};
+use crate::access::caller::Caller;
 use crate::access::{Access, ListRequest};
-use crate::caller::Caller;
 use crate::keys::{SessionKey, SessionRef};
 use crate::tools::{self, Ctx};
 

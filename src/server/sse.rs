@@ -25,8 +25,8 @@ use super::http::Credential;
 use super::http::HttpOptions;
 use super::subscriptions::Hub;
 use crate::access::Access;
-use crate::caller::Caller;
-use crate::runtime::Runtime;
+use crate::access::caller::Caller;
+use crate::engine::scheduler::Runtime;
 
 /// Open SSE sessions at most (each holds a stream and a service).
 const MAX_SESSIONS: usize = 256;

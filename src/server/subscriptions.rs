@@ -333,7 +333,7 @@ mod tests {
 
     use super::Hub;
     use crate::access::Access;
-    use crate::caller::Caller;
+    use crate::access::caller::Caller;
     use crate::server::SessionsServer;
     use crate::store::Store;
 
@@ -359,7 +359,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&Store::path_in(dir.path())).unwrap();
         let world = json!({"sessions": [{"key": "agent:main:main", "messages": [{"role": "user", "content": "hi"}]}]});
-        crate::dev::seed_world(&store, &serde_json::from_value(world).unwrap()).unwrap();
+        crate::cli::seed::seed_world(&store, &serde_json::from_value(world).unwrap()).unwrap();
         let access = Access::new(store.clone(), Arc::new(crate::config::Config::default()));
         let hub = Hub::new(store, 10);
         let server = SessionsServer::on_hub(access, Caller::external_main(), None, hub.clone());

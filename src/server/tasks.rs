@@ -14,10 +14,10 @@ use rmcp::model::{
 use serde_json::{Map, Value};
 
 use crate::access::Access;
-use crate::caller::Caller;
-use crate::export::iso;
+use crate::access::caller::Caller;
+use crate::engine::scheduler::Runtime;
+use crate::openclaw::export::iso;
 use crate::policy::ToolName;
-use crate::runtime::Runtime;
 use crate::store::{RunMode, RunRow, RunStatus};
 use crate::tools::{self, sessions_send, sessions_spawn};
 

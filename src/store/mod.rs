@@ -36,7 +36,7 @@ pub use sessions::{ListQuery, NewSession, SendPolicyOverride, SessionRow, Sessio
 pub(crate) use sessions::{insert_session, session_id};
 pub use spawn::SpawnCounts;
 pub(crate) use spawn::spawn_counts;
-pub use tokens::TokenRow;
+pub use tokens::{TokenRow, sha256_hex};
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;

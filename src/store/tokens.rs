@@ -1,6 +1,7 @@
 //! Bearer tokens, stored only as sha256 hashes.
 
 use rusqlite::{OptionalExtension, params};
+use sha2::{Digest, Sha256};
 
 use super::{Result, Store};
 
@@ -49,4 +50,9 @@ impl Store {
             Ok(())
         })
     }
+}
+
+/// How a token is kept: its SHA-256, hex (the token itself is never stored).
+pub fn sha256_hex(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
 }

@@ -15,60 +15,15 @@ use std::sync::OnceLock;
 
 use rmcp::model::{CallToolResult, ContentBlock, Tool, ToolAnnotations};
 use schemars::JsonSchema;
-use schemars::Schema;
-use schemars::generate::SchemaSettings;
-use schemars::transform::RecursiveTransform;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::access::Access;
-use crate::caller::Caller;
+use crate::access::caller::Caller;
+pub use crate::access::{ErrorStatus, ToolError};
 use crate::policy::ToolName;
 pub(crate) use crate::sanitize::json_len;
-use crate::store::StoreError;
-
-/// The error statuses of every tool (DESIGN §5): `isError: true`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorStatus {
-    Error,
-    Forbidden,
-    NotFound,
-    Invalid,
-}
-
-/// A tool-level failure: what went wrong, which field, what is allowed.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct ToolError {
-    pub status: ErrorStatus,
-    #[serde(rename = "error")]
-    pub message: String,
-}
-
-impl ToolError {
-    fn new(status: ErrorStatus, message: impl Into<String>) -> Self {
-        ToolError { status, message: message.into() }
-    }
-    pub fn invalid(m: impl Into<String>) -> Self {
-        Self::new(ErrorStatus::Invalid, m)
-    }
-    pub fn forbidden(m: impl Into<String>) -> Self {
-        Self::new(ErrorStatus::Forbidden, m)
-    }
-    pub fn not_found(m: impl Into<String>) -> Self {
-        Self::new(ErrorStatus::NotFound, m)
-    }
-    pub fn error(m: impl Into<String>) -> Self {
-        Self::new(ErrorStatus::Error, m)
-    }
-}
-
-impl From<StoreError> for ToolError {
-    fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "store failure during a tool call");
-        ToolError::error(e.to_string())
-    }
-}
+use crate::schemas::{input_settings, published_settings, schema};
 
 /// A tool's result: its success shape or an error. The schema root is an object (rmcp drops
 /// non-object output schemas for pre-2026 peers).
@@ -104,7 +59,7 @@ pub struct Ctx<'a> {
     pub access: &'a Access,
     pub caller: &'a Caller,
     /// The runtime (runs, waits); None where a tool call cannot start runs (benchmarks).
-    pub runtime: Option<&'a std::sync::Arc<crate::runtime::Runtime>>,
+    pub runtime: Option<&'a std::sync::Arc<crate::engine::scheduler::Runtime>>,
     /// Fires when the client cancels the request (stops a wait, never the run).
     pub cancel: tokio_util::sync::CancellationToken,
     /// Set when the client asked for progress.
@@ -161,87 +116,6 @@ impl ToolSpec {
             .with_raw_output_schema(obj(&self.output))
             .with_annotations(annotations)
     }
-}
-
-/// The settings of every schema we publish (tools and config): JSON Schema 2020-12 with only the
-/// spec's own `format`s (see [`without_custom_format`]).
-pub fn published_settings() -> SchemaSettings {
-    SchemaSettings::draft2020_12().with(|s| s.transforms.push(Box::new(RecursiveTransform(without_custom_format))))
-}
-
-/// Input schemas in the subset every model's function calling accepts: an optional argument is
-/// one plain type, absent from `required` (Gemini refuses `"type": [T, "null"]`, and one such tool
-/// fails every request of the session), and no `$ref`s. An explicit `null` is still read as absent.
-fn input_settings() -> SchemaSettings {
-    published_settings().with(|s| {
-        s.inline_subschemas = true;
-        s.transforms.push(Box::new(RecursiveTransform(without_null)));
-    })
-}
-
-/// The `format`s JSON Schema 2020-12 defines that Ajv (with ajv-formats) also knows.
-const STANDARD_FORMATS: &[&str] = &[
-    "date-time",
-    "date",
-    "time",
-    "duration",
-    "email",
-    "hostname",
-    "ipv4",
-    "ipv6",
-    "uri",
-    "uri-reference",
-    "uri-template",
-    "uuid",
-    "json-pointer",
-    "relative-json-pointer",
-    "regex",
-];
-
-/// Drops a `format` outside [`STANDARD_FORMATS`]: schemars marks numbers `uint`, `int64`,
-/// `double`, ..., which Ajv-based clients (the TypeScript SDK, Gemini CLI, the Inspector) log as
-/// `unknown format "uint" ignored`. The range stays in `minimum`/`maximum`, and the other keys
-/// keep their order.
-fn without_custom_format(schema: &mut Schema) {
-    if schema.get("format").and_then(Value::as_str).is_some_and(|f| !STANDARD_FORMATS.contains(&f))
-        && let Some(o) = schema.as_object_mut()
-    {
-        o.shift_remove("format");
-    }
-}
-
-/// Takes `null` out of a schema's `type`, `enum` and `anyOf` (what `Option<T>` puts there).
-fn without_null(schema: &mut Schema) {
-    if let Some(Value::Array(types)) = schema.get_mut("type") {
-        types.retain(|t| t != "null");
-        if let [single] = types.as_slice() {
-            let single = single.clone();
-            schema.insert("type".into(), single);
-        }
-    }
-    if let Some(Value::Array(values)) = schema.get_mut("enum") {
-        values.retain(|v| !v.is_null());
-    }
-    if let Some(Value::Array(branches)) = schema.get_mut("anyOf") {
-        branches.retain(|b| b.get("type").is_none_or(|t| t != "null"));
-        if let [Value::Object(only)] = branches.as_slice() {
-            let only = only.clone();
-            schema.remove("anyOf");
-            for (k, v) in only {
-                schema.insert(k, v);
-            }
-        }
-    }
-}
-
-/// A JSON schema for `T` without the root title (clients show the tool's own title).
-fn schema<T: JsonSchema>(settings: SchemaSettings) -> Value {
-    let root = settings.into_generator().into_root_schema_for::<T>();
-    let mut v = serde_json::to_value(root).expect("schema serialises");
-    if let Some(o) = v.as_object_mut() {
-        o.remove("title");
-    }
-    v
 }
 
 /// Every tool, in name order.
@@ -410,7 +284,7 @@ mod tests {
         let schemas = specs().iter().flat_map(|s| [&s.input, &s.output]).chain([&config]);
         for node in schemas.flat_map(nodes) {
             if let Some(format) = node.get("format").and_then(Value::as_str) {
-                assert!(STANDARD_FORMATS.contains(&format), "format {format:?} in {node}");
+                assert!(crate::schemas::STANDARD_FORMATS.contains(&format), "format {format:?} in {node}");
             }
         }
         // `usize` fields were `"format": "uint", "minimum": 0`: the format goes, the range stays.

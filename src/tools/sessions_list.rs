@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::args::Bounds;
 use super::{Ctx, OkStatus, Output, ToolError, ToolSpec};
-use crate::access::{ListPage, ListRequest};
+use crate::access::{ListPage, ListRequest, Transcript, transcript};
 use crate::keys::{self, KeyScope, SessionKind};
 use crate::policy::ToolName;
 use crate::sanitize::{self, Flags};
@@ -257,13 +257,10 @@ pub fn list_row(r: &SessionRow, scope: &KeyScope, sandboxed: bool, export_dir: O
     if sandboxed && let Some(Value::Object(dc)) = delivery_context.as_mut() {
         dc.remove("to");
     }
-    let transcript_path = r
-        .transcript_path
-        .as_ref()
-        .filter(|p| {
-            export_dir.is_some_and(|d| std::path::Path::new(p).starts_with(d)) && std::path::Path::new(p).exists()
-        })
-        .cloned();
+    let (transcript_path, transcript_uri) = match transcript(r, export_dir) {
+        Transcript::File(path) => (Some(path), None),
+        Transcript::Resource(uri) => (None, Some(uri)),
+    };
     ListRow {
         key: scope.display(&r.key),
         kind: r.kind,
@@ -284,7 +281,7 @@ pub fn list_row(r: &SessionRow, scope: &KeyScope, sandboxed: bool, export_dir: O
         last_channel: r.last_channel.clone(),
         last_to: if sandboxed { None } else { r.last_to.clone() },
         delivery_context,
-        transcript_uri: transcript_path.is_none().then(|| format!("sessions://history/{}", r.key)),
+        transcript_uri,
         transcript_path,
         messages: None,
     }

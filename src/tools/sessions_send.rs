@@ -13,12 +13,12 @@ use sha2::{Digest, Sha256};
 
 use super::args::Bounds;
 use super::{Ctx, Output, ToolError, ToolSpec};
+use crate::access::caller::Caller;
 use crate::access::{Access, Target};
-use crate::caller::Caller;
-use crate::flows::context::is_skip;
-use crate::flows::send::{SendPlan, Started};
+use crate::engine::context::is_skip;
+use crate::engine::scheduler::Waited;
+use crate::engine::send::{SendPlan, Started};
 use crate::policy::{Action, ToolName};
-use crate::runtime::Waited;
 use crate::store::{RunRow, RunStatus};
 
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -240,7 +240,7 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
         caller,
         caller_channel: caller_channel(ctx),
         target: &target.key,
-        target_channel: crate::flows::channel_of_row(&target.key, target.row.as_ref(), rt),
+        target_channel: crate::engine::channel_of_row(&target.key, target.row.as_ref(), rt),
         target_external,
         message: &args.message,
         chain_id,
@@ -248,7 +248,7 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
         max_turns: a2a.max_ping_pong_turns,
         idempotency: args.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
     };
-    let started = crate::flows::send::start(&access.store, &access.config, &plan)?;
+    let started = crate::engine::send::start(&access.store, &access.config, &plan)?;
     rt.wake();
     let replay = match started {
         Started::Run { run_id } => Replay { run_id: Some(run_id), inbox: false },
@@ -259,7 +259,7 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
 
 /// The runtime, needed only from the first step that starts or waits for a run: every refusal
 /// before it (visibility, existence, policy, guards) is the same for an in-process caller.
-fn runtime<'a>(ctx: &Ctx<'a>) -> Result<&'a std::sync::Arc<crate::runtime::Runtime>, ToolError> {
+fn runtime<'a>(ctx: &Ctx<'a>) -> Result<&'a std::sync::Arc<crate::engine::scheduler::Runtime>, ToolError> {
     ctx.runtime
         .ok_or_else(|| ToolError::error("sessions_send needs the runtime, which this server was started without"))
 }
@@ -275,7 +275,7 @@ fn caller_channel(ctx: &Ctx) -> String {
         return "webchat".into();
     }
     let row = ctx.access.store.session_by_key(&ctx.caller.key).ok().flatten();
-    ctx.runtime.map_or_else(|| "unknown".into(), |rt| crate::flows::channel_of_row(&ctx.caller.key, row.as_ref(), rt))
+    ctx.runtime.map_or_else(|| "unknown".into(), |rt| crate::engine::channel_of_row(&ctx.caller.key, row.as_ref(), rt))
 }
 
 /// A wait is refused at once when it would close a cycle (DESIGN §7.1).
@@ -304,7 +304,7 @@ fn args_hash(target: &Target, message: &str) -> String {
 /// Waits (if asked) and shapes the answer.
 async fn finish(
     ctx: &Ctx<'_>,
-    rt: &std::sync::Arc<crate::runtime::Runtime>,
+    rt: &std::sync::Arc<crate::engine::scheduler::Runtime>,
     target: &Target,
     args: &Args,
     replay: Replay,
@@ -399,7 +399,7 @@ fn later_note(ctx: &Ctx, target: &Target) -> String {
 /// The run may not be claimed yet: subscribe as soon as it is.
 fn forward_progress(
     ctx: &Ctx,
-    rt: &std::sync::Arc<crate::runtime::Runtime>,
+    rt: &std::sync::Arc<crate::engine::scheduler::Runtime>,
     run_id: &str,
 ) -> tokio::task::JoinHandle<()> {
     let Some(progress) = ctx.progress.clone() else {

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use super::args::Bounds;
 use super::{Ctx, Output, ToolError, ToolSpec};
 use crate::config::Config;
-use crate::flows::spawn::{Refused, SpawnPlan, Spawned};
+use crate::engine::spawn::{Refused, SpawnPlan, Spawned};
 use crate::keys::{AgentId, SessionKey};
 use crate::policy::ToolName;
 use crate::store::{RunRow, RunStatus};
@@ -218,7 +218,7 @@ struct Args {
     run_timeout: Option<u64>,
     cleanup_delete: bool,
     require_sandbox: bool,
-    attachments: Vec<crate::flows::attachments::Incoming>,
+    attachments: Vec<crate::engine::attachments::Incoming>,
     idempotency_key: Option<String>,
     raw: Value,
 }
@@ -277,7 +277,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
                 list.len()
             )));
         }
-        Some(Value::Array(list)) => crate::flows::attachments::validate(&list, limits)?,
+        Some(Value::Array(list)) => crate::engine::attachments::validate(&list, limits)?,
         Some(_) => {
             return Err(ToolError::invalid("attachments must be a list of {name, content, encoding?, mimeType?}"));
         }
@@ -350,7 +350,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         )));
     }
     let probe = SessionKey::for_agent(&args.agent, "subagent:00000000-0000-4000-8000-000000000000");
-    let child_sandboxed = crate::caller::configured_sandbox(config, &probe);
+    let child_sandboxed = crate::config::configured_sandbox(config, &probe);
     if (caller.sandboxed || args.require_sandbox) && !child_sandboxed {
         let why = if caller.sandboxed {
             "a sandboxed session may only spawn sandboxed children"
@@ -418,7 +418,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         None
     } else {
         Some(
-            crate::flows::attachments::stage(&spec.workdir, &run_workdir, &args.attachments)
+            crate::engine::attachments::stage(&spec.workdir, &run_workdir, &args.attachments)
                 .map_err(|e| ToolError::error(format!("attachments: {e}")))?,
         )
     };
@@ -427,7 +427,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         caller_channel: if caller.external {
             "webchat".into()
         } else {
-            crate::flows::channel_of_row(&caller.key, caller_row.as_ref(), rt)
+            crate::engine::channel_of_row(&caller.key, caller_row.as_ref(), rt)
         },
         target_agent: args.agent.clone(),
         task: &args.task,
@@ -445,7 +445,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         attachments: staged.as_ref(),
         child_session_id,
     };
-    let spawned = match crate::flows::spawn::start(&rt.access, &plan) {
+    let spawned = match crate::engine::spawn::start(&rt.access, &plan) {
         Ok(s) => s,
         Err(Refused::Children(n)) => {
             return Err(ToolError::forbidden(format!(
@@ -460,7 +460,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
         Err(Refused::Store(e)) => return Err(e.into()),
         Err(Refused::Attachments(e)) => return Err(ToolError::error(format!("attachments: {e}"))),
     };
-    let receipts = staged.as_ref().map(crate::flows::attachments::Staged::summary);
+    let receipts = staged.as_ref().map(crate::engine::attachments::Staged::summary);
     if let Some(s) = staged {
         s.keep();
     }

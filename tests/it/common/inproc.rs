@@ -4,7 +4,7 @@
 use rmcp::ServiceExt;
 use serde_json::{Value, json};
 use sessions_mcp::access::Access;
-use sessions_mcp::caller::Caller;
+use sessions_mcp::access::caller::Caller;
 use sessions_mcp::server::SessionsServer;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, ReadHalf, WriteHalf};
 

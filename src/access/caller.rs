@@ -1,12 +1,10 @@
 //! Who is calling. A [`Caller`] comes from the transport credential — a token, or the local
 //! operator's `--as` on stdio — and never from tool arguments.
 
-use sha2::{Digest, Sha256};
-
-use crate::config::{Config, SandboxMode};
-use crate::keys::{AgentId, KeyScope, SessionKey, SessionRef, parse_ref};
+use crate::config::{Config, configured_sandbox, key_scope};
+use crate::keys::{AgentId, SessionKey, SessionRef, parse_ref};
 use crate::policy::CallerRole;
-use crate::store::{NewSession, Store, StoreError, now_ms};
+use crate::store::{NewSession, Store, StoreError, now_ms, sha256_hex};
 
 /// The run a run-token caller is inside.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,30 +68,6 @@ pub struct Credentials {
     pub token: Option<String>,
     pub as_session: Option<String>,
     pub inside_run: bool,
-}
-
-pub fn sha256_hex(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
-}
-
-/// The key scope of a caller of `agent`: how `main` and bare keys resolve for it.
-pub fn key_scope(config: &Config, agent: &AgentId) -> KeyScope {
-    KeyScope {
-        caller_agent: agent.clone(),
-        default_agent: config.default_agent(),
-        main_key: config.main_key(),
-        global: config.global_scope(),
-    }
-}
-
-/// Whether sessions with this key run sandboxed under the config (`non-main`: all but main).
-pub fn configured_sandbox(config: &Config, key: &SessionKey) -> bool {
-    let agent = key.agent_id(&config.default_agent());
-    match config.sandbox_mode(&agent) {
-        SandboxMode::Off => false,
-        SandboxMode::All => true,
-        SandboxMode::NonMain => !key_scope(config, &agent).is_main(key),
-    }
 }
 
 /// Resolves the stdio caller: a token wins; otherwise the operator's `--as` (default `main`).

@@ -1,5 +1,9 @@
 //! The command line: `serve`, `schemas`, `bench`, and the hidden `dev` helpers.
 
+pub mod operator;
+pub mod schemas;
+pub mod seed;
+
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,9 +12,9 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand};
 
 use crate::access::Access;
-use crate::caller::{self, Credentials, IdentityError};
+use crate::access::caller::{self, Credentials, IdentityError};
 use crate::config::{self, Loaded};
-use crate::runtime::{Role, Runtime};
+use crate::engine::scheduler::{Role, Runtime};
 use crate::server::{self, DegradedServer, SessionsServer};
 use crate::store::Store;
 
@@ -134,7 +138,7 @@ enum Command {
     },
     /// Internal: supervises one run's process group.
     #[command(hide = true)]
-    Supervise(crate::supervise::SuperviseArgs),
+    Supervise(crate::runner::supervise::SuperviseArgs),
     /// Measure start-up, tool latency, sends, concurrency, memory and import on generated stores
     /// (whole processes over stdio and HTTP, and in-process); prints one table. Only in a build
     /// with `--features bench`.
@@ -199,7 +203,7 @@ impl ServeArgs {
 #[derive(Subcommand)]
 enum DevCommand {
     /// Write sessions and messages straight through the store (a JSON spec, or generated).
-    Seed(crate::dev::SeedArgs),
+    Seed(seed::SeedArgs),
     /// Print every session and message as normalised JSON (for comparing stores).
     Dump {
         #[command(flatten)]
@@ -281,29 +285,29 @@ pub fn main() -> ExitCode {
     }
     match cli.command {
         Command::Serve(args) => block_on(serve(args)),
-        Command::Schemas { check, dir, .. } => crate::schemas::run(&dir, check),
+        Command::Schemas { check, dir, .. } => schemas::run(&dir, check),
         Command::Import { dir, json, paths } => {
-            with_store(&paths, |env, store| crate::ops::import(env, store, &dir, json))
+            with_store(&paths, |env, store| operator::import(env, store, &dir, json))
         }
-        Command::Export { json, paths } => with_store(&paths, |env, store| crate::ops::export(env, store, json)),
-        Command::Ls { json, paths } => with_store(&paths, |env, store| crate::ops::ls(env, store, json)),
-        Command::Show { key, json, paths } => with_store(&paths, |env, store| crate::ops::show(env, store, &key, json)),
+        Command::Export { json, paths } => with_store(&paths, |env, store| operator::export(env, store, json)),
+        Command::Ls { json, paths } => with_store(&paths, |env, store| operator::ls(env, store, json)),
+        Command::Show { key, json, paths } => with_store(&paths, |env, store| operator::show(env, store, &key, json)),
         Command::Policy { key, mode, paths } => {
-            with_store(&paths, |env, store| crate::ops::policy(env, store, &key, &mode))
+            with_store(&paths, |env, store| operator::policy(env, store, &key, &mode))
         }
         Command::Prune { older_than, paths } => {
-            with_store(&paths, |_, store| crate::ops::prune(store, older_than.as_deref()))
+            with_store(&paths, |_, store| operator::prune(store, older_than.as_deref()))
         }
-        Command::Doctor { fix_modes, paths } => crate::ops::doctor(&paths, fix_modes),
+        Command::Doctor { fix_modes, paths } => operator::doctor(&paths, fix_modes),
         Command::Daemon { force, paths } => block_on(daemon(paths, force)),
-        Command::Inject { key, text, timeout, paths } => block_on(crate::ops::inject(paths, key, text, timeout)),
-        Command::Agent { script } => crate::agent::run(script.as_deref()),
-        Command::Connect => block_on(crate::socket_client::connect()),
-        Command::Supervise(args) => crate::supervise::run(&args),
+        Command::Inject { key, text, timeout, paths } => block_on(operator::inject(paths, key, text, timeout)),
+        Command::Agent { script } => crate::programs::scripted_agent::run(script.as_deref()),
+        Command::Connect => block_on(crate::programs::connect::connect()),
+        Command::Supervise(args) => crate::runner::supervise::run(&args),
         #[cfg(feature = "bench")]
         Command::Bench { quick, only, .. } => block_on(crate::bench::run(quick, only)),
-        Command::Dev(DevCommand::Seed(args)) => crate::dev::seed(&args),
-        Command::Dev(DevCommand::Dump { paths }) => with_store(&paths, crate::ops::dump),
+        Command::Dev(DevCommand::Seed(args)) => seed::seed(&args),
+        Command::Dev(DevCommand::Dump { paths }) => with_store(&paths, operator::dump),
         Command::Dev(DevCommand::Fingerprint { paths }) => match open_store(&paths.state_dir()) {
             Ok(store) => match store.fingerprint() {
                 Ok(f) => {
@@ -389,7 +393,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     let access = Access::new(store, config);
-    let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve) {
+    let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve, crate::server::http::owner_socket())
+    {
         Ok(rt) => rt,
         Err(e) => return cannot_start(e, strict).await,
     };
@@ -473,7 +478,8 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, a
         Err(e) => return fail(format!("--http {sock}: cannot listen: {e}")),
     };
     let access = Access::new(store, config.clone());
-    let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve) {
+    let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve, crate::server::http::owner_socket())
+    {
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };
@@ -532,7 +538,7 @@ async fn daemon(paths: Paths, force: bool) -> ExitCode {
         Err(code) => return code,
     };
     let access = Access::new(store, Arc::new(env.loaded.config));
-    let runtime = match Runtime::start(access, &env.state_dir, Role::Daemon) {
+    let runtime = match Runtime::start(access, &env.state_dir, Role::Daemon, crate::server::http::owner_socket()) {
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };

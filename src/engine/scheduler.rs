@@ -43,6 +43,11 @@ pub enum Role {
     Daemon,
 }
 
+/// Serves the owner's run socket at the path until the token is cancelled: run tokens call the
+/// session tools back through it. Whoever serves MCP provides it (`server::http::owner_socket`);
+/// the engine only says when (this process became the owner) and until when (it stopped being).
+pub type OwnerSocket = Box<dyn Fn(Arc<Runtime>, PathBuf, CancellationToken) + Send + Sync>;
+
 /// The runtime of one process (owner or not).
 pub struct Runtime {
     pub access: Access,
@@ -64,6 +69,7 @@ pub struct Runtime {
     shutting_down: AtomicBool,
     /// Stops the run socket when ownership ends.
     socket: Mutex<Option<CancellationToken>>,
+    owner_socket: OwnerSocket,
 }
 
 /// What a wait ended with.
@@ -77,7 +83,12 @@ pub enum Waited {
 impl Runtime {
     /// Starts the runtime of this process: takes the runtime lock when it may, and keeps trying
     /// (so the process takes over when the owner dies).
-    pub fn start(access: Access, state_dir: &Path, role: Role) -> Result<Arc<Runtime>, String> {
+    pub fn start(
+        access: Access,
+        state_dir: &Path,
+        role: Role,
+        owner_socket: OwnerSocket,
+    ) -> Result<Arc<Runtime>, String> {
         crate::privacy::create_private_dir(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
         let daemon_lock = match role {
             Role::Daemon => {
@@ -102,6 +113,7 @@ impl Runtime {
             stop_claiming: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),
             socket: Mutex::new(None),
+            owner_socket,
         });
         if rt.try_become_owner() {
             rt.serve_socket();
@@ -147,14 +159,7 @@ impl Runtime {
     fn serve_socket(self: &Arc<Self>) {
         let cancel = CancellationToken::new();
         *self.socket.lock().expect("socket slot") = Some(cancel.clone());
-        let options = crate::server::http::HttpOptions::socket(&self.access.config);
-        let router = crate::server::http::router(self.access.clone(), Some(self.clone()), cancel.clone(), &options);
-        let path = self.socket_path();
-        tokio::spawn(async move {
-            if let Err(e) = crate::server::http::serve_socket(&path, router, cancel).await {
-                tracing::error!(error = %e, socket = %path.display(), "the run socket failed");
-            }
-        });
+        (self.owner_socket)(self.clone(), self.socket_path(), cancel);
     }
 
     /// `<stateDir>/run/mcp.sock`.
@@ -184,7 +189,7 @@ impl Runtime {
             }
             Err(e) => tracing::error!(error = %e, "recovery failed"),
         }
-        crate::flows::catch_up(self, 0);
+        crate::engine::catch_up(self, 0);
     }
 
     /// Wakes the scheduler and waiters of this process.
@@ -217,13 +222,13 @@ impl Runtime {
             } else if !self.stop_claiming.is_cancelled() {
                 self.stop_flagged();
                 self.claim_all();
-                crate::flows::deliver_due(&self).await;
+                crate::engine::deliver_due(&self).await;
                 if last_renew.elapsed() > Duration::from_secs(5) {
                     let _ = self.access.store.renew_leases(&self.owner_id);
                     last_renew = tokio::time::Instant::now();
                 }
                 if last_sweep.elapsed() >= sweep_every {
-                    crate::flows::catch_up(&self, STEPS_GRACE_MS);
+                    crate::engine::catch_up(&self, STEPS_GRACE_MS);
                     match self.access.store.archive_due() {
                         Ok(keys) if !keys.is_empty() => {
                             tracing::info!(count = keys.len(), "archived finished sub-agent sessions");
@@ -249,7 +254,7 @@ impl Runtime {
             let Ok(Some(child)) = self.access.store.session_by_key(&key) else { continue };
             let Some(run_id) = &child.spawn_run else { continue };
             if let Ok(Some(run)) = self.access.store.run(run_id) {
-                crate::flows::spawn::remove_attachments(self, &run);
+                crate::engine::spawn::remove_attachments(self, &run);
             }
         }
     }
@@ -309,11 +314,11 @@ impl Runtime {
                 let _ = tx.send(text.to_string());
             }
         };
-        let finished = crate::flows::run_turn(&self, &run, input_seq, cancel, &on_delta).await;
+        let finished = crate::engine::run_turn(&self, &run, input_seq, cancel, &on_delta).await;
         self.active.lock().expect("active").remove(&run_id);
         self.progress.lock().expect("progress").remove(&run_id);
         match finished {
-            Ok(outcome) => crate::flows::take_steps(&self, &run, &outcome),
+            Ok(outcome) => crate::engine::take_steps(&self, &run, &outcome),
             Err(e) => tracing::error!(run = %run_id, error = %e, "recording a run failed"),
         }
         self.wake();
@@ -326,9 +331,12 @@ impl Runtime {
         let request = self.access.store.request_cancel(run_id)?;
         match &request {
             CancelRequest::Dequeued(run) => {
-                let ended =
-                    crate::flows::TurnResult { status: crate::store::RunStatus::Cancelled, reply: None, silent: false };
-                crate::flows::take_steps(self, run, &ended);
+                let ended = crate::engine::TurnResult {
+                    status: crate::store::RunStatus::Cancelled,
+                    reply: None,
+                    silent: false,
+                };
+                crate::engine::take_steps(self, run, &ended);
             }
             CancelRequest::Flagged => self.stop_flagged(),
             CancelRequest::AlreadyEnded => {}

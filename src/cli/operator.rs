@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use serde_json::{Map, Value, json};
 
 use crate::access::Access;
-use crate::caller::key_scope;
 use crate::cli::Env;
 use crate::config::Config;
+use crate::config::key_scope;
 use crate::keys::{self, SessionRef};
 use crate::store::{SendPolicyOverride, SessionRow, SessionState, Store, now_ms};
 use crate::tools::sessions_list::list_row;
@@ -26,7 +26,7 @@ fn failed(message: impl std::fmt::Display) -> ExitCode {
 
 pub fn import(env: &Env, store: &Store, dir: &Path, as_json: bool) -> ExitCode {
     let started = std::time::Instant::now();
-    let report = match crate::import::import(dir, store, &env.loaded.config) {
+    let report = match crate::openclaw::import::import(dir, store, &env.loaded.config) {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
@@ -48,7 +48,7 @@ pub fn import(env: &Env, store: &Store, dir: &Path, as_json: bool) -> ExitCode {
 }
 
 pub fn export(env: &Env, store: &Store, as_json: bool) -> ExitCode {
-    match crate::export::export(store, &env.state_dir) {
+    match crate::openclaw::export::export(store, &env.state_dir) {
         Ok(report) if as_json => {
             print_json(&serde_json::to_value(&report).expect("report serialises"));
             ExitCode::SUCCESS
@@ -103,7 +103,7 @@ pub fn ls(env: &Env, store: &Store, as_json: bool) -> ExitCode {
             s("kind"),
             s("channel"),
             s("driver"),
-            crate::export::iso(r["updatedAt"].as_i64().unwrap_or(0)),
+            crate::openclaw::export::iso(r["updatedAt"].as_i64().unwrap_or(0)),
             s("label")
         );
     }
@@ -448,7 +448,7 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
         };
     }
     let access = Access::new(store.clone(), config.clone());
-    match crate::flows::inject::start(&access, &env.state_dir, &key, &text) {
+    match crate::engine::inject::start(&access, &env.state_dir, &key, &text) {
         Err(e) => failed(e),
         Ok(None) => {
             println!("appended to the external session {key}'s inbox");
@@ -459,7 +459,12 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
             ExitCode::SUCCESS
         }
         Ok(Some(run_id)) => {
-            let rt = match crate::runtime::Runtime::start(access, &env.state_dir, crate::runtime::Role::Serve) {
+            let rt = match crate::engine::scheduler::Runtime::start(
+                access,
+                &env.state_dir,
+                crate::engine::scheduler::Role::Serve,
+                crate::server::http::owner_socket(),
+            ) {
                 Ok(rt) => rt,
                 Err(e) => return crate::cli::fail(e),
             };
@@ -467,11 +472,11 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
             let waited = rt.wait(&run_id, std::time::Duration::from_secs(timeout), &Default::default()).await;
             rt.shutdown(false).await;
             match waited {
-                Ok(crate::runtime::Waited::Finished(run)) if run.status == crate::store::RunStatus::Ok => {
+                Ok(crate::engine::scheduler::Waited::Finished(run)) if run.status == crate::store::RunStatus::Ok => {
                     println!("{}", run.reply.unwrap_or_default());
                     ExitCode::SUCCESS
                 }
-                Ok(crate::runtime::Waited::Finished(run)) => {
+                Ok(crate::engine::scheduler::Waited::Finished(run)) => {
                     failed(format!("run {run_id} ended {}: {}", run.status, run.error.unwrap_or_default()))
                 }
                 Ok(_) => failed(format!("run {run_id} did not finish within {timeout}s; it goes on")),

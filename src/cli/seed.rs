@@ -8,8 +8,8 @@ use clap::Args;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::caller::key_scope;
 use crate::cli::Paths;
+use crate::config::key_scope;
 use crate::keys::{self, AgentId, ChatType, SessionKey, SessionRef};
 use crate::store::{self, NewMessage, NewSession, Store, now_ms};
 
@@ -196,7 +196,7 @@ pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
                 "INSERT INTO tokens (hash, kind, session_key, run_id, chain_id, hop, sandboxed, expires_at, created_at)
                  VALUES (?1, 'run', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 rusqlite::params![
-                    crate::caller::sha256_hex(&t.token),
+                    crate::store::sha256_hex(&t.token),
                     key.as_str(),
                     t.run_id,
                     t.chain_id,

@@ -5,7 +5,7 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::access::Access;
-use crate::caller::key_scope;
+use crate::config::key_scope;
 use crate::keys::{self, SessionKey};
 use crate::store::{NewMessage, NewRun, NewSession, RunMode, append_message, enqueue, insert_session};
 

@@ -4,12 +4,10 @@
 
 use serde_json::{Value, json};
 
-use crate::agent::content_text;
+use crate::runner::protocol::content_text;
+pub use crate::runner::protocol::{ANNOUNCE_SKIP, NO_REPLY, REPLY_SKIP};
 use crate::store::{AnnounceKind, MessageRow, RunMode, RunRow};
 
-pub const REPLY_SKIP: &str = "REPLY_SKIP";
-pub const ANNOUNCE_SKIP: &str = "ANNOUNCE_SKIP";
-pub const NO_REPLY: &str = "NO_REPLY";
 const MARKER: &str = "[Inter-session message]";
 
 /// Whether a reply is exactly a skip token (the reference trims, then compares exactly).

@@ -18,9 +18,9 @@ use base64::Engine;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::access::ToolError;
 use crate::config::AttachmentsConfig;
 use crate::safe_dirs::{DIR_FLAGS, open_below};
-use crate::tools::ToolError;
 
 pub const MANIFEST: &str = ".manifest.json";
 

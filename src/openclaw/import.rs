@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::caller::key_scope;
 use crate::config::Config;
+use crate::config::key_scope;
 use crate::keys::{self, AgentId, ChatType, SessionKey, SessionRef};
 use crate::store::{self, NewMessage, NewSession, SendPolicyOverride, Store, StoreError};
 

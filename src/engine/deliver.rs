@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::engine::scheduler::Runtime;
 use crate::keys::SessionKey;
-use crate::runtime::Runtime;
 use crate::store::{
     DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, RunRow, SessionRow, StoreError, add_delivery, now_ms,
 };

@@ -21,6 +21,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::runner::protocol::{ANNOUNCE_SKIP, content_text};
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Script {
@@ -94,20 +96,6 @@ pub struct ToolCall {
     pub result: Value,
 }
 
-/// The text of a message's content (string or text blocks).
-pub fn content_text(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(blocks) => blocks
-            .iter()
-            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 /// The input without the server's inter-session marker line (rules match what the peer wrote).
 fn strip_marker(text: &str) -> String {
     match text.strip_prefix("[Inter-session message]") {
@@ -172,7 +160,7 @@ impl Script {
 fn built_in(req: &Value) -> Actions {
     let notes_step = req.get("mode").and_then(Value::as_str) == Some("announce")
         && req.get("announceKind").and_then(Value::as_str) == Some("subagent");
-    let reply = if notes_step { crate::flows::context::ANNOUNCE_SKIP } else { "ECHO: {input}" };
+    let reply = if notes_step { ANNOUNCE_SKIP } else { "ECHO: {input}" };
     Actions { reply: Some(reply.into()), ..Default::default() }
 }
 
@@ -314,7 +302,7 @@ fn call_back(tool: &str, arguments: &Value) -> Result<Value, String> {
     let socket = std::env::var("SESSIONS_MCP_SOCKET").map_err(|_| "SESSIONS_MCP_SOCKET is not set".to_string())?;
     let token = std::env::var("SESSIONS_MCP_TOKEN").map_err(|_| "SESSIONS_MCP_TOKEN is not set".to_string())?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let client = crate::socket_client::SocketClient::new(Path::new(&socket), &token);
+    let client = crate::programs::connect::SocketClient::new(Path::new(&socket), &token);
     rt.block_on(client.call_tool(tool, arguments)).map_err(|e| e.to_string())
 }
 

@@ -9,9 +9,10 @@ use serde_json::{Value, json};
 use super::TurnResult;
 use super::context::{ANNOUNCE_SKIP, NO_REPLY, is_skip};
 use crate::access::Access;
-use crate::caller::{Caller, key_scope};
+use crate::access::caller::Caller;
+use crate::config::key_scope;
+use crate::engine::scheduler::Runtime;
 use crate::keys::{self, AgentId, SessionKey};
-use crate::runtime::Runtime;
 use crate::store::{
     AnnounceKind, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode,
     RunRow, RunStatus, SessionRow, StoreError, add_delivery, append_message, enqueue, insert_session, remember_key,
@@ -223,14 +224,9 @@ pub fn announce_text(
     }
     stats.push(format!("sessionKey {}", child.key));
     stats.push(format!("sessionId {}", child.session_id));
-    let export = rt.state_dir.join("export");
-    let transcript = crate::tools::sessions_list::list_row(
-        child,
-        &key_scope(&rt.access.config, &child.agent_id),
-        false,
-        Some(&export),
-    );
-    stats.push(format!("transcript {}", transcript.transcript_path.or(transcript.transcript_uri).unwrap_or_default()));
+    let (crate::access::Transcript::File(at) | crate::access::Transcript::Resource(at)) =
+        crate::access::transcript(child, Some(&rt.state_dir.join("export")));
+    stats.push(format!("transcript {at}"));
     let mut text = format!("Status: {}\nResult: {result}\n", status_text(spawn_run));
     if rt.access.config.agents.defaults.subagents.announce_step
         && let Some(n) = notes.filter(|n| !n.trim().is_empty())
@@ -252,7 +248,7 @@ fn child_result(rt: &Runtime, child: &SessionRow, reply: Option<&str>) -> Result
         .iter()
         .rev()
         .find(|m| m.role == "toolResult")
-        .map(|m| crate::agent::content_text(&m.content))
+        .map(|m| crate::runner::protocol::content_text(&m.content))
         .unwrap_or_default())
 }
 
@@ -411,7 +407,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::flows::attachments;
+    use crate::engine::attachments;
     use crate::store::Store;
 
     fn plan<'a>(caller: &'a Caller, staged: &'a attachments::Staged) -> SpawnPlan<'a> {

@@ -4,7 +4,8 @@
 
 use serde_json::{Value, json};
 
-use crate::caller::{Caller, key_scope};
+use crate::access::caller::Caller;
+use crate::config::key_scope;
 use crate::keys::{self, SessionKey};
 use crate::store::{
     DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode, Store,

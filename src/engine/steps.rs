@@ -1,0 +1,279 @@
+//! The steps after a run (DESIGN §7.2): the reply to an external requester's inbox, the
+//! reply-back ping-pong between driven sessions, the announce step and its delivery to the
+//! target's channel. Steps are queued runs: nothing blocks inside a run, and late replies get the
+//! same steps as prompt ones. Every cross-session effect is a ledger row.
+//!
+//! The steps of a run are recorded as taken (`take_steps`) and are idempotent, so an owner that
+//! dies between recording a run's end and taking its steps loses nothing: the next owner
+//! `catch_up`s.
+
+use serde_json::{Value, json};
+
+use crate::engine::scheduler::Runtime;
+use crate::keys::SessionKey;
+use crate::runner::RunStatus;
+use crate::store::{
+    AnnounceKind, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, RunMode, RunRow,
+    StoreError, add_delivery, append_message, enqueue, set_delivery_status,
+};
+
+use super::context::{ANNOUNCE_INPUT, is_skip};
+use super::turn::{TurnResult, channel_of_row};
+use super::{deliver, spawn};
+
+/// Takes the steps after a run's end and records them as taken. Every step is idempotent (derived
+/// run ids, one delivery per run and kind, final delivery statuses stay final), so taking them
+/// again — after an owner died between recording the end and taking the steps — adds nothing.
+pub fn take_steps(rt: &Runtime, run: &RunRow, result: &TurnResult) {
+    if let Err(e) = after_run(rt, run, result).and_then(|()| rt.access.store.steps_taken(&run.run_id)) {
+        tracing::error!(run = %run.run_id, error = %e, "a flow step failed; the next owner takes it again");
+    }
+}
+
+/// Takes the steps of runs that ended at least `min_age_ms` ago and never got them (their owner
+/// died first, or a step failed), e.g. runs that recovery just marked `interrupted`: an
+/// interrupted child still announces (`Status: interrupted`).
+pub fn catch_up(rt: &Runtime, min_age_ms: i64) {
+    let runs = match rt.access.store.runs_with_steps_pending(min_age_ms) {
+        Ok(runs) => runs,
+        Err(e) => return tracing::error!(error = %e, "reading runs whose steps are pending failed"),
+    };
+    for run in runs {
+        let silent = run.reply.as_deref().is_some_and(is_skip);
+        let result = TurnResult { status: run.status, reply: run.reply.clone(), silent };
+        tracing::info!(run = %run.run_id, status = %run.status, "taking the steps a dead owner left");
+        take_steps(rt, &run, &result);
+    }
+}
+
+/// The next step after a run ended.
+fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    match run.mode {
+        RunMode::Send | RunMode::Reply => reply_back(rt, run, result),
+        RunMode::Announce if run.announce_kind == Some(AnnounceKind::Subagent) => {
+            spawn::after_child_run(rt, run, result)
+        }
+        RunMode::Announce => announce_delivery(rt, run, result),
+        RunMode::Spawn => spawn::after_child_run(rt, run, result),
+        RunMode::Completion => {
+            completion_delivery(rt, run, result).and_then(|_| spawn::after_child_run(rt, run, result))
+        }
+        RunMode::Inject => Ok(()),
+    }
+}
+
+/// The id of the run that step `step` of run `run_id` queues: the same every time the step is
+/// taken, so that taking it again queues nothing new.
+pub fn step_id(run_id: &str, step: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{run_id}/{step}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
+}
+
+/// The flow state a step carries from run to run.
+fn flow_of(run: &RunRow) -> Value {
+    run.extra.clone().unwrap_or_else(|| json!({}))
+}
+
+/// After a send's primary run or a reply step: hand the reply to the other side.
+fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    let store = &rt.access.store;
+    let mut flow = flow_of(run);
+    let Some(requester) = run.requester_key.clone() else { return Ok(()) };
+    let target =
+        SessionKey::from_canonical(flow.get("target").and_then(Value::as_str).unwrap_or(run.session_key.as_str()));
+    let reply = result.ok_reply().map(String::from);
+    let turn = flow.get("turn").and_then(Value::as_u64).unwrap_or(0);
+    let max = u64::from(rt.access.config.session.agent_to_agent.max_ping_pong_turns);
+    if run.mode == RunMode::Send {
+        flow["roundOne"] = json!(reply);
+    }
+    flow["latest"] = json!(reply.clone().or(flow.get("latest").and_then(Value::as_str).map(String::from)));
+    // The reply goes to the other side of the exchange: a run's requester is always the side
+    // whose message was its input.
+    let other = requester.clone();
+    let other_row = store.session_by_key(&other)?;
+    let delivery_id: Option<i64> = store.pending_delivery(&run.run_id)?;
+    let Some(text) = reply else {
+        if let Some(id) = delivery_id {
+            let (status, why) = if result.silent {
+                (DeliveryStatus::Skipped, "silent: the reply was a skip token".to_string())
+            } else {
+                (DeliveryStatus::Failed, format!("the run ended {}", result.status))
+            };
+            store.write(|tx| set_delivery_status(tx, id, status, Some(&why)).map_err(StoreError::from))?;
+        }
+        if result.status == RunStatus::Ok && run.session_key != requester {
+            return queue_announce(rt, run, &target, &flow);
+        }
+        return Ok(());
+    };
+    let external = other_row.as_ref().is_some_and(|r| r.external);
+    if other == run.session_key {
+        // A send to oneself: no ping-pong, only the announce step.
+        return queue_announce(rt, run, &target, &flow);
+    }
+    if external {
+        append_inbox(rt, &other, run, &text, delivery_id)?;
+        return queue_announce(rt, run, &target, &flow);
+    }
+    if turn >= max || !rt.access.send_decision(&other, other_row.as_ref()).allowed() {
+        if let Some(id) = delivery_id {
+            let why =
+                if turn >= max { "ping-pong limit reached (session.agentToAgent.maxPingPongTurns)" } else { "policy" };
+            store.write(|tx| {
+                set_delivery_status(tx, id, DeliveryStatus::Skipped, Some(why)).map_err(StoreError::from)
+            })?;
+        }
+        return queue_announce(rt, run, &target, &flow);
+    }
+    if chain_full(rt, run)? {
+        return Ok(());
+    }
+    // The other side answers in its own session: turn k+1.
+    let mut next = flow.clone();
+    next["turn"] = json!(turn + 1);
+    next["max"] = json!(max);
+    let other_id = other_row.as_ref().map(|r| r.id).ok_or_else(|| StoreError::Corrupt(format!("{other} vanished")))?;
+    let provenance = json!({"kind": "inter_session", "sourceSessionKey": run.session_key.as_str(),
+        "sourceChannel": channel_of_row(&run.session_key, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
+    let step = NewRun {
+        run_id: step_id(&run.run_id, "reply"),
+        session: other_id,
+        mode: RunMode::Reply,
+        input: json!({"role": "user", "content": text}),
+        provenance: Some(provenance),
+        requester_key: Some(run.session_key.clone()),
+        chain_id: run.chain_id.clone(),
+        hop: run.hop,
+        announce_kind: None,
+        model: None,
+        thinking: None,
+        timeout_ms: None,
+        extra: Some(next),
+    };
+    store.write(|tx| -> Result<(), StoreError> {
+        enqueue(tx, &step)?;
+        if let Some(id) = delivery_id {
+            set_delivery_status(tx, id, DeliveryStatus::Delivered, None)?;
+        }
+        add_delivery(
+            tx,
+            &NewDelivery {
+                run_id: &step.run_id,
+                kind: DeliveryKind::Reply,
+                mode: DeliveryMode::Inbox,
+                status: DeliveryStatus::Queued,
+                target_key: run.session_key.as_str(),
+                channel: None,
+                last_error: None,
+            },
+        )?;
+        Ok(())
+    })?;
+    rt.wake();
+    Ok(())
+}
+
+/// Whether the chain has reached `session.agentToAgent.maxChainMessages` (steps stop there).
+fn chain_full(rt: &Runtime, run: &RunRow) -> Result<bool, StoreError> {
+    let Some(chain) = &run.chain_id else { return Ok(false) };
+    let n = rt.access.store.chain_messages(chain)?;
+    Ok(n >= i64::from(rt.access.config.session.agent_to_agent.max_chain_messages))
+}
+
+/// Appends `text` to an external session (its inbox) as an inter-session message, handing over
+/// the run's pending reply delivery in the same transaction: once delivered, never appended again.
+fn append_inbox(
+    rt: &Runtime,
+    to: &SessionKey,
+    run: &RunRow,
+    text: &str,
+    delivery: Option<i64>,
+) -> Result<(), StoreError> {
+    let Some(delivery) = delivery else { return Ok(()) };
+    let from = &run.session_key;
+    let provenance = json!({"kind": "inter_session", "sourceSessionKey": from.as_str(),
+        "sourceChannel": channel_of_row(from, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
+    rt.access.store.write(|tx| -> Result<(), StoreError> {
+        if !set_delivery_status(tx, delivery, DeliveryStatus::Delivered, None)? {
+            return Ok(());
+        }
+        let id: i64 = crate::store::session_id(tx, to)?;
+        append_message(
+            tx,
+            id,
+            &NewMessage {
+                role: "user".into(),
+                content: json!([{"type": "text", "text": text}]),
+                run_id: Some(run.run_id.clone()),
+                provenance: Some(provenance),
+                chain_id: run.chain_id.clone(),
+                ..Default::default()
+            },
+        )?;
+        Ok(())
+    })
+}
+
+/// Queues the announce step in the target, once per exchange.
+fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Value) -> Result<(), StoreError> {
+    let store = &rt.access.store;
+    let Some(row) = store.session_by_key(target)? else { return Ok(()) };
+    if row.external || !rt.access.send_decision(target, Some(&row)).allowed() || chain_full(rt, run)? {
+        return Ok(());
+    }
+    let requester = flow.get("requester").and_then(Value::as_str).map(SessionKey::from_canonical);
+    let step = NewRun {
+        run_id: step_id(&run.run_id, "announce"),
+        session: row.id,
+        mode: RunMode::Announce,
+        input: json!({"role": "user", "content": ANNOUNCE_INPUT}),
+        provenance: Some(
+            json!({"kind": "inter_session", "sourceSessionKey": requester.as_ref().map(SessionKey::as_str),
+            "sourceChannel": flow.pointer("/parties/requesterChannel"), "sourceTool": "sessions_send", "chainId": run.chain_id}),
+        ),
+        requester_key: requester,
+        chain_id: run.chain_id.clone(),
+        hop: run.hop,
+        announce_kind: Some(AnnounceKind::AgentToAgent),
+        model: None,
+        thinking: None,
+        timeout_ms: None,
+        extra: Some(flow.clone()),
+    };
+    store.write(|tx| enqueue(tx, &step).map_err(StoreError::from))?;
+    rt.wake();
+    Ok(())
+}
+
+/// After the announce step: deliver its reply to the target's channel, unless it stays silent.
+fn announce_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    to_channel(rt, run, result, DeliveryKind::Announce)
+}
+
+/// After a completion run in a driven requester: its reply goes to the requester's channel.
+fn completion_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    to_channel(rt, run, result, DeliveryKind::Completion)
+}
+
+/// Delivers a run's reply to its session's channel, under the send policy.
+fn to_channel(rt: &Runtime, run: &RunRow, result: &TurnResult, kind: DeliveryKind) -> Result<(), StoreError> {
+    let row = rt.access.store.session_by_key(&run.session_key)?;
+    let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
+    let Some(text) = result.ok_reply().map(String::from) else {
+        let why = if result.silent { "silent: the reply was a skip token" } else { "the run produced no reply" };
+        return deliver::record(rt, run, kind, &channel, DeliveryStatus::Skipped, Some(why), None);
+    };
+    let decision = rt.access.send_decision(&run.session_key, row.as_ref());
+    if !decision.allowed() {
+        let why = match decision.rule {
+            Some(i) => format!("policy: rule {i}"),
+            None => "policy".to_string(),
+        };
+        return deliver::record(rt, run, kind, &channel, DeliveryStatus::Skipped, Some(&why), None);
+    }
+    deliver::channel_delivery(rt, run, row.as_ref(), &channel, &text, kind)
+}
