@@ -141,3 +141,10 @@ fn external_caller(raw: &str, config: &Config, store: &Store) -> Result<Caller, 
         read_only: !row.external,
     })
 }
+
+impl super::Access {
+    /// The caller a bearer token stands for (HTTP and the run socket).
+    pub fn caller_by_token(&self, token: &str) -> Result<Option<Caller>, IdentityError> {
+        by_token(token, &self.config, &self.store)
+    }
+}

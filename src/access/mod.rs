@@ -8,6 +8,7 @@
 pub mod caller;
 mod error;
 mod list;
+mod reads;
 
 use std::sync::Arc;
 
@@ -18,10 +19,13 @@ use crate::keys::{self, KeyScope, SessionKey, SessionRef};
 use crate::policy::{
     self, Action, SendDecision, SendTarget, ToolName, VisibilityFacts, VisibilityRules, check_visibility,
 };
-use crate::store::{SendPolicyOverride, SessionRow, SessionState, Store};
+use crate::store::{SendPolicyOverride, SessionState, Store};
 
+/// The store's rows as the layers above read them: they reach them only through this façade.
+pub use crate::store::{HistoryPage, MessageRow, PendingInput, RunMode, RunRow, RunStatus, SessionRow};
 pub use error::{ErrorStatus, ToolError};
 pub use list::{ListPage, ListRequest, Transcript, transcript};
+pub use reads::HistoryFrom;
 
 /// A target the caller may see. `row` is `None` for a configured agent's main session that has
 /// no message yet (it exists virtually).
@@ -35,8 +39,8 @@ pub struct Target {
 /// The façade every tool calls. Cheap to clone.
 #[derive(Clone)]
 pub struct Access {
-    pub store: Store,
-    pub config: Arc<Config>,
+    store: Store,
+    config: Arc<Config>,
 }
 
 impl Access {

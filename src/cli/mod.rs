@@ -392,8 +392,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
         // A refused token or `--as` is never degraded: no answer goes to an unvouched caller.
         Err(e) => return fail(e),
     };
-    let access = Access::new(store, config);
-    let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve, crate::server::http::owner_socket())
+    let access = Access::new(store.clone(), config.clone());
+    let runtime = match Runtime::start(store, config, &env.state_dir, Role::Serve, crate::server::http::owner_socket())
     {
         Ok(rt) => rt,
         Err(e) => return cannot_start(e, strict).await,
@@ -477,9 +477,14 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, a
         Ok(l) => l,
         Err(e) => return fail(format!("--http {sock}: cannot listen: {e}")),
     };
-    let access = Access::new(store, config.clone());
-    let runtime = match Runtime::start(access.clone(), &env.state_dir, Role::Serve, crate::server::http::owner_socket())
-    {
+    let access = Access::new(store.clone(), config.clone());
+    let runtime = match Runtime::start(
+        store.clone(),
+        config.clone(),
+        &env.state_dir,
+        Role::Serve,
+        crate::server::http::owner_socket(),
+    ) {
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };
@@ -491,7 +496,7 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, a
             return fail("--as with --http needs a loopback address and security.requireToken=false");
         }
         let creds = Credentials { token: None, as_session: Some(raw.to_string()), inside_run: false };
-        match caller::resolve(&creds, &config, &access.store) {
+        match caller::resolve(&creds, &config, &store) {
             Ok(c) => options.anonymous = Some(c),
             Err(e) => return fail(e),
         }
@@ -537,8 +542,13 @@ async fn daemon(paths: Paths, force: bool) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let access = Access::new(store, Arc::new(env.loaded.config));
-    let runtime = match Runtime::start(access, &env.state_dir, Role::Daemon, crate::server::http::owner_socket()) {
+    let runtime = match Runtime::start(
+        store,
+        Arc::new(env.loaded.config),
+        &env.state_dir,
+        Role::Daemon,
+        crate::server::http::owner_socket(),
+    ) {
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };

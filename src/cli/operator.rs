@@ -447,8 +447,7 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
             }
         };
     }
-    let access = Access::new(store.clone(), config.clone());
-    match crate::engine::inject::start(&access, &env.state_dir, &key, &text) {
+    match crate::engine::inject::start(&store, &config, &env.state_dir, &key, &text) {
         Err(e) => failed(e),
         Ok(None) => {
             println!("appended to the external session {key}'s inbox");
@@ -460,7 +459,8 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
         }
         Ok(Some(run_id)) => {
             let rt = match crate::engine::scheduler::Runtime::start(
-                access,
+                store,
+                config,
                 &env.state_dir,
                 crate::engine::scheduler::Role::Serve,
                 crate::server::http::owner_socket(),

@@ -4,6 +4,7 @@
 
 use serde_json::{Value, json};
 
+use super::flow::Flow;
 use crate::runner::protocol::content_text;
 pub use crate::runner::protocol::{ANNOUNCE_SKIP, NO_REPLY, REPLY_SKIP};
 use crate::store::{AnnounceKind, MessageRow, RunMode, RunRow};
@@ -16,7 +17,8 @@ pub fn is_skip(reply: &str) -> bool {
 }
 
 /// The sessions involved in an agent-to-agent exchange.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Parties {
     pub requester: String,
     pub requester_channel: String,
@@ -162,7 +164,7 @@ pub fn request(p: RequestParts) -> Value {
         "messages": p.messages,
         "input": render(run.input.get("role").and_then(Value::as_str).unwrap_or("user"), &input_content, run.provenance.as_ref()),
         "workdir": p.workdir, "mcp": {"socket": p.socket},
-        "attachments": run.extra.as_ref().and_then(|e| e.get("attachments")).cloned().unwrap_or_else(|| json!([])),
+        "attachments": Flow::of(run.extra.as_ref()).as_ref().and_then(Flow::spawn).and_then(|s| s.attachments.clone()).unwrap_or_else(|| json!([])),
         "limits": {"timeoutMs": p.timeout_ms},
     });
     if let Some(s) = p.system {

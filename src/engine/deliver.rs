@@ -27,7 +27,7 @@ pub fn record(
     why: Option<&str>,
     mode: Option<DeliveryMode>,
 ) -> Result<(), StoreError> {
-    rt.access.store.write(|tx| -> Result<(), StoreError> {
+    rt.store.write(|tx| -> Result<(), StoreError> {
         add_delivery(
             tx,
             &NewDelivery {
@@ -65,7 +65,7 @@ pub fn channel_delivery(
     text: &str,
     kind: DeliveryKind,
 ) -> Result<(), StoreError> {
-    let deliverer = rt.access.config.channels.get(channel).and_then(|c| c.deliver.clone()).filter(|a| !a.is_empty());
+    let deliverer = rt.config.channels.get(channel).and_then(|c| c.deliver.clone()).filter(|a| !a.is_empty());
     if deliverer.is_none() {
         if matches!(channel, "internal" | "unknown") {
             let why = "no channel to deliver to (the session has no external channel)";
@@ -84,14 +84,14 @@ pub fn channel_delivery(
         "text": text, "sessionKey": run.session_key.as_str(), "runId": run.run_id, "chainId": run.chain_id,
         "idempotencyKey": format!("{}:{}", run.run_id, kind.as_str()),
     });
-    rt.access.store.queue_channel_delivery(&run.run_id, kind, run.session_key.as_str(), channel, &payload)?;
+    rt.store.queue_channel_delivery(&run.run_id, kind, run.session_key.as_str(), channel, &payload)?;
     rt.wake();
     Ok(())
 }
 
 /// Attempts every channel delivery that is due (the owner calls this from its loop).
 pub async fn deliver_due(rt: &Runtime) {
-    let due = match rt.access.store.claim_due_deliveries(8) {
+    let due = match rt.store.claim_due_deliveries(8) {
         Ok(d) => d,
         Err(e) => {
             tracing::error!(error = %e, "reading due deliveries failed");
@@ -99,7 +99,7 @@ pub async fn deliver_due(rt: &Runtime) {
         }
     };
     for d in due {
-        let argv = rt.access.config.channels.get(&d.channel).and_then(|c| c.deliver.clone()).unwrap_or_default();
+        let argv = rt.config.channels.get(&d.channel).and_then(|c| c.deliver.clone()).unwrap_or_default();
         let (status, error, next) = match attempt(&argv, &d.payload).await {
             Ok(()) => (DeliveryStatus::Delivered, None, None),
             Err(Attempt::Retry(e)) => {
@@ -112,7 +112,7 @@ pub async fn deliver_due(rt: &Runtime) {
             }
             Err(Attempt::Failed(e)) => (DeliveryStatus::Failed, Some(e), None),
         };
-        if let Err(e) = rt.access.store.delivery_attempted(d.id, status, error.as_deref(), next) {
+        if let Err(e) = rt.store.delivery_attempted(d.id, status, error.as_deref(), next) {
             tracing::error!(error = %e, "recording a delivery attempt failed");
         }
     }

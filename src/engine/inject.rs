@@ -1,21 +1,28 @@
 //! `sessions-mcp inject`: the owner's message into a session, starting a new chain (hop 0).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::json;
 
+use super::chain::{Provenance, SourceTool};
 use crate::access::Access;
-use crate::config::key_scope;
+use crate::config::{Config, key_scope};
 use crate::keys::{self, SessionKey};
-use crate::store::{NewMessage, NewRun, NewSession, RunMode, append_message, enqueue, insert_session};
+use crate::store::{NewMessage, NewRun, NewSession, RunMode, Store, append_message, enqueue, insert_session};
 
 /// Appends to an external session (returns None) or queues an `inject` run (returns its id).
 /// The send policy gates it; the session is created (driven) when it does not exist.
-pub fn start(access: &Access, state_dir: &Path, key: &SessionKey, text: &str) -> Result<Option<String>, String> {
-    let config = &access.config;
+pub fn start(
+    store: &Store,
+    config: &Arc<Config>,
+    state_dir: &Path,
+    key: &SessionKey,
+    text: &str,
+) -> Result<Option<String>, String> {
     let agent = key.agent_id(&config.default_agent());
-    let row = access.store.session_by_key(key).map_err(|e| e.to_string())?;
-    let decision = access.send_decision(key, row.as_ref());
+    let row = store.session_by_key(key).map_err(|e| e.to_string())?;
+    let decision = Access::new(store.clone(), config.clone()).send_decision(key, row.as_ref());
     if !decision.allowed() {
         return Err(decision.refusal(config.session.send_policy.as_ref()));
     }
@@ -25,11 +32,10 @@ pub fn start(access: &Access, state_dir: &Path, key: &SessionKey, text: &str) ->
         crate::runner::resolve_runner(config, &agent, state_dir, &exe)?;
     }
     let chain = uuid::Uuid::new_v4().to_string();
-    let provenance = json!({"kind": "external_user", "sourceTool": "inject", "chainId": chain});
+    let provenance = Provenance::ExternalUser { tool: SourceTool::Inject, chain: Some(chain.clone()) }.to_json();
     let scope = key_scope(config, &agent);
     let run_id = uuid::Uuid::new_v4().to_string();
-    access
-        .store
+    store
         .write(|tx| -> Result<Option<String>, crate::store::StoreError> {
             insert_session(tx, &NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
             let id: i64 = crate::store::session_id(tx, key)?;

@@ -4,8 +4,10 @@
 //! start runs.
 
 pub mod attachments;
+pub mod chain;
 pub mod context;
 mod deliver;
+mod flow;
 pub mod inject;
 pub mod scheduler;
 pub mod send;
@@ -16,3 +18,33 @@ mod turn;
 pub use deliver::deliver_due;
 pub use steps::{catch_up, step_id, take_steps};
 pub use turn::{TurnResult, channel_of_row, run_turn};
+
+use std::sync::Arc;
+
+use crate::access::{Access, ToolError};
+use scheduler::Runtime;
+
+/// Streams a run's text to the MCP client while a caller waits (progress count, message).
+pub type Progress = Arc<dyn Fn(f64, String) + Send + Sync>;
+
+/// The engine as a tool call sees it: start a send or a spawn (admission included) and wait for
+/// a reply. Built per call from the server's façade and runtime. Without a runtime (benchmarks,
+/// property tests) every refusal is still the same; only what starts or waits for a run says
+/// that it needs one.
+#[derive(Clone, Copy)]
+pub struct Engine<'a> {
+    access: &'a Access,
+    runtime: Option<&'a Arc<Runtime>>,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(access: &'a Access, runtime: Option<&'a Arc<Runtime>>) -> Self {
+        Engine { access, runtime }
+    }
+
+    /// The runtime, needed only from the first step that starts or waits for a run.
+    fn runtime(&self, tool: &str) -> Result<&'a Arc<Runtime>, ToolError> {
+        self.runtime
+            .ok_or_else(|| ToolError::error(format!("{tool} needs the runtime, which this server was started without")))
+    }
+}

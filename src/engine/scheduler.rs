@@ -20,8 +20,9 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::Access;
+use crate::config::Config;
 use crate::runner::Runner;
-use crate::store::{CancelRequest, Caps, RunRow, StoreError};
+use crate::store::{CancelRequest, Caps, RunRow, Store, StoreError};
 
 /// How long a waiter sleeps between looks at a run row it cannot be woken for.
 const POLL_MIN: Duration = Duration::from_millis(50);
@@ -50,16 +51,20 @@ pub type OwnerSocket = Box<dyn Fn(Arc<Runtime>, PathBuf, CancellationToken) + Se
 
 /// The runtime of one process (owner or not).
 pub struct Runtime {
-    pub access: Access,
-    pub state_dir: PathBuf,
-    pub runner: Runner,
-    pub owner_id: String,
+    /// The one store handle of the engine: only the engine writes runs, steps and deliveries.
+    pub(super) store: Store,
+    pub(super) config: Arc<Config>,
+    /// The visibility façade, for the engine's own checks (a spawn's announce target).
+    pub(super) access: Access,
+    pub(super) state_dir: PathBuf,
+    pub(super) runner: Runner,
+    pub(super) owner_id: String,
     role: Role,
     owner: AtomicBool,
     lock: Mutex<Option<File>>,
     _daemon_lock: Option<File>,
     /// Wakes the scheduler and in-process waiters when something changed.
-    pub changed: Notify,
+    pub(super) changed: Notify,
     /// Running runs of this process and how to cancel them.
     active: Mutex<HashMap<String, CancellationToken>>,
     /// Streamed text of running runs, for waiters in this process.
@@ -84,7 +89,8 @@ impl Runtime {
     /// Starts the runtime of this process: takes the runtime lock when it may, and keeps trying
     /// (so the process takes over when the owner dies).
     pub fn start(
-        access: Access,
+        store: Store,
+        config: Arc<Config>,
         state_dir: &Path,
         role: Role,
         owner_socket: OwnerSocket,
@@ -99,7 +105,9 @@ impl Runtime {
             Role::Serve => None,
         };
         let rt = Arc::new(Runtime {
-            access,
+            access: Access::new(store.clone(), config.clone()),
+            store,
+            config,
             state_dir: state_dir.to_path_buf(),
             runner: Runner::new().map_err(|e| format!("cannot find the sessions-mcp binary: {e}"))?,
             owner_id: uuid::Uuid::new_v4().to_string(),
@@ -119,8 +127,13 @@ impl Runtime {
             rt.serve_socket();
         }
         tokio::spawn(rt.clone().scheduler());
-        tokio::spawn(give_back_memory(rt.access.store.clone()));
+        tokio::spawn(give_back_memory(rt.store.clone()));
         Ok(rt)
+    }
+
+    /// The visibility façade over this engine's store (for the owner's socket).
+    pub fn access(&self) -> &Access {
+        &self.access
     }
 
     pub fn is_owner(&self) -> bool {
@@ -151,7 +164,7 @@ impl Runtime {
         self.owner.store(true, Ordering::SeqCst);
         tracing::info!(owner = %self.owner_id, "this process owns the runtime");
         self.recover();
-        let _ = self.access.store.requeue_running_deliveries();
+        let _ = self.store.requeue_running_deliveries();
         true
     }
 
@@ -179,10 +192,10 @@ impl Runtime {
     /// Runs whose owner died become `interrupted` (never re-run); their requesters learn it when
     /// the steps a dead owner left are taken.
     fn recover(&self) {
-        match self.access.store.interrupt_orphans(&self.owner_id) {
+        match self.store.interrupt_orphans(&self.owner_id) {
             Ok(runs) => {
                 let ids: Vec<String> = runs.iter().map(|r| r.run_id.clone()).collect();
-                kill_leftover_groups(&self.access.store.supervisors(&ids).unwrap_or_default());
+                kill_leftover_groups(&self.store.supervisors(&ids).unwrap_or_default());
                 for run in runs {
                     tracing::warn!(run = %run.run_id, "run interrupted: its owner died");
                 }
@@ -200,8 +213,7 @@ impl Runtime {
     async fn scheduler(self: Arc<Self>) {
         let mut last_renew = tokio::time::Instant::now();
         let mut last_sweep = tokio::time::Instant::now();
-        let sweep_every =
-            Duration::from_secs(self.access.config.agents.defaults.subagents.sweep_interval_seconds.max(1));
+        let sweep_every = Duration::from_secs(self.config.agents.defaults.subagents.sweep_interval_seconds.max(1));
         loop {
             // Registered before the work below, so that a wake during it (a run that ends, a
             // send that queues) is not lost until the next tick.
@@ -224,12 +236,12 @@ impl Runtime {
                 self.claim_all();
                 crate::engine::deliver_due(&self).await;
                 if last_renew.elapsed() > Duration::from_secs(5) {
-                    let _ = self.access.store.renew_leases(&self.owner_id);
+                    let _ = self.store.renew_leases(&self.owner_id);
                     last_renew = tokio::time::Instant::now();
                 }
                 if last_sweep.elapsed() >= sweep_every {
                     crate::engine::catch_up(&self, STEPS_GRACE_MS);
-                    match self.access.store.archive_due() {
+                    match self.store.archive_due() {
                         Ok(keys) if !keys.is_empty() => {
                             tracing::info!(count = keys.len(), "archived finished sub-agent sessions");
                             self.remove_archived_attachments(&keys);
@@ -251,9 +263,9 @@ impl Runtime {
     fn remove_archived_attachments(&self, keys: &[String]) {
         for key in keys {
             let key = crate::keys::SessionKey::from_canonical(key.clone());
-            let Ok(Some(child)) = self.access.store.session_by_key(&key) else { continue };
+            let Ok(Some(child)) = self.store.session_by_key(&key) else { continue };
             let Some(run_id) = &child.spawn_run else { continue };
-            if let Ok(Some(run)) = self.access.store.run(run_id) {
+            if let Ok(Some(run)) = self.store.run(run_id) {
                 crate::engine::spawn::remove_attachments(self, &run);
             }
         }
@@ -268,7 +280,7 @@ impl Runtime {
     }
 
     fn caps(&self) -> Caps {
-        let config = &self.access.config;
+        let config = &self.config;
         let per_agent = config
             .configured_agents()
             .into_iter()
@@ -288,7 +300,7 @@ impl Runtime {
     fn claim_all(self: &Arc<Self>) {
         let caps = self.caps();
         loop {
-            match self.access.store.claim_next(&self.owner_id, &caps) {
+            match self.store.claim_next(&self.owner_id, &caps) {
                 Ok(Some((run, input_seq))) => {
                     let token = CancellationToken::new();
                     self.active.lock().expect("active").insert(run.run_id.clone(), token.clone());
@@ -328,7 +340,7 @@ impl Runtime {
     /// `cancelled` here and now and takes the steps of an ended run (its requester learns it); a
     /// running one is stopped by its owner, which sees the request within one scheduler tick.
     pub fn cancel_run(&self, run_id: &str) -> Result<CancelRequest, StoreError> {
-        let request = self.access.store.request_cancel(run_id)?;
+        let request = self.store.request_cancel(run_id)?;
         match &request {
             CancelRequest::Dequeued(run) => {
                 let ended = crate::engine::TurnResult {
@@ -350,7 +362,7 @@ impl Runtime {
         if !self.is_owner() {
             return;
         }
-        let flagged = match self.access.store.cancel_requests(&self.owner_id) {
+        let flagged = match self.store.cancel_requests(&self.owner_id) {
             Ok(ids) => ids,
             Err(e) => return tracing::error!(error = %e, "reading cancel requests failed"),
         };
@@ -386,7 +398,7 @@ impl Runtime {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(run) = self.access.store.run(run_id)?
+            if let Some(run) = self.store.run(run_id)?
                 && run.is_finished()
             {
                 return Ok(Waited::Finished(Box::new(run)));
@@ -403,10 +415,10 @@ impl Runtime {
     /// After the client left (stdin EOF): keep running until nothing is queued or running, or
     /// `runtime.drainSeconds` passed; queued runs always stay queued for the next owner.
     pub async fn drain(&self) {
-        let limit = Duration::from_secs(self.access.config.runtime.drain_seconds);
+        let limit = Duration::from_secs(self.config.runtime.drain_seconds);
         let deadline = tokio::time::Instant::now() + limit;
         while self.is_owner() && tokio::time::Instant::now() < deadline {
-            match self.access.store.unfinished_runs() {
+            match self.store.unfinished_runs() {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(_) => break,

@@ -1,20 +1,210 @@
-//! The start of a send: one transaction that either appends the message to an external target's
-//! inbox, or queues the primary run in a driven target with its reply delivery and the caller's
-//! idempotency key. `accepted` is answered only after it commits (`synchronous=FULL`).
+//! A send, from admission to the reply. Admission checks in the documented order: idempotency
+//! replay → send policy → chain limits → deadlock guard → the target's runner; then one
+//! transaction either appends the message to an external target's inbox, or queues the primary
+//! run in a driven target with its reply delivery and the caller's idempotency key (`accepted` is
+//! answered only after it commits, `synchronous=FULL`). A wait for the reply watches the run; the
+//! reply-back, announce step and deliveries happen in the steps after the run, for late replies too.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
 
+use super::chain::{self, Limits, Provenance, SourceTool};
+use super::context::Parties;
+use super::flow::{Exchange, Flow};
+use super::scheduler::{Runtime, Waited};
+use super::{Engine, Progress};
 use crate::access::caller::Caller;
+use crate::access::{Target, ToolError};
 use crate::config::key_scope;
 use crate::keys::{self, SessionKey};
 use crate::store::{
-    DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode, Store,
+    DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode, RunRow, Store,
     StoreError, add_delivery, append_message, enqueue, insert_session, remember_key,
 };
 
-/// What the send did.
+/// What a caller asks to send (the target already resolved by access).
+pub struct SendRequest<'r> {
+    pub target: &'r Target,
+    pub message: &'r str,
+    /// Seconds the caller will wait for the reply (0: it will not).
+    pub timeout: u64,
+    pub idempotency_key: Option<&'r str>,
+}
+
+/// A send the engine accepted (or the earlier one its idempotency key names).
 #[derive(Debug, Clone)]
-pub enum Started {
+pub struct SendStarted {
+    /// The run in the target; None when the message went to an external target's inbox.
+    pub run_id: Option<String>,
+    /// For an external caller: its newest seq before the send (its replies land after it).
+    pub inbox_after: Option<i64>,
+}
+
+/// How a send ended for its caller.
+#[derive(Debug)]
+pub enum SendOutcome {
+    /// The message sits in an external target's inbox; no reply will come.
+    Inbox,
+    /// Queued; the caller did not wait.
+    Accepted {
+        run_id: String,
+    },
+    /// The target's run ended within the wait.
+    Finished {
+        run: Box<RunRow>,
+    },
+    TimedOut {
+        run_id: String,
+    },
+    /// The client cancelled the wait (never the run).
+    Cancelled {
+        run_id: String,
+    },
+}
+
+impl Engine<'_> {
+    /// Admits and commits a send, then wakes the scheduler.
+    pub fn send(&self, caller: &Caller, req: &SendRequest) -> Result<SendStarted, ToolError> {
+        let access = self.access;
+        let target = req.target;
+        let inbox_after = if caller.external { Some(access.last_seq_of(&caller.key)?) } else { None };
+        let args_hash = args_hash(&target.key, req.message);
+        if let Some(hit) = chain::replay(access, caller, req.idempotency_key, &args_hash, "message")? {
+            self.runtime("sessions_send")?;
+            let inbox = hit.result.and_then(|r| r.get("inbox").and_then(Value::as_bool)).unwrap_or(false);
+            return Ok(SendStarted { run_id: hit.run_id.filter(|_| !inbox), inbox_after });
+        }
+        let decision = access.send_decision(&target.key, target.row.as_ref());
+        if !decision.allowed() {
+            return Err(ToolError::forbidden(decision.refusal(access.config().session.send_policy.as_ref())));
+        }
+        let hop = chain::next_hop(access, caller, Limits::HopsAndMessages)?;
+        let target_external = target.row.as_ref().is_some_and(|r| r.external);
+        if req.timeout > 0 && !target_external {
+            self.check_deadlock(caller, target)?;
+        }
+        let rt = self.runtime("sessions_send")?;
+        if !target_external {
+            let agent = target.key.agent_id(&rt.config.default_agent());
+            crate::runner::resolve_runner(&rt.config, &agent, &rt.state_dir, &rt.runner.exe)
+                .map_err(ToolError::invalid)?;
+        }
+        let plan = SendPlan {
+            caller,
+            caller_channel: caller_channel(rt, caller),
+            target: &target.key,
+            target_channel: super::channel_of_row(&target.key, target.row.as_ref(), rt),
+            target_external,
+            message: req.message,
+            chain_id: hop.chain_id,
+            hop: hop.hop,
+            max_turns: rt.config.session.agent_to_agent.max_ping_pong_turns,
+            idempotency: req.idempotency_key.map(|k| (k, args_hash.as_str())),
+        };
+        let started = start(&rt.store, &rt.config, &plan)?;
+        rt.wake();
+        let run_id = match started {
+            Started::Run { run_id } => Some(run_id),
+            Started::Inbox => None,
+        };
+        Ok(SendStarted { run_id, inbox_after })
+    }
+
+    /// Waits up to `timeout` seconds for the send's run to end, forwarding its streamed text as
+    /// progress when the client asked for it.
+    pub async fn await_reply(
+        &self,
+        caller: &Caller,
+        started: &SendStarted,
+        timeout: u64,
+        cancel: &CancellationToken,
+        progress: Option<Progress>,
+    ) -> Result<SendOutcome, ToolError> {
+        let Some(run_id) = started.run_id.clone() else { return Ok(SendOutcome::Inbox) };
+        if timeout == 0 {
+            return Ok(SendOutcome::Accepted { run_id });
+        }
+        let rt = self.runtime("sessions_send")?;
+        if let Some(own) = &caller.run {
+            let _ = rt.store.set_waiting(&own.run_id, Some(&run_id));
+        }
+        let forward = progress.map(|p| forward_progress(rt, &run_id, p));
+        let waited = rt.wait(&run_id, Duration::from_secs(timeout), cancel).await;
+        if let Some(f) = forward {
+            f.abort();
+        }
+        if let Some(own) = &caller.run {
+            let _ = rt.store.set_waiting(&own.run_id, None);
+        }
+        Ok(match waited? {
+            Waited::Finished(run) => SendOutcome::Finished { run },
+            Waited::TimedOut => SendOutcome::TimedOut { run_id },
+            Waited::Cancelled => SendOutcome::Cancelled { run_id },
+        })
+    }
+
+    /// A wait is refused at once when it would close a cycle (docs/BEHAVIOUR.md, sessions_send).
+    fn check_deadlock(&self, caller: &Caller, target: &Target) -> Result<(), ToolError> {
+        let Some(run) = &caller.run else { return Ok(()) };
+        let refuse = || {
+            ToolError::invalid(format!(
+                "would deadlock: {} cannot answer while run {} waits on it; send with timeoutSeconds: 0",
+                target.display, run.run_id
+            ))
+        };
+        if target.key == caller.key {
+            return Err(refuse());
+        }
+        let (Some(caller_row), Some(target_row)) = (self.access.own_row(caller)?, target.row.as_ref()) else {
+            return Ok(());
+        };
+        if self.access.wait_would_deadlock(&caller_row, target_row)? { Err(refuse()) } else { Ok(()) }
+    }
+}
+
+fn args_hash(target: &SessionKey, message: &str) -> String {
+    hex::encode(Sha256::digest(format!("{target}\u{0}{message}").as_bytes()))
+}
+
+fn caller_channel(rt: &Runtime, caller: &Caller) -> String {
+    if caller.external {
+        return "webchat".into();
+    }
+    let row = rt.store.session_by_key(&caller.key).ok().flatten();
+    super::channel_of_row(&caller.key, row.as_ref(), rt)
+}
+
+/// Forwards the run's streamed text as MCP progress while the caller waits (this process only).
+/// The run may not be claimed yet: subscribe as soon as it is.
+fn forward_progress(rt: &Arc<Runtime>, run_id: &str, progress: Progress) -> tokio::task::JoinHandle<()> {
+    let (rt, run_id) = (rt.clone(), run_id.to_string());
+    tokio::spawn(async move {
+        let mut pause = Duration::from_millis(10);
+        let mut rx = loop {
+            if let Some(rx) = rt.subscribe(&run_id) {
+                break rx;
+            }
+            if rt.store.run(&run_id).ok().flatten().is_none_or(|r| r.is_finished()) {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        };
+        let mut n = 0.0;
+        while let Ok(text) = rx.recv().await {
+            n += 1.0;
+            progress(n, text);
+        }
+    })
+}
+
+/// What the send committed.
+#[derive(Debug, Clone)]
+enum Started {
     /// The primary run was queued in a driven target.
     Run { run_id: String },
     /// The target is external: the message sits in its inbox; no reply will come.
@@ -22,37 +212,48 @@ pub enum Started {
 }
 
 /// Everything a send commits.
-pub struct SendPlan<'a> {
-    pub caller: &'a Caller,
-    pub caller_channel: String,
-    pub target: &'a SessionKey,
-    pub target_channel: String,
-    pub target_external: bool,
-    pub message: &'a str,
-    pub chain_id: String,
-    pub hop: i64,
-    pub max_turns: u32,
-    pub idempotency: Option<(&'a str, &'a str)>,
+struct SendPlan<'a> {
+    caller: &'a Caller,
+    caller_channel: String,
+    target: &'a SessionKey,
+    target_channel: String,
+    target_external: bool,
+    message: &'a str,
+    chain_id: String,
+    hop: i64,
+    max_turns: u32,
+    idempotency: Option<(&'a str, &'a str)>,
 }
 
 impl SendPlan<'_> {
     fn provenance(&self) -> Value {
-        json!({"kind": "inter_session", "sourceSessionKey": self.caller.key.as_str(),
-               "sourceChannel": self.caller_channel, "sourceTool": "sessions_send", "chainId": self.chain_id})
+        Provenance::from_session(&self.caller.key, &self.caller_channel, SourceTool::SessionsSend, Some(&self.chain_id))
+            .to_json()
     }
 
     fn flow(&self) -> Value {
-        json!({
-            "requester": self.caller.key.as_str(), "target": self.target.as_str(), "request": self.message,
-            "turn": 0, "max": self.max_turns,
-            "parties": {"requester": self.caller.key.as_str(), "requesterChannel": self.caller_channel,
-                        "target": self.target.as_str(), "targetChannel": self.target_channel},
+        let parties = Parties {
+            requester: self.caller.key.to_string(),
+            requester_channel: self.caller_channel.clone(),
+            target: self.target.to_string(),
+            target_channel: self.target_channel.clone(),
+        };
+        Flow::Exchange(Exchange {
+            requester: self.caller.key.to_string(),
+            target: self.target.to_string(),
+            request: self.message.to_string(),
+            turn: 0,
+            max: self.max_turns,
+            parties,
+            round_one: None,
+            latest: None,
         })
+        .to_json()
     }
 }
 
 /// Commits the send. A configured agent's main session that exists only virtually is written now.
-pub fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> Result<Started, StoreError> {
+fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> Result<Started, StoreError> {
     store.write(|tx| -> Result<Started, StoreError> {
         let agent = plan.target.agent_id(&config.default_agent());
         let scope = key_scope(config, &agent);

@@ -5,18 +5,21 @@
 //! has unfinished children announces only after its last child completed.
 
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
-use super::TurnResult;
+use super::chain::{self, Limits, Provenance, SourceTool};
 use super::context::{ANNOUNCE_SKIP, NO_REPLY, is_skip};
-use crate::access::Access;
+use super::flow::{Cleanup, Flow, SpawnFlow, Tagged};
+use super::{Engine, TurnResult};
+use crate::access::ToolError;
 use crate::access::caller::Caller;
-use crate::config::key_scope;
+use crate::config::{Config, key_scope};
 use crate::engine::scheduler::Runtime;
 use crate::keys::{self, AgentId, SessionKey};
 use crate::store::{
     AnnounceKind, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode,
-    RunRow, RunStatus, SessionRow, StoreError, add_delivery, append_message, enqueue, insert_session, remember_key,
-    spawn_counts,
+    RunRow, RunStatus, SessionRow, Store, StoreError, add_delivery, append_message, enqueue, insert_session,
+    remember_key, spawn_counts,
 };
 
 /// Longest Result in an announce, in bytes.
@@ -24,28 +27,218 @@ const RESULT_BYTES: usize = 8 * 1024;
 pub const NOTES_PROMPT: &str = "Your task has ended (Status: completed successfully). Write short notes for the agent that spawned you: what you did, what is left, where the results are. Reply exactly ANNOUNCE_SKIP to add nothing.";
 pub const COMPLETION_PREFIX: &str = "A sub-agent you spawned has finished:";
 
-/// Everything a spawn commits.
-pub struct SpawnPlan<'a> {
-    pub caller: &'a Caller,
-    pub caller_channel: String,
-    pub target_agent: AgentId,
-    pub task: &'a str,
+/// What a caller asks to spawn (its arguments validated by the tool).
+pub struct SpawnRequest {
+    pub task: String,
     pub label: Option<String>,
+    pub agent: AgentId,
     pub model: Option<String>,
     pub thinking: Option<String>,
-    pub timeout_ms: Option<i64>,
+    pub run_timeout: Option<u64>,
     pub cleanup_delete: bool,
-    pub sandboxed: bool,
-    pub depth: i64,
-    pub max_depth: i64,
-    pub chain_id: String,
-    pub hop: i64,
-    pub idempotency: Option<(&'a str, &'a str)>,
+    pub require_sandbox: bool,
+    pub attachments: Vec<super::attachments::Incoming>,
+    pub idempotency_key: Option<String>,
+    /// The arguments as given: an idempotency key re-attaches only to the same ones.
+    pub raw: Value,
+}
+
+/// A spawn the engine accepted (or the earlier one its idempotency key names).
+pub struct SpawnAccepted {
+    pub spawned: Spawned,
+    /// The caller's newest seq before the spawn: the announce lands after it.
+    pub inbox_after: i64,
+    /// The receipts of the attachments moved into the child's workdir.
+    pub attachments: Option<Value>,
+}
+
+impl Engine<'_> {
+    /// Admission (attachments enabled, the allowlist, depth, sandbox, send policy, idempotency
+    /// replay, chain limits, the child's runner), then the child and its run in one transaction.
+    /// Every refusal before the runner needs no runtime, so it is the same without one.
+    pub fn spawn(&self, caller: &Caller, req: SpawnRequest) -> Result<SpawnAccepted, ToolError> {
+        let access = self.access;
+        let config = access.config();
+        if !req.attachments.is_empty() && !config.tools.sessions_spawn.attachments.enabled {
+            return Err(ToolError::forbidden(
+                "attachments are disabled; the operator can enable them with tools.sessions_spawn.attachments.enabled=true",
+            ));
+        }
+        check_allowed(config, caller, &req.agent)?;
+        let caller_row = access.own_row(caller)?;
+        let depth = caller_row.as_ref().map_or(0, |r| r.spawn_depth) + 1;
+        let max_depth = i64::from(config.agents.defaults.subagents.max_spawn_depth);
+        if depth > max_depth {
+            return Err(ToolError::forbidden(format!(
+                "sessions_spawn is not allowed at this depth: a child would be at depth {depth} (agents.defaults.subagents.maxSpawnDepth={max_depth})"
+            )));
+        }
+        let probe = SessionKey::for_agent(&req.agent, "subagent:00000000-0000-4000-8000-000000000000");
+        let child_sandboxed = crate::config::configured_sandbox(config, &probe);
+        check_sandbox(caller, &req, child_sandboxed)?;
+        let decision = access.send_decision(&probe, None);
+        if !decision.allowed() {
+            return Err(ToolError::forbidden(decision.refusal(config.session.send_policy.as_ref())));
+        }
+        let args_hash = hex::encode(Sha256::digest(req.raw.to_string().as_bytes()));
+        if let Some(hit) = chain::replay(access, caller, req.idempotency_key.as_deref(), &args_hash, "spawn")? {
+            let result = hit.result.as_ref();
+            let child = result.and_then(|r| r.get("childSessionKey")).and_then(Value::as_str).unwrap_or("");
+            let queued = result.and_then(|r| r.get("queued")).and_then(Value::as_bool).unwrap_or(false);
+            let spawned = Spawned {
+                run_id: hit.run_id.unwrap_or_default(),
+                child_key: SessionKey::from_canonical(child),
+                queued,
+            };
+            return Ok(SpawnAccepted { spawned, inbox_after: access.last_seq_of(&caller.key)?, attachments: None });
+        }
+        let hop = chain::next_hop(access, caller, Limits::Hops)?;
+        let rt = self.runtime("sessions_spawn")?;
+        let spec = crate::runner::resolve_runner(config, &req.agent, &rt.state_dir, &rt.runner.exe)
+            .map_err(ToolError::invalid)?;
+        let (model, thinking) = model_and_thinking(config, &req);
+        let timeout_s =
+            req.run_timeout.or(Some(config.agents.defaults.subagents.run_timeout_seconds)).filter(|s| *s > 0);
+        let inbox_after = access.last_seq_of(&caller.key)?;
+        // Staged before the transaction, moved into place as its last step; removed if anything
+        // fails. They go to the child's run workdir: its own directory when it runs sandboxed.
+        let child_session_id = uuid::Uuid::new_v4().to_string();
+        let run_workdir = if child_sandboxed {
+            crate::runner::sandbox::session_workdir(&spec.workdir, &child_session_id)
+        } else {
+            spec.workdir.clone()
+        };
+        let staged = if req.attachments.is_empty() {
+            None
+        } else {
+            Some(
+                super::attachments::stage(&spec.workdir, &run_workdir, &req.attachments)
+                    .map_err(|e| ToolError::error(format!("attachments: {e}")))?,
+            )
+        };
+        let plan = SpawnPlan {
+            caller,
+            caller_channel: if caller.external {
+                "webchat".into()
+            } else {
+                super::channel_of_row(&caller.key, caller_row.as_ref(), rt)
+            },
+            target_agent: req.agent.clone(),
+            task: &req.task,
+            label: req.label.clone(),
+            model,
+            thinking,
+            timeout_ms: timeout_s.map(|s| (s * 1000) as i64),
+            cleanup_delete: req.cleanup_delete,
+            sandboxed: child_sandboxed,
+            depth,
+            max_depth,
+            chain_id: hop.chain_id,
+            hop: hop.hop,
+            idempotency: req.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
+            attachments: staged.as_ref(),
+            child_session_id,
+        };
+        let spawned = start(&rt.store, &rt.config, &plan).map_err(refusal)?;
+        let attachments = staged.as_ref().map(super::attachments::Staged::summary);
+        if let Some(s) = staged {
+            s.keep();
+        }
+        rt.wake();
+        Ok(SpawnAccepted { spawned, inbox_after, attachments })
+    }
+}
+
+/// The allowlist (`agents.list[].subagents.allowAgents`): with `*`, only configured agents.
+fn check_allowed(config: &Config, caller: &Caller, agent: &AgentId) -> Result<(), ToolError> {
+    let (allow_any, allowed) = crate::policy::spawnable(config, &caller.agent);
+    if !allowed.contains(agent) || (allow_any && !config.is_configured(agent) && *agent != caller.agent) {
+        return Err(ToolError::forbidden(format!(
+            "agentId \"{agent}\" is not allowed for this agent; allowed: {} (agents.list[].subagents.allowAgents)",
+            allowed.iter().map(AgentId::as_str).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// A sandboxed caller spawns only sandboxed children; `sandbox: "require"` also needs the
+/// sandbox to be available now (an inherited one that cannot start fails the run instead).
+fn check_sandbox(caller: &Caller, req: &SpawnRequest, child_sandboxed: bool) -> Result<(), ToolError> {
+    if (caller.sandboxed || req.require_sandbox) && !child_sandboxed {
+        let why = if caller.sandboxed {
+            "a sandboxed session may only spawn sandboxed children"
+        } else {
+            "sandbox: \"require\" was asked"
+        };
+        return Err(ToolError::forbidden(format!(
+            "{why}, but agent \"{}\" does not run sandboxed (agents.list[].sandbox.mode / agents.defaults.sandbox.mode)",
+            req.agent
+        )));
+    }
+    if req.require_sandbox {
+        crate::runner::sandbox::available()
+            .map_err(|why| ToolError::error(format!("sandbox unavailable: {why}; nothing was created")))?;
+    }
+    Ok(())
+}
+
+/// Model: param → target subagents.model → defaults.subagents.model → target model →
+/// defaults.model.primary. Thinking: param → target subagents.thinking → defaults.subagents.thinking.
+fn model_and_thinking(config: &Config, req: &SpawnRequest) -> (Option<String>, Option<String>) {
+    let entry = config.agent(&req.agent);
+    let sub = entry.and_then(|e| e.subagents.as_ref());
+    let defaults = &config.agents.defaults;
+    let model = req
+        .model
+        .clone()
+        .or_else(|| sub.and_then(|s| s.model.clone()))
+        .or_else(|| defaults.subagents.model.clone())
+        .or_else(|| entry.and_then(|e| e.model.clone()))
+        .or_else(|| defaults.model.primary.clone());
+    let thinking = req
+        .thinking
+        .clone()
+        .or_else(|| sub.and_then(|s| s.thinking.clone()))
+        .or_else(|| defaults.subagents.thinking.clone());
+    (model, thinking)
+}
+
+/// What the caller is told when admission in the transaction refused.
+fn refusal(refused: Refused) -> ToolError {
+    match refused {
+        Refused::Children(n) => ToolError::forbidden(format!(
+            "maxChildrenPerAgent={n} reached: this session already has {n} unfinished children (agents.defaults.subagents.maxChildrenPerAgent)"
+        )),
+        Refused::Queue(n) => ToolError::forbidden(format!(
+            "maxQueued={n} reached: too many children are waiting to start (agents.defaults.subagents.maxQueued)"
+        )),
+        Refused::Store(e) => e.into(),
+        Refused::Attachments(e) => ToolError::error(format!("attachments: {e}")),
+    }
+}
+
+/// Everything a spawn commits.
+struct SpawnPlan<'a> {
+    caller: &'a Caller,
+    caller_channel: String,
+    target_agent: AgentId,
+    task: &'a str,
+    label: Option<String>,
+    model: Option<String>,
+    thinking: Option<String>,
+    timeout_ms: Option<i64>,
+    cleanup_delete: bool,
+    sandboxed: bool,
+    depth: i64,
+    max_depth: i64,
+    chain_id: String,
+    hop: i64,
+    idempotency: Option<(&'a str, &'a str)>,
     /// Staged attachments: their receipts go into the transaction, which moves them into place
     /// as its last step.
-    pub attachments: Option<&'a super::attachments::Staged>,
+    attachments: Option<&'a super::attachments::Staged>,
     /// The child's sessionId (chosen first: a sandboxed child's workdir is named after it).
-    pub child_session_id: String,
+    child_session_id: String,
 }
 
 /// What the spawn created.
@@ -58,7 +251,7 @@ pub struct Spawned {
 
 /// Why admission refused (all `forbidden`, naming the limit).
 #[derive(Debug)]
-pub enum Refused {
+enum Refused {
     Children(u32),
     Queue(u32),
     Store(StoreError),
@@ -100,13 +293,12 @@ fn subagent_context(plan: &SpawnPlan, child: &SessionKey) -> String {
 
 /// Checks and reserves admission, creates the child, queues its run and moves its attachments
 /// into place, in one transaction: a spawn that fails leaves neither a child nor files.
-pub fn start(access: &Access, plan: &SpawnPlan) -> Result<Spawned, Refused> {
-    let config = &access.config;
+fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Refused> {
     let sub = &config.agents.defaults.subagents;
     let child_key = SessionKey::for_agent(&plan.target_agent, &format!("subagent:{}", uuid::Uuid::new_v4()));
     let run_id = uuid::Uuid::new_v4().to_string();
     let scope = key_scope(config, &plan.target_agent);
-    access.store.write(|tx| -> Result<Spawned, Refused> {
+    store.write(|tx| -> Result<Spawned, Refused> {
         let counts = spawn_counts(tx, plan.caller.key.as_str())?;
         if counts.unfinished >= i64::from(sub.max_children_per_agent) {
             return Err(Refused::Children(sub.max_children_per_agent));
@@ -116,8 +308,12 @@ pub fn start(access: &Access, plan: &SpawnPlan) -> Result<Spawned, Refused> {
         if queued && counts.queued >= i64::from(sub.max_queued) {
             return Err(Refused::Queue(sub.max_queued));
         }
-        let mut child =
-            NewSession::new(child_key.clone(), plan.target_agent.clone(), keys::kind_of(&child_key, &scope, None), false);
+        let mut child = NewSession::new(
+            child_key.clone(),
+            plan.target_agent.clone(),
+            keys::kind_of(&child_key, &scope, None),
+            false,
+        );
         child.session_id = plan.child_session_id.clone();
         child.spawned_by = Some(plan.caller.key.clone());
         child.spawn_depth = plan.depth;
@@ -128,13 +324,14 @@ pub fn start(access: &Access, plan: &SpawnPlan) -> Result<Spawned, Refused> {
         insert_session(tx, &child)?;
         let child_id: i64 = crate::store::session_id(tx, &child_key)?;
         tx.execute("UPDATE sessions SET spawn_run = ?2 WHERE id = ?1", rusqlite::params![child_id, run_id])?;
-        let mut flow = json!({
-            "flow": "spawn", "requester": plan.caller.key.as_str(), "cleanup": if plan.cleanup_delete { "delete" } else { "keep" },
-            "system": subagent_context(plan, &child_key),
-        });
+        let flow = SpawnFlow {
+            requester: plan.caller.key.to_string(),
+            cleanup: if plan.cleanup_delete { Cleanup::Delete } else { Cleanup::Keep },
+            system: subagent_context(plan, &child_key),
+            attachments: plan.attachments.map(|staged| staged.for_request()),
+            attachments_path: plan.attachments.map(|staged| staged.path().display().to_string()),
+        };
         if let Some(staged) = plan.attachments {
-            flow["attachments"] = staged.for_request();
-            flow["attachmentsPath"] = json!(staged.path().display().to_string());
             for r in &staged.receipts {
                 tx.execute(
                     "INSERT INTO attachments (run_id, name, bytes, sha256, rel_dir) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -149,8 +346,15 @@ pub fn start(access: &Access, plan: &SpawnPlan) -> Result<Spawned, Refused> {
                 session: child_id,
                 mode: RunMode::Spawn,
                 input: json!({"role": "user", "content": plan.task}),
-                provenance: Some(json!({"kind": "inter_session", "sourceSessionKey": plan.caller.key.as_str(),
-                    "sourceChannel": plan.caller_channel, "sourceTool": "sessions_spawn", "chainId": plan.chain_id})),
+                provenance: Some(
+                    Provenance::from_session(
+                        &plan.caller.key,
+                        &plan.caller_channel,
+                        SourceTool::SessionsSpawn,
+                        Some(&plan.chain_id),
+                    )
+                    .to_json(),
+                ),
                 requester_key: Some(plan.caller.key.clone()),
                 chain_id: Some(plan.chain_id.clone()),
                 hop: plan.hop,
@@ -158,7 +362,7 @@ pub fn start(access: &Access, plan: &SpawnPlan) -> Result<Spawned, Refused> {
                 model: plan.model.clone(),
                 thinking: plan.thinking.clone(),
                 timeout_ms: plan.timeout_ms,
-                extra: Some(flow),
+                extra: Some(Flow::Tagged(Tagged::Spawn(flow)).to_json()),
             },
         )?;
         if let Some((key, hash)) = plan.idempotency {
@@ -228,7 +432,7 @@ pub fn announce_text(
         crate::access::transcript(child, Some(&rt.state_dir.join("export")));
     stats.push(format!("transcript {at}"));
     let mut text = format!("Status: {}\nResult: {result}\n", status_text(spawn_run));
-    if rt.access.config.agents.defaults.subagents.announce_step
+    if rt.config.agents.defaults.subagents.announce_step
         && let Some(n) = notes.filter(|n| !n.trim().is_empty())
     {
         text.push_str(&format!("Notes: {n}\n"));
@@ -242,7 +446,7 @@ fn child_result(rt: &Runtime, child: &SessionRow, reply: Option<&str>) -> Result
     if let Some(r) = reply.filter(|r| !r.trim().is_empty()) {
         return Ok(r.to_string());
     }
-    let page = rt.access.store.history_tail(child.id, 50, true)?;
+    let page = rt.store.history_tail(child.id, 50, true)?;
     Ok(page
         .messages
         .iter()
@@ -254,7 +458,7 @@ fn child_result(rt: &Runtime, child: &SessionRow, reply: Option<&str>) -> Result
 
 /// After a run in a sub-agent session: announce when its work (and its children's) is done.
 pub fn after_child_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
-    let store = &rt.access.store;
+    let store = &rt.store;
     let Some(child) = store.session_by_key(&run.session_key)? else { return Ok(()) };
     let (Some(spawn_run_id), None) = (&child.spawn_run, child.announced_at) else { return Ok(()) };
     let Some(spawn_run) = store.run(spawn_run_id)? else { return Ok(()) };
@@ -273,7 +477,7 @@ pub fn after_child_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Resul
         return Ok(()); // the last child's completion wakes this session again
     }
     let ok = result.status == RunStatus::Ok;
-    if ok && rt.access.config.agents.defaults.subagents.announce_step {
+    if ok && rt.config.agents.defaults.subagents.announce_step {
         return queue_notes(rt, &child, run);
     }
     let result_text = child_result(rt, &child, reply.as_deref())?;
@@ -292,7 +496,7 @@ fn queue_notes(rt: &Runtime, child: &SessionRow, run: &RunRow) -> Result<(), Sto
         mode: RunMode::Announce,
         input: json!({"role": "user", "content": NOTES_PROMPT}),
         provenance: Some(
-            json!({"kind": "internal_system", "sourceTool": "subagent_announce", "chainId": run.chain_id}),
+            Provenance::InternalSystem { tool: SourceTool::SubagentAnnounce, chain: run.chain_id.clone() }.to_json(),
         ),
         requester_key: run.requester_key.clone(),
         chain_id: run.chain_id.clone(),
@@ -303,7 +507,7 @@ fn queue_notes(rt: &Runtime, child: &SessionRow, run: &RunRow) -> Result<(), Sto
         timeout_ms: None,
         extra: run.extra.clone(),
     };
-    rt.access.store.write(|tx| enqueue(tx, &step).map_err(StoreError::from))?;
+    rt.store.write(|tx| enqueue(tx, &step).map_err(StoreError::from))?;
     rt.wake();
     Ok(())
 }
@@ -316,12 +520,13 @@ fn announce(
     result: &str,
     notes: Option<&str>,
 ) -> Result<(), StoreError> {
-    let store = &rt.access.store;
+    let store = &rt.store;
     let text = announce_text(rt, child, spawn_run, result, notes);
     let Some(requester) = spawn_run.requester_key.clone() else { return finish(rt, child, spawn_run) };
     let requester_row = store.session_by_key(&requester)?;
-    let provenance = json!({"kind": "inter_session", "sourceSessionKey": child.key.as_str(), "sourceChannel": "internal",
-        "sourceTool": "subagent_announce", "chainId": spawn_run.chain_id});
+    let provenance =
+        Provenance::from_session(&child.key, "internal", SourceTool::SubagentAnnounce, spawn_run.chain_id.as_deref())
+            .to_json();
     store.write(|tx| -> Result<(), StoreError> {
         let Some(r) = &requester_row else { return Ok(()) };
         // One announce per child: the delivery row goes first, and a step taken again stops here.
@@ -359,7 +564,7 @@ fn announce(
                     model: None,
                     thinking: None,
                     timeout_ms: None,
-                    extra: Some(json!({"flow": "completion", "child": child.key.as_str()})),
+                    extra: Some(Flow::Tagged(Tagged::Completion { child: child.key.to_string() }).to_json()),
                 },
             )?;
         }
@@ -383,32 +588,31 @@ fn delivery<'a>(run: &'a RunRow, kind: DeliveryKind, target: &'a str, status: De
 
 /// The flow ends: mark announced, then delete now or archive later.
 fn finish(rt: &Runtime, child: &SessionRow, spawn_run: &RunRow) -> Result<(), StoreError> {
-    let delete = spawn_run.extra.as_ref().and_then(|e| e.get("cleanup")).and_then(Value::as_str) == Some("delete");
-    let minutes = rt.access.config.agents.defaults.subagents.archive_after_minutes;
+    let flow = Flow::of(spawn_run.extra.as_ref());
+    let delete = flow.as_ref().and_then(Flow::spawn).is_some_and(|s| s.cleanup == Cleanup::Delete);
+    let minutes = rt.config.agents.defaults.subagents.archive_after_minutes;
     let archive_after = (minutes > 0.0).then_some((minutes * 60_000.0) as i64);
     if delete {
         remove_attachments(rt, spawn_run);
     }
     // A parent waiting for its last child hears of it through the completion run queued above.
-    rt.access.store.mark_announced(child.id, delete, archive_after)
+    rt.store.mark_announced(child.id, delete, archive_after)
 }
 
 /// Removes a child's attachment directory (at delete or archive); the receipts stay on the run.
 pub fn remove_attachments(rt: &Runtime, spawn_run: &RunRow) {
-    let Some(dir) = spawn_run.extra.as_ref().and_then(|e| e.get("attachmentsPath")).and_then(Value::as_str) else {
+    let flow = Flow::of(spawn_run.extra.as_ref());
+    let Some(dir) = flow.as_ref().and_then(Flow::spawn).and_then(|s| s.attachments_path.as_deref()) else {
         return;
     };
     super::attachments::remove(std::path::Path::new(dir));
-    let _ = rt.access.store.attachments_removed(&spawn_run.run_id);
+    let _ = rt.store.attachments_removed(&spawn_run.run_id);
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::engine::attachments;
-    use crate::store::Store;
 
     fn plan<'a>(caller: &'a Caller, staged: &'a attachments::Staged) -> SpawnPlan<'a> {
         SpawnPlan {
@@ -437,32 +641,33 @@ mod tests {
     #[test]
     fn a_spawn_whose_files_cannot_be_placed_creates_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let access = Access::new(Store::open(&dir.path().join("sessions.db")).unwrap(), Arc::default());
+        let store = Store::open(&dir.path().join("sessions.db")).unwrap();
+        let config = Config::default();
         let caller = Caller::external_main();
         let files = attachments::validate(
             json!([{"name": "a.txt", "content": "hello"}]).as_array().unwrap(),
-            &access.config.tools.sessions_spawn.attachments,
+            &config.tools.sessions_spawn.attachments,
         )
         .unwrap();
         let workspace = dir.path().join("ws");
         let staged = attachments::stage(&workspace, &workspace, &files).unwrap();
         // Something already holds the final name, so the move fails.
         std::fs::create_dir_all(staged.path().join("squatter")).unwrap();
-        let err = start(&access, &plan(&caller, &staged)).unwrap_err();
+        let err = start(&store, &config, &plan(&caller, &staged)).unwrap_err();
         assert!(
             matches!(&err, Refused::Attachments(e) if e.contains("cannot move the attachments into place")),
             "{err:?}"
         );
         drop(staged);
-        assert!(access.store.all_sessions().unwrap().is_empty(), "no child");
-        assert!(access.store.run_counts().unwrap().is_empty(), "no run");
+        assert!(store.all_sessions().unwrap().is_empty(), "no child");
+        assert!(store.run_counts().unwrap().is_empty(), "no run");
         let left: Vec<_> = std::fs::read_dir(workspace.join(".openclaw/attachments")).unwrap().flatten().collect();
         assert_eq!(left.len(), 1, "only the squatter's directory: {left:?}");
         // The same spawn with the name free commits the child and its placed files.
         let staged = attachments::stage(&workspace, &workspace, &files).unwrap();
-        let spawned = start(&access, &plan(&caller, &staged)).unwrap();
+        let spawned = start(&store, &config, &plan(&caller, &staged)).unwrap();
         assert!(staged.path().join("a.txt").is_file());
         staged.keep();
-        assert_eq!(access.store.all_sessions().unwrap().len(), 1, "{spawned:?}");
+        assert_eq!(store.all_sessions().unwrap().len(), 1, "{spawned:?}");
     }
 }

@@ -7,7 +7,7 @@
 //! dies between recording a run's end and taking its steps loses nothing: the next owner
 //! `catch_up`s.
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::engine::scheduler::Runtime;
 use crate::keys::SessionKey;
@@ -17,7 +17,9 @@ use crate::store::{
     StoreError, add_delivery, append_message, enqueue, set_delivery_status,
 };
 
+use super::chain::{Provenance, SourceTool};
 use super::context::{ANNOUNCE_INPUT, is_skip};
+use super::flow::{Exchange, Flow};
 use super::turn::{TurnResult, channel_of_row};
 use super::{deliver, spawn};
 
@@ -25,7 +27,7 @@ use super::{deliver, spawn};
 /// run ids, one delivery per run and kind, final delivery statuses stay final), so taking them
 /// again — after an owner died between recording the end and taking the steps — adds nothing.
 pub fn take_steps(rt: &Runtime, run: &RunRow, result: &TurnResult) {
-    if let Err(e) = after_run(rt, run, result).and_then(|()| rt.access.store.steps_taken(&run.run_id)) {
+    if let Err(e) = after_run(rt, run, result).and_then(|()| rt.store.steps_taken(&run.run_id)) {
         tracing::error!(run = %run.run_id, error = %e, "a flow step failed; the next owner takes it again");
     }
 }
@@ -34,7 +36,7 @@ pub fn take_steps(rt: &Runtime, run: &RunRow, result: &TurnResult) {
 /// died first, or a step failed), e.g. runs that recovery just marked `interrupted`: an
 /// interrupted child still announces (`Status: interrupted`).
 pub fn catch_up(rt: &Runtime, min_age_ms: i64) {
-    let runs = match rt.access.store.runs_with_steps_pending(min_age_ms) {
+    let runs = match rt.store.runs_with_steps_pending(min_age_ms) {
         Ok(runs) => runs,
         Err(e) => return tracing::error!(error = %e, "reading runs whose steps are pending failed"),
     };
@@ -72,25 +74,21 @@ pub fn step_id(run_id: &str, step: &str) -> String {
     uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
 }
 
-/// The flow state a step carries from run to run.
-fn flow_of(run: &RunRow) -> Value {
-    run.extra.clone().unwrap_or_else(|| json!({}))
-}
-
 /// After a send's primary run or a reply step: hand the reply to the other side.
 fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
-    let store = &rt.access.store;
-    let mut flow = flow_of(run);
+    let store = &rt.store;
     let Some(requester) = run.requester_key.clone() else { return Ok(()) };
-    let target =
-        SessionKey::from_canonical(flow.get("target").and_then(Value::as_str).unwrap_or(run.session_key.as_str()));
+    let Some(mut flow) = Flow::of(run.extra.as_ref()).as_ref().and_then(Flow::exchange).cloned() else {
+        return Err(StoreError::Corrupt(format!("run {} carries no exchange", run.run_id)));
+    };
+    let target = flow.target_key();
     let reply = result.ok_reply().map(String::from);
-    let turn = flow.get("turn").and_then(Value::as_u64).unwrap_or(0);
-    let max = u64::from(rt.access.config.session.agent_to_agent.max_ping_pong_turns);
+    let turn = flow.turn;
+    let max = rt.config.session.agent_to_agent.max_ping_pong_turns;
     if run.mode == RunMode::Send {
-        flow["roundOne"] = json!(reply);
+        flow.round_one = reply.clone();
     }
-    flow["latest"] = json!(reply.clone().or(flow.get("latest").and_then(Value::as_str).map(String::from)));
+    flow.latest = reply.clone().or(flow.latest.take());
     // The reply goes to the other side of the exchange: a run's requester is always the side
     // whose message was its input.
     let other = requester.clone();
@@ -133,12 +131,15 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
         return Ok(());
     }
     // The other side answers in its own session: turn k+1.
-    let mut next = flow.clone();
-    next["turn"] = json!(turn + 1);
-    next["max"] = json!(max);
+    let next = Exchange { turn: turn + 1, max, ..flow.clone() };
     let other_id = other_row.as_ref().map(|r| r.id).ok_or_else(|| StoreError::Corrupt(format!("{other} vanished")))?;
-    let provenance = json!({"kind": "inter_session", "sourceSessionKey": run.session_key.as_str(),
-        "sourceChannel": channel_of_row(&run.session_key, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
+    let provenance = Provenance::from_session(
+        &run.session_key,
+        channel_of_row(&run.session_key, None, rt),
+        SourceTool::SessionsSend,
+        run.chain_id.as_deref(),
+    )
+    .to_json();
     let step = NewRun {
         run_id: step_id(&run.run_id, "reply"),
         session: other_id,
@@ -152,7 +153,7 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
         model: None,
         thinking: None,
         timeout_ms: None,
-        extra: Some(next),
+        extra: Some(Flow::Exchange(next).to_json()),
     };
     store.write(|tx| -> Result<(), StoreError> {
         enqueue(tx, &step)?;
@@ -180,8 +181,8 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
 /// Whether the chain has reached `session.agentToAgent.maxChainMessages` (steps stop there).
 fn chain_full(rt: &Runtime, run: &RunRow) -> Result<bool, StoreError> {
     let Some(chain) = &run.chain_id else { return Ok(false) };
-    let n = rt.access.store.chain_messages(chain)?;
-    Ok(n >= i64::from(rt.access.config.session.agent_to_agent.max_chain_messages))
+    let n = rt.store.chain_messages(chain)?;
+    Ok(n >= i64::from(rt.config.session.agent_to_agent.max_chain_messages))
 }
 
 /// Appends `text` to an external session (its inbox) as an inter-session message, handing over
@@ -195,9 +196,14 @@ fn append_inbox(
 ) -> Result<(), StoreError> {
     let Some(delivery) = delivery else { return Ok(()) };
     let from = &run.session_key;
-    let provenance = json!({"kind": "inter_session", "sourceSessionKey": from.as_str(),
-        "sourceChannel": channel_of_row(from, None, rt), "sourceTool": "sessions_send", "chainId": run.chain_id});
-    rt.access.store.write(|tx| -> Result<(), StoreError> {
+    let provenance = Provenance::from_session(
+        from,
+        channel_of_row(from, None, rt),
+        SourceTool::SessionsSend,
+        run.chain_id.as_deref(),
+    )
+    .to_json();
+    rt.store.write(|tx| -> Result<(), StoreError> {
         if !set_delivery_status(tx, delivery, DeliveryStatus::Delivered, None)? {
             return Ok(());
         }
@@ -219,30 +225,35 @@ fn append_inbox(
 }
 
 /// Queues the announce step in the target, once per exchange.
-fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Value) -> Result<(), StoreError> {
-    let store = &rt.access.store;
+fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Exchange) -> Result<(), StoreError> {
+    let store = &rt.store;
     let Some(row) = store.session_by_key(target)? else { return Ok(()) };
     if row.external || !rt.access.send_decision(target, Some(&row)).allowed() || chain_full(rt, run)? {
         return Ok(());
     }
-    let requester = flow.get("requester").and_then(Value::as_str).map(SessionKey::from_canonical);
+    let requester = flow.requester_key();
     let step = NewRun {
         run_id: step_id(&run.run_id, "announce"),
         session: row.id,
         mode: RunMode::Announce,
         input: json!({"role": "user", "content": ANNOUNCE_INPUT}),
         provenance: Some(
-            json!({"kind": "inter_session", "sourceSessionKey": requester.as_ref().map(SessionKey::as_str),
-            "sourceChannel": flow.pointer("/parties/requesterChannel"), "sourceTool": "sessions_send", "chainId": run.chain_id}),
+            Provenance::from_session(
+                &requester,
+                &flow.parties.requester_channel,
+                SourceTool::SessionsSend,
+                run.chain_id.as_deref(),
+            )
+            .to_json(),
         ),
-        requester_key: requester,
+        requester_key: Some(requester),
         chain_id: run.chain_id.clone(),
         hop: run.hop,
         announce_kind: Some(AnnounceKind::AgentToAgent),
         model: None,
         thinking: None,
         timeout_ms: None,
-        extra: Some(flow.clone()),
+        extra: Some(Flow::Exchange(flow.clone()).to_json()),
     };
     store.write(|tx| enqueue(tx, &step).map_err(StoreError::from))?;
     rt.wake();
@@ -261,7 +272,7 @@ fn completion_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Resul
 
 /// Delivers a run's reply to its session's channel, under the send policy.
 fn to_channel(rt: &Runtime, run: &RunRow, result: &TurnResult, kind: DeliveryKind) -> Result<(), StoreError> {
-    let row = rt.access.store.session_by_key(&run.session_key)?;
+    let row = rt.store.session_by_key(&run.session_key)?;
     let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
     let Some(text) = result.ok_reply().map(String::from) else {
         let why = if result.silent { "silent: the reply was a skip token" } else { "the run produced no reply" };

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{self, Parties, is_skip};
+use super::context::{self, is_skip};
+use super::flow::Flow;
 use crate::config::RunnerKind;
 use crate::config::configured_sandbox;
 use crate::config::key_scope;
@@ -38,7 +39,7 @@ impl TurnResult {
 
 /// The channel of a session by the one channel rule.
 pub fn channel_of_row(key: &SessionKey, row: Option<&SessionRow>, rt: &Runtime) -> String {
-    let scope = key_scope(&rt.access.config, &key.agent_id(&rt.access.config.default_agent()));
+    let scope = key_scope(&rt.config, &key.agent_id(&rt.config.default_agent()));
     let stored_chat = row.and_then(|r| r.chat_type);
     let kind = row.map_or_else(|| keys::kind_of(key, &scope, stored_chat), |r| r.kind);
     keys::channel_of(
@@ -81,38 +82,29 @@ fn env_for(run: &RunRow, spec: &crate::runner::RunnerSpec, token: &str, socket: 
     env
 }
 
-/// The `system` text of a run, from its mode and flow state.
-fn system_for(rt: &Runtime, run: &RunRow) -> Option<String> {
-    let flow = run.extra.as_ref()?;
-    let parties = parties_of(flow)?;
-    match run.mode {
-        RunMode::Send => Some(context::send_context(&parties)),
-        RunMode::Reply => {
-            let turn = flow.get("turn").and_then(Value::as_u64).unwrap_or(1) as u32;
-            let max = flow.get("max").and_then(Value::as_u64).unwrap_or(1) as u32;
-            let you_are_requester = run.session_key.as_str() == parties.requester;
-            Some(context::reply_context(&parties, you_are_requester, turn, max))
-        }
-        RunMode::Announce => {
-            let s = |k: &str| flow.get(k).and_then(Value::as_str);
-            Some(context::announce_context(&parties, s("request").unwrap_or(""), s("roundOne"), s("latest")))
-        }
-        _ => {
-            let _ = rt;
-            None
-        }
+/// The `system` text of a run, from its mode and flow state: a send's exchange tells each side
+/// who it is talking to; a spawn's runs carry the sub-agent context.
+fn system_for(run: &RunRow) -> Option<String> {
+    let flow = Flow::of(run.extra.as_ref())?;
+    if let Some(spawn) = flow.spawn() {
+        return Some(spawn.system.clone());
     }
-}
-
-fn parties_of(flow: &Value) -> Option<Parties> {
-    let p = flow.get("parties")?;
-    let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("unknown").to_string();
-    Some(Parties {
-        requester: s("requester"),
-        requester_channel: s("requesterChannel"),
-        target: s("target"),
-        target_channel: s("targetChannel"),
-    })
+    let exchange = flow.exchange()?;
+    let parties = &exchange.parties;
+    match run.mode {
+        RunMode::Send => Some(context::send_context(parties)),
+        RunMode::Reply => {
+            let you_are_requester = run.session_key.as_str() == parties.requester;
+            Some(context::reply_context(parties, you_are_requester, exchange.turn, exchange.max))
+        }
+        RunMode::Announce => Some(context::announce_context(
+            parties,
+            &exchange.request,
+            exchange.round_one.as_deref(),
+            exchange.latest.as_deref(),
+        )),
+        _ => None,
+    }
 }
 
 /// The agent's argv and stdin for a run, from its `request`: `jsonl` agents get the request line;
@@ -172,8 +164,8 @@ pub async fn run_turn(
     cancel: CancellationToken,
     on_delta: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<TurnResult, StoreError> {
-    let store = &rt.access.store;
-    let config = &rt.access.config;
+    let store = &rt.store;
+    let config = &rt.config;
     let fail = |error: String| -> Result<TurnResult, StoreError> {
         let f = Finished {
             status: RunStatus::Error,
@@ -239,7 +231,7 @@ pub async fn run_turn(
     let request = context::request(context::RequestParts {
         run,
         session_id: &session.session_id,
-        system: system_for(rt, run),
+        system: system_for(run),
         messages,
         resume,
         workdir: &workdir,

@@ -7,7 +7,7 @@ mod tool_set;
 mod visibility;
 
 pub use send_policy::{SendDecision, SendPolicySource, SendTarget, resolve_send_policy};
-pub use tool_set::{CallerRole, ToolName, tools_for};
+pub use tool_set::{CallerRole, ToolName, spawnable, tools_for};
 pub use visibility::{
     Action, Denial, VisibilityFacts, VisibilityRules, check_visibility, effective_visibility, glob_match,
 };

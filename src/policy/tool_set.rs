@@ -1,6 +1,7 @@
 //! Which session tools a caller is offered (and may call).
 
 use crate::config::Config;
+use crate::keys::AgentId;
 
 /// The five tools, as a closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,6 +73,23 @@ pub fn tools_for(role: CallerRole, config: &Config) -> Vec<ToolName> {
             set
         }
     }
+}
+
+/// The agent ids `requester` may spawn, itself included: `agents.list[].subagents.allowAgents`.
+pub fn spawnable(config: &Config, requester: &AgentId) -> (bool, Vec<AgentId>) {
+    let allow = config.agent(requester).and_then(|a| a.subagents.as_ref()).and_then(|s| s.allow_agents.clone());
+    let allow = allow.unwrap_or_default();
+    let allow_any = allow.iter().any(|a| a.trim() == "*");
+    let mut ids: Vec<AgentId> = if allow_any {
+        config.configured_agents()
+    } else {
+        allow.iter().filter_map(|a| AgentId::parse(a).ok()).collect()
+    };
+    ids.retain(|a| a != requester);
+    ids.sort();
+    ids.dedup();
+    ids.insert(0, requester.clone());
+    (allow_any, ids)
 }
 
 #[cfg(test)]

@@ -22,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 use super::SessionsServer;
 use super::subscriptions::Hub;
 use crate::access::Access;
-use crate::access::caller;
 use crate::engine::scheduler::Runtime;
 
 /// What differs between the run socket and a TCP listener.
@@ -92,7 +91,7 @@ pub fn router(
 ) -> axum::Router {
     let factory_access = access.clone();
     // One hub per listener: a caller's subscriptions count over all its MCP sessions here.
-    let hub = Hub::new(access.store.clone(), access.config.server.max_subscriptions);
+    let hub = Hub::new(access.clone(), access.config().server.max_subscriptions);
     let sse = options
         .legacy_sse
         .then(|| super::sse::router(access.clone(), runtime.clone(), options.clone(), cancel.clone(), hub.clone()));
@@ -265,9 +264,7 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
         req.extensions_mut().insert(c);
         return within_stream_cap(&auth.open, Credential(Some(hash)), req, next).await;
     }
-    let store = access.store.clone();
-    let config = access.config.clone();
-    let resolved = tokio::task::spawn_blocking(move || caller::by_token(&token, &config, &store)).await;
+    let resolved = tokio::task::spawn_blocking(move || access.caller_by_token(&token)).await;
     match resolved {
         Ok(Ok(Some(caller))) => {
             if caller.run.is_none() {
@@ -284,8 +281,8 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
 /// socket's own caps, until ownership ends.
 pub fn owner_socket() -> crate::engine::scheduler::OwnerSocket {
     Box::new(|runtime: Arc<Runtime>, path: std::path::PathBuf, cancel: CancellationToken| {
-        let options = HttpOptions::socket(&runtime.access.config);
-        let router = router(runtime.access.clone(), Some(runtime.clone()), cancel.clone(), &options);
+        let options = HttpOptions::socket(runtime.access().config());
+        let router = router(runtime.access().clone(), Some(runtime.clone()), cancel.clone(), &options);
         tokio::spawn(async move {
             if let Err(e) = serve_socket(&path, router, cancel).await {
                 tracing::error!(error = %e, socket = %path.display(), "the run socket failed");

@@ -45,7 +45,7 @@ pub struct SessionsServer {
 impl SessionsServer {
     /// The server of one stdio process: its own subscription hub.
     pub fn new(access: Access, caller: Caller, runtime: Option<Arc<Runtime>>) -> Self {
-        let hub = Hub::new(access.store.clone(), access.config.server.max_subscriptions);
+        let hub = Hub::new(access.clone(), access.config().server.max_subscriptions);
         Self::on_hub(access, caller, runtime, hub)
     }
 

@@ -24,8 +24,8 @@ use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::access::Access;
 use crate::keys::SessionKey;
-use crate::store::Store;
 
 /// How often the feed looks for new messages.
 const POLL: Duration = Duration::from_millis(250);
@@ -40,7 +40,7 @@ type Batch = Arc<Vec<(String, i64)>>;
 pub struct Hub(Arc<HubInner>);
 
 struct HubInner {
-    store: Store,
+    access: Access,
     cap: usize,
     /// Subscriptions held per caller (its canonical key), over all its MCP sessions.
     per_caller: Mutex<HashMap<String, usize>>,
@@ -51,9 +51,9 @@ struct HubInner {
 }
 
 impl Hub {
-    pub fn new(store: Store, cap: u32) -> Hub {
+    pub fn new(access: Access, cap: u32) -> Hub {
         Hub(Arc::new(HubInner {
-            store,
+            access,
             cap: cap as usize,
             per_caller: Mutex::new(HashMap::new()),
             feed: broadcast::channel(BACKLOG).0,
@@ -81,7 +81,7 @@ impl Hub {
             *running = true;
             // An unreadable store starts from 0: the first tick reports every session, and
             // watchers ignore what is not newer than what they know.
-            let from = self.0.store.newest_message_id().unwrap_or(0);
+            let from = self.0.access.newest_message_id().unwrap_or(0);
             tokio::spawn(feed(Arc::downgrade(&self.0), from));
         }
         rx
@@ -130,7 +130,7 @@ async fn feed(hub: Weak<HubInner>, mut after: i64) {
                 return;
             }
         }
-        match hub.store.grown_since(after) {
+        match hub.access.grown_since(after) {
             Ok((top, grown)) => {
                 after = top;
                 if !grown.is_empty() {
@@ -196,7 +196,7 @@ impl Watched {
                     .filter(|(_, e)| e.last.is_some())
                     .map(|(k, _)| SessionKey::from_canonical(k.clone()))
                     .collect();
-                match self.hub.0.store.last_seqs_of(&keys) {
+                match self.hub.0.access.last_seqs_of(&keys) {
                     Ok(seqs) => {
                         for (key, seq) in keys.iter().zip(seqs) {
                             advance(entries.get_mut(key.as_str()).expect("read under the lock"), seq);
@@ -263,7 +263,7 @@ impl Subscriptions {
         // Read under the lock: a batch handled after this read is handled after the insert.
         let last = match &named.readable {
             Some(key) => {
-                Some(self.hub.0.store.last_seq_of(key).map_err(|e| McpError::internal_error(e.to_string(), None))?)
+                Some(self.hub.0.access.last_seq_of(key).map_err(|e| McpError::internal_error(e.to_string(), None))?)
             }
             None => None,
         };
@@ -361,7 +361,7 @@ mod tests {
         let world = json!({"sessions": [{"key": "agent:main:main", "messages": [{"role": "user", "content": "hi"}]}]});
         crate::cli::seed::seed_world(&store, &serde_json::from_value(world).unwrap()).unwrap();
         let access = Access::new(store.clone(), Arc::new(crate::config::Config::default()));
-        let hub = Hub::new(store, 10);
+        let hub = Hub::new(access.clone(), 10);
         let server = SessionsServer::on_hub(access, Caller::external_main(), None, hub.clone());
         let (client, transport) = tokio::io::duplex(1 << 16);
         let serving = tokio::spawn(async move {

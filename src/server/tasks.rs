@@ -55,7 +55,7 @@ pub fn answer(access: &Access, result: CallToolResult) -> CallToolResponse {
         (Some(true), _) | (_, None) => None,
         (_, Some(out)) => out.get("runId").and_then(Value::as_str),
     };
-    match run_id.and_then(|id| access.store.run(id).ok().flatten()) {
+    match run_id.and_then(|id| access.run(id).ok().flatten()) {
         Some(run) => CallToolResponse::Task(CreateTaskResult::new(task_of(&run))),
         None => CallToolResponse::Complete(result),
     }
@@ -94,7 +94,7 @@ pub fn update(access: &Access, caller: &Caller, task_id: &str) -> Result<(), Mcp
 
 /// The run behind `task_id` if the caller requested it; the same error for every other id.
 fn owned_run(access: &Access, caller: &Caller, task_id: &str) -> Result<RunRow, McpError> {
-    let run = access.store.run(task_id).map_err(|e| McpError::internal_error(e.to_string(), None))?;
+    let run = access.run(task_id).map_err(|e| McpError::internal_error(e.to_string(), None))?;
     match run {
         Some(run)
             if run.requester_key.as_ref() == Some(&caller.key)
@@ -123,9 +123,9 @@ fn task_of(run: &RunRow) -> Task {
 
 /// What the tool would have answered had the call waited for the run's end.
 fn final_result(access: &Access, caller: &Caller, run: &RunRow) -> JsonObject {
-    let budget = access.config.tools.sessions.max_result_bytes;
+    let budget = access.config().tools.sessions.max_result_bytes;
     let result = match run.mode {
-        RunMode::Spawn => tools::final_result(sessions_spawn::task_result(&access.store, run, budget), budget),
+        RunMode::Spawn => tools::final_result(sessions_spawn::task_result(access, run, budget), budget),
         _ => tools::final_result(sessions_send::task_result(access, caller, run), budget),
     };
     match serde_json::to_value(result) {

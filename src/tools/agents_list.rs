@@ -5,7 +5,6 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::{Ctx, OkStatus, Output, ToolError, ToolSpec};
-use crate::keys::AgentId;
 use crate::policy::ToolName;
 
 /// agents_list takes no arguments.
@@ -47,27 +46,10 @@ pub fn run(ctx: &Ctx, args: Option<Map<String, Value>>) -> Output<AgentsListOk> 
     list(ctx, args).into()
 }
 
-/// The agent ids `requester` may spawn, itself included: DESIGN §5.4's allowlist.
-pub fn spawnable(config: &crate::config::Config, requester: &AgentId) -> (bool, Vec<AgentId>) {
-    let allow = config.agent(requester).and_then(|a| a.subagents.as_ref()).and_then(|s| s.allow_agents.clone());
-    let allow = allow.unwrap_or_default();
-    let allow_any = allow.iter().any(|a| a.trim() == "*");
-    let mut ids: Vec<AgentId> = if allow_any {
-        config.configured_agents()
-    } else {
-        allow.iter().filter_map(|a| AgentId::parse(a).ok()).collect()
-    };
-    ids.retain(|a| a != requester);
-    ids.sort();
-    ids.dedup();
-    ids.insert(0, requester.clone());
-    (allow_any, ids)
-}
-
 fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<AgentsListOk, ToolError> {
     super::reader(ToolName::AgentsList, args)?.finish()?;
-    let config = &ctx.access.config;
-    let (allow_any, ids) = spawnable(config, &ctx.caller.agent);
+    let config = ctx.access.config();
+    let (allow_any, ids) = crate::policy::spawnable(config, &ctx.caller.agent);
     let agents = ids
         .into_iter()
         .map(|id| {

@@ -51,8 +51,7 @@ pub enum OkStatus {
     Ok,
 }
 
-/// Streams progress to the MCP client (progress count, message).
-pub type Progress = std::sync::Arc<dyn Fn(f64, String) + Send + Sync>;
+pub use crate::engine::Progress;
 
 /// What a tool call runs with.
 pub struct Ctx<'a> {
@@ -67,6 +66,11 @@ pub struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// The engine for this call.
+    pub fn engine(&self) -> crate::engine::Engine<'a> {
+        crate::engine::Engine::new(self.access, self.runtime)
+    }
+
     /// A context without runtime, cancellation or progress (in-process calls).
     pub fn plain(access: &'a Access, caller: &'a Caller) -> Self {
         Ctx { access, caller, runtime: None, cancel: tokio_util::sync::CancellationToken::new(), progress: None }
@@ -153,7 +157,7 @@ pub async fn run(ctx: &Ctx<'_>, tool: ToolName, args: Option<Map<String, Value>>
             ToolName::SessionsSpawn => to_value(sessions_spawn::run(ctx, args).await),
         },
     };
-    result(within_budget(structured, ctx.access.config.tools.sessions.max_result_bytes))
+    result(within_budget(structured, ctx.access.config().tools.sessions.max_result_bytes))
 }
 
 /// Room kept for the field that says where a cut text can be read whole.

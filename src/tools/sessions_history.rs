@@ -10,9 +10,9 @@ use serde_json::{Map, Value, json};
 
 use super::args::Bounds;
 use super::{Ctx, OkStatus, Output, ToolError, ToolSpec};
+use crate::access::{HistoryFrom, PendingInput, SessionRow};
 use crate::policy::{Action, ToolName};
 use crate::sanitize::{self, Flags};
-use crate::store::SessionRow;
 
 pub const DEFAULT_LIMIT: u64 = 200;
 pub const MAX_LIMIT: u64 = 1000;
@@ -156,23 +156,23 @@ fn read_page(
     tools: bool,
     flags: &mut Flags,
 ) -> Result<Page, ToolError> {
-    let store = &ctx.access.store;
-    let page = match window {
-        Window::Newest => store.history_tail(row.id, limit, tools)?,
-        Window::After(after) => store.history_after(row.id, after, limit, tools)?,
-        Window::Before(before) => store.history_before(row.id, before, limit, tools)?,
+    let from = match window {
+        Window::Newest => HistoryFrom::Newest,
+        Window::After(after) => HistoryFrom::After(after),
+        Window::Before(before) => HistoryFrom::Before(before),
         Window::One { seq, from_char } => return read_one(ctx, row, seq, from_char, flags),
     };
+    let page = ctx.access.history(row, from, limit, tools)?;
     let mut messages: Vec<Value> = page.messages.iter().map(|m| m.to_json()).collect();
     if matches!(window, Window::Newest) {
-        messages.extend(store.pending_inputs(row.id)?.into_iter().map(pending_message));
+        messages.extend(ctx.access.pending_inputs(row)?.into_iter().map(pending_message));
     }
     messages.iter_mut().for_each(|m| sanitize::sanitize_message(m, flags));
     Ok(Page { messages, has_more: page.has_more, part: None })
 }
 
 fn read_one(ctx: &Ctx, row: &SessionRow, seq: i64, from_char: usize, flags: &mut Flags) -> Result<Page, ToolError> {
-    let Some(m) = ctx.access.store.message_at(row.id, seq)? else {
+    let Some(m) = ctx.access.message_at(row, seq)? else {
         return Err(ToolError::not_found(format!("seq: this session has no message with seq {seq}")));
     };
     let text = sanitize::whole_text(&m.content, flags);
@@ -187,7 +187,7 @@ fn read_one(ctx: &Ctx, row: &SessionRow, seq: i64, from_char: usize, flags: &mut
     Ok(Page { messages: vec![message], has_more: false, part: Some((text, from_char)) })
 }
 
-fn pending_message(p: crate::store::PendingInput) -> Value {
+fn pending_message(p: PendingInput) -> Value {
     let mut m = json!({"role": "user", "pending": true, "runId": p.run_id, "timestamp": p.created_at,
                        "content": p.input.get("content").cloned().unwrap_or(Value::Null)});
     if let Some(prov) = p.provenance {
@@ -215,7 +215,7 @@ fn history(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<HistoryOk, Too
         Some(row) => read_page(ctx, row, window, limit, include_tools, &mut flags)?,
     };
     let runs = match (&target.row, include_runs) {
-        (Some(row), true) => Some(ctx.access.store.recent_runs(row.id, RUNS_SHOWN)?),
+        (Some(row), true) => Some(ctx.access.recent_runs(row, RUNS_SHOWN)?),
         (None, true) => Some(Vec::new()),
         _ => None,
     };
@@ -234,7 +234,7 @@ fn history(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<HistoryOk, Too
         limit_applied: super::limit_applied(clamped),
         runs,
     };
-    let budget = ctx.access.config.tools.sessions.max_result_bytes;
+    let budget = ctx.access.config().tools.sessions.max_result_bytes;
     fit_runs(&mut answer, budget / 2);
     // What the messages may take: the budget less the rest of the answer, with room for the
     // page pointers, flags and size that are only known once they are fitted.
@@ -249,7 +249,7 @@ fn history(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<HistoryOk, Too
     answer.bytes = fitted.bytes;
     answer.messages = fitted.messages;
     if let Some(row) = &target.row {
-        set_pointers(ctx, row.id, include_tools, &mut answer)?;
+        set_pointers(ctx, row, include_tools, &mut answer)?;
     }
     Ok(answer)
 }
@@ -283,10 +283,10 @@ fn fit_runs(answer: &mut HistoryOk, room: usize) {
 }
 
 /// Which ways the page can be read on, from the first and last seq it holds.
-fn set_pointers(ctx: &Ctx, session: i64, include_tools: bool, answer: &mut HistoryOk) -> Result<(), ToolError> {
+fn set_pointers(ctx: &Ctx, row: &SessionRow, include_tools: bool, answer: &mut HistoryOk) -> Result<(), ToolError> {
     let seqs: Vec<i64> = answer.messages.iter().filter_map(|m| m.get("seq").and_then(Value::as_i64)).collect();
     let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else { return Ok(()) };
-    let (older, newer) = ctx.access.store.history_around(session, first, last, include_tools)?;
+    let (older, newer) = ctx.access.history_around(row, first, last, include_tools)?;
     answer.next_before_seq = older.then_some(first);
     answer.next_after_seq = newer.then_some(last);
     Ok(())

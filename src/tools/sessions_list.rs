@@ -6,11 +6,10 @@ use serde_json::{Map, Value};
 
 use super::args::Bounds;
 use super::{Ctx, OkStatus, Output, ToolError, ToolSpec};
-use crate::access::{ListPage, ListRequest, Transcript, transcript};
+use crate::access::{ListPage, ListRequest, SessionRow, Transcript, transcript};
 use crate::keys::{self, KeyScope, SessionKind};
 use crate::policy::ToolName;
 use crate::sanitize::{self, Flags};
-use crate::store::SessionRow;
 
 pub const DEFAULT_LIMIT: u64 = 50;
 pub const MAX_LIMIT: u64 = 200;
@@ -164,13 +163,12 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<ListOk, ToolError
     let req = ListRequest { kinds, limit: limit as usize, active_minutes, include_archived, cursor };
     let mut page = ctx.access.list(ctx.caller, &req)?;
     let scope = ctx.access.scope(ctx.caller);
-    let state_dir_export = ctx.access.store.path().parent().map(|d| d.join("export"));
+    let state_dir_export = ctx.access.export_dir();
     let mut rows: Vec<ListRow> =
         page.rows.iter().map(|r| list_row(r, &scope, ctx.caller.sandboxed, state_dir_export.as_deref())).collect();
     let mut flags = Flags::default();
     if message_limit > 0 {
-        let ids: Vec<i64> = page.rows.iter().map(|r| r.id).collect();
-        let all = ctx.access.store.last_messages(&ids, message_limit as usize)?;
+        let all = ctx.access.last_messages(&page.rows, message_limit as usize)?;
         for (row, msgs) in rows.iter_mut().zip(all) {
             let mut out: Vec<Value> = msgs.iter().map(|m| m.to_json()).collect();
             out.iter_mut().for_each(|m| sanitize::sanitize_message(m, &mut flags));
@@ -196,7 +194,7 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<ListOk, ToolError
         content_truncated: flags.content_truncated,
         content_redacted: flags.content_redacted,
     };
-    fit_answer(&mut answer, &mut page, ctx.access.config.tools.sessions.max_result_bytes);
+    fit_answer(&mut answer, &mut page, ctx.access.config().tools.sessions.max_result_bytes);
     Ok(answer)
 }
 

@@ -10,15 +10,13 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use super::args::Bounds;
 use super::{Ctx, Output, ToolError, ToolSpec};
-use crate::config::Config;
-use crate::engine::spawn::{Refused, SpawnPlan, Spawned};
-use crate::keys::{AgentId, SessionKey};
+use crate::access::{Access, RunRow, RunStatus};
+use crate::engine::spawn::{SpawnRequest, Spawned};
+use crate::keys::AgentId;
 use crate::policy::ToolName;
-use crate::store::{RunRow, RunStatus};
 
 pub const MAX_TASK_BYTES: usize = 64 * 1024;
 pub const MAX_ATTACHMENTS: usize = 50;
@@ -208,22 +206,7 @@ fn one_of(a: &mut super::args::ArgReader, field: &str, allowed: &[&str]) -> Resu
     }
 }
 
-/// Validated arguments.
-struct Args {
-    task: String,
-    label: Option<String>,
-    agent: AgentId,
-    model: Option<String>,
-    thinking: Option<String>,
-    run_timeout: Option<u64>,
-    cleanup_delete: bool,
-    require_sandbox: bool,
-    attachments: Vec<crate::engine::attachments::Incoming>,
-    idempotency_key: Option<String>,
-    raw: Value,
-}
-
-fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError> {
+fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, ToolError> {
     if let Some(key) = args.as_ref().and_then(|a| DELIVERY_KEYS.iter().find(|k| a.contains_key(**k))) {
         return Err(ToolError::invalid(format!(
             "{key} is a channel-delivery argument; sessions_spawn does not deliver to channels (use sessions_send)"
@@ -242,7 +225,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
     };
     let model = a.opt_string("model", 256)?;
     if let Some(m) = &model {
-        let allowlist = ctx.access.config.agent(&agent).and_then(|e| e.models.as_deref());
+        let allowlist = ctx.access.config().agent(&agent).and_then(|e| e.models.as_deref());
         check_model(m, allowlist)?;
     }
     let thinking = match a.opt_string("thinking", 32)? {
@@ -268,7 +251,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
     }
     let cleanup_delete = one_of(&mut a, "cleanup", &["delete", "keep"])?.as_deref() == Some("delete");
     let require_sandbox = one_of(&mut a, "sandbox", &["inherit", "require"])?.as_deref() == Some("require");
-    let limits = &ctx.access.config.tools.sessions_spawn.attachments;
+    let limits = &ctx.access.config().tools.sessions_spawn.attachments;
     let attachments = match a.opt_value("attachments") {
         None => Vec::new(),
         Some(Value::Array(list)) if list.len() > MAX_ATTACHMENTS => {
@@ -285,7 +268,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
     a.opt_value("attachAs");
     let idempotency_key = a.opt_string("idempotencyKey", 256)?;
     a.finish()?;
-    Ok(Args {
+    Ok(SpawnRequest {
         task,
         label,
         agent,
@@ -300,173 +283,12 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
     })
 }
 
-/// Model: param → target subagents.model → defaults.subagents.model → target model →
-/// defaults.model.primary. Thinking: param → target subagents.thinking → defaults.subagents.thinking.
-fn resolve_model_and_thinking(config: &Config, agent: &AgentId, args: &Args) -> (Option<String>, Option<String>) {
-    let entry = config.agent(agent);
-    let sub = entry.and_then(|e| e.subagents.as_ref());
-    let defaults = &config.agents.defaults;
-    let model = args
-        .model
-        .clone()
-        .or_else(|| sub.and_then(|s| s.model.clone()))
-        .or_else(|| defaults.subagents.model.clone())
-        .or_else(|| entry.and_then(|e| e.model.clone()))
-        .or_else(|| defaults.model.primary.clone());
-    let thinking = args
-        .thinking
-        .clone()
-        .or_else(|| sub.and_then(|s| s.thinking.clone()))
-        .or_else(|| defaults.subagents.thinking.clone());
-    (model, thinking)
-}
-
 async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
-    let args = parse(ctx, args)?;
-    let access = ctx.access;
-    let config = &access.config;
-    let caller = ctx.caller;
-    if !args.attachments.is_empty() && !config.tools.sessions_spawn.attachments.enabled {
-        return Err(ToolError::forbidden(
-            "attachments are disabled; the operator can enable them with tools.sessions_spawn.attachments.enabled=true",
-        ));
-    }
-    access.check_can_act(caller)?;
-    let (allow_any, allowed) = super::agents_list::spawnable(config, &caller.agent);
-    if !allowed.contains(&args.agent) || (allow_any && !config.is_configured(&args.agent) && args.agent != caller.agent)
-    {
-        return Err(ToolError::forbidden(format!(
-            "agentId \"{}\" is not allowed for this agent; allowed: {} (agents.list[].subagents.allowAgents)",
-            args.agent,
-            allowed.iter().map(AgentId::as_str).collect::<Vec<_>>().join(", ")
-        )));
-    }
-    let caller_row = access.store.session_by_key(&caller.key)?;
-    let depth = caller_row.as_ref().map_or(0, |r| r.spawn_depth) + 1;
-    let max_depth = i64::from(config.agents.defaults.subagents.max_spawn_depth);
-    if depth > max_depth {
-        return Err(ToolError::forbidden(format!(
-            "sessions_spawn is not allowed at this depth: a child would be at depth {depth} (agents.defaults.subagents.maxSpawnDepth={max_depth})"
-        )));
-    }
-    let probe = SessionKey::for_agent(&args.agent, "subagent:00000000-0000-4000-8000-000000000000");
-    let child_sandboxed = crate::config::configured_sandbox(config, &probe);
-    if (caller.sandboxed || args.require_sandbox) && !child_sandboxed {
-        let why = if caller.sandboxed {
-            "a sandboxed session may only spawn sandboxed children"
-        } else {
-            "sandbox: \"require\" was asked"
-        };
-        return Err(ToolError::forbidden(format!(
-            "{why}, but agent \"{}\" does not run sandboxed (agents.list[].sandbox.mode / agents.defaults.sandbox.mode)",
-            args.agent
-        )));
-    }
-    if args.require_sandbox {
-        // `require` fails fast; an inherited sandbox that cannot start fails the run instead.
-        crate::runner::sandbox::available()
-            .map_err(|why| ToolError::error(format!("sandbox unavailable: {why}; nothing was created")))?;
-    }
-    let decision = access.send_decision(&probe, None);
-    if !decision.allowed() {
-        return Err(ToolError::forbidden(decision.refusal(config.session.send_policy.as_ref())));
-    }
-    let args_hash = hex::encode(Sha256::digest(args.raw.to_string().as_bytes()));
-    if let Some(key) = &args.idempotency_key
-        && let Some(hit) = access.store.idempotency(caller.key.as_str(), key)?
-    {
-        if hit.args_hash != args_hash {
-            return Err(ToolError::invalid(format!(
-                "idempotencyKey {key:?} reused with different arguments; use a new key for a new spawn"
-            )));
-        }
-        let child = hit.result.as_ref().and_then(|r| r.get("childSessionKey")).and_then(Value::as_str).unwrap_or("");
-        let queued = hit.result.as_ref().and_then(|r| r.get("queued")).and_then(Value::as_bool).unwrap_or(false);
-        let spawned =
-            Spawned { run_id: hit.run_id.unwrap_or_default(), child_key: SessionKey::from_canonical(child), queued };
-        return Ok(accepted(ctx, spawned, access.store.last_seq_of(&caller.key)?));
-    }
-    let (chain_id, hop) = match &caller.run {
-        Some(run) => (run.chain_id.clone().unwrap_or_else(|| run.run_id.clone()), run.hop + 1),
-        None => (uuid::Uuid::new_v4().to_string(), 0),
-    };
-    let a2a = &config.session.agent_to_agent;
-    if hop > i64::from(a2a.max_hops) {
-        return Err(ToolError::forbidden(format!(
-            "chain limit reached: maxHops={} (session.agentToAgent.maxHops)",
-            a2a.max_hops
-        )));
-    }
-    // Every refusal above needs no runtime, so it is the same in-process (the property tests).
-    let Some(rt) = ctx.runtime else {
-        return Err(ToolError::error("sessions_spawn needs the runtime, which this server was started without"));
-    };
-    let spec = crate::runner::resolve_runner(config, &args.agent, &rt.state_dir, &rt.runner.exe)
-        .map_err(ToolError::invalid)?;
-    let (model, thinking) = resolve_model_and_thinking(config, &args.agent, &args);
-    let timeout_s = args.run_timeout.or(Some(config.agents.defaults.subagents.run_timeout_seconds)).filter(|s| *s > 0);
-    let inbox_after = access.store.last_seq_of(&caller.key)?;
-    // Staged before the transaction, moved into place as its last step; removed if anything fails.
-    // They go to the child's run workdir: its own directory when it runs sandboxed.
-    let child_session_id = uuid::Uuid::new_v4().to_string();
-    let run_workdir = if child_sandboxed {
-        crate::runner::sandbox::session_workdir(&spec.workdir, &child_session_id)
-    } else {
-        spec.workdir.clone()
-    };
-    let staged = if args.attachments.is_empty() {
-        None
-    } else {
-        Some(
-            crate::engine::attachments::stage(&spec.workdir, &run_workdir, &args.attachments)
-                .map_err(|e| ToolError::error(format!("attachments: {e}")))?,
-        )
-    };
-    let plan = SpawnPlan {
-        caller,
-        caller_channel: if caller.external {
-            "webchat".into()
-        } else {
-            crate::engine::channel_of_row(&caller.key, caller_row.as_ref(), rt)
-        },
-        target_agent: args.agent.clone(),
-        task: &args.task,
-        label: args.label.clone(),
-        model,
-        thinking,
-        timeout_ms: timeout_s.map(|s| (s * 1000) as i64),
-        cleanup_delete: args.cleanup_delete,
-        sandboxed: child_sandboxed,
-        depth,
-        max_depth,
-        chain_id,
-        hop,
-        idempotency: args.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
-        attachments: staged.as_ref(),
-        child_session_id,
-    };
-    let spawned = match crate::engine::spawn::start(&rt.access, &plan) {
-        Ok(s) => s,
-        Err(Refused::Children(n)) => {
-            return Err(ToolError::forbidden(format!(
-                "maxChildrenPerAgent={n} reached: this session already has {n} unfinished children (agents.defaults.subagents.maxChildrenPerAgent)"
-            )));
-        }
-        Err(Refused::Queue(n)) => {
-            return Err(ToolError::forbidden(format!(
-                "maxQueued={n} reached: too many children are waiting to start (agents.defaults.subagents.maxQueued)"
-            )));
-        }
-        Err(Refused::Store(e)) => return Err(e.into()),
-        Err(Refused::Attachments(e)) => return Err(ToolError::error(format!("attachments: {e}"))),
-    };
-    let receipts = staged.as_ref().map(crate::engine::attachments::Staged::summary);
-    if let Some(s) = staged {
-        s.keep();
-    }
-    rt.wake();
-    let mut ok = accepted(ctx, spawned, inbox_after);
-    ok.attachments = receipts;
+    let request = parse(ctx, args)?;
+    ctx.access.check_can_act(ctx.caller)?;
+    let accepted_spawn = ctx.engine().spawn(ctx.caller, request)?;
+    let mut ok = accepted(ctx, accepted_spawn.spawned, accepted_spawn.inbox_after);
+    ok.attachments = accepted_spawn.attachments;
     Ok(ok)
 }
 
@@ -498,7 +320,7 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
 
 /// The final result of a spawn that ran as an MCP task: the child's outcome. The announce still
 /// reaches the requester's session as usual.
-pub fn task_result(store: &crate::store::Store, run: &RunRow, budget: usize) -> SpawnOk {
+pub fn task_result(access: &Access, run: &RunRow, budget: usize) -> SpawnOk {
     let (status, error) = match run.status {
         RunStatus::Ok => (SpawnStatus::Ok, None),
         s => {
@@ -520,7 +342,7 @@ pub fn task_result(store: &crate::store::Store, run: &RunRow, budget: usize) -> 
         reply_seq: None,
     };
     if super::fit_text_field(&mut ok, |a| a.reply.as_mut(), budget) {
-        ok.reply_seq = store.reply_seq(&run.session_key, &run.run_id).ok().flatten();
+        ok.reply_seq = access.reply_seq(&run.session_key, &run.run_id);
     }
     super::fit_text_field(&mut ok, |a| a.error.as_mut(), budget);
     ok

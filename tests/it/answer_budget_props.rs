@@ -112,7 +112,8 @@ fn key_of(i: usize) -> String {
     if i == 0 { "agent:main:main".into() } else { format!("agent:main:subagent:s{i}") }
 }
 
-fn build(w: &WorldGen) -> (Access, tempfile::TempDir) {
+/// The façade under test, and the store beside it for the test's own reads.
+fn build(w: &WorldGen) -> (Access, Store, tempfile::TempDir) {
     let sessions: Vec<Value> = w
         .sessions
         .iter()
@@ -148,7 +149,7 @@ fn build(w: &WorldGen) -> (Access, tempfile::TempDir) {
     seed_world(&store, &serde_json::from_value(json!({"sessions": sessions})).expect("world")).expect("seed");
     let text = format!("{{tools: {{sessions: {{maxResultBytes: {}}}}}}}", w.budget);
     let config = Arc::new(config::parse(&text).expect("config").0);
-    (Access::new(store, config), dir)
+    (Access::new(store.clone(), config), store, dir)
 }
 
 /// Calls a tool; checks the answer fits the budget and is not an error; returns its JSON.
@@ -242,14 +243,14 @@ async fn read_rest(
 }
 
 async fn check_world(w: WorldGen) -> Result<(), TestCaseError> {
-    let (access, _dir) = build(&w);
+    let (access, store, _dir) = build(&w);
     let caller = Caller::external_main();
     for (i, (_, messages)) in w.sessions.iter().enumerate() {
         let key = key_of(i);
-        let row = access.store.session_by_key(&sessions_mcp::keys::SessionKey::from_canonical(key.clone()));
+        let row = store.session_by_key(&sessions_mcp::keys::SessionKey::from_canonical(key.clone()));
         let id = row.expect("read").expect("seeded").id;
         let all: Vec<i64> =
-            access.store.history_after(id, -1, 100_000, true).expect("all").messages.iter().map(|m| m.seq).collect();
+            store.history_after(id, -1, 100_000, true).expect("all").messages.iter().map(|m| m.seq).collect();
         for include_tools in [false, true] {
             let expected = visible(messages, &all, include_tools);
             let mut base = json!({"sessionKey": key, "includeTools": include_tools});

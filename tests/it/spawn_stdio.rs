@@ -388,6 +388,31 @@ fn a_zero_config_spawn_announces_the_echoed_task_without_notes() {
     assert_eq!(runs_of(&show, Some("announce")).len(), 1, "the Notes step still ran: {show}");
 }
 
+/// The child's runs carry the sub-agent context as `system` (the spawn wrote it into the run's
+/// flow state; until the flow state was typed nothing read it back, and children ran without it).
+#[test]
+fn the_child_gets_the_sub_agent_context_as_its_system_text() {
+    let mut env = TestEnv::new();
+    let req_file = env.dir.path().join("requests.jsonl");
+    let body = "IFS= read -r line\nprintf '%s\\n' \"$line\" >> \"$1\"\nprintf '%s\\n' '{\"type\":\"final\",\"text\":\"done\"}'\n";
+    let main = common::shell_agent(&env, "main", body, &[req_file.to_str().unwrap()], json!({}));
+    env.set_config(&config(vec![main], json!({}), json!({})));
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, json!({"task": "count the files", "label": "counter"}));
+    let child = child_of(&r);
+    wait_run_ended(&env, &child, "spawn", 20);
+    let requests = std::fs::read_to_string(&req_file).unwrap();
+    let req: Value = requests
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["mode"] == "spawn")
+        .unwrap_or_else(|| panic!("no spawn request in {requests}"));
+    let system = req["system"].as_str().unwrap_or_else(|| panic!("no system text: {req}"));
+    assert!(system.starts_with("Sub-agent context."), "{system}");
+    assert!(system.contains("Label: counter.") && system.contains(&format!("Your session: {child}.")), "{system}");
+    assert!(system.contains("Requester session: agent:main:main."), "{system}");
+}
+
 #[test]
 fn an_external_requester_is_accepted_and_gets_the_announce_in_its_inbox() {
     let env = env_with(&child_script(), json!({}), json!({}));

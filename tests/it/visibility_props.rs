@@ -247,7 +247,8 @@ fn empty_store() -> &'static [u8] {
 }
 
 /// Builds the store of `models` in a fresh directory.
-fn build(models: &[&Model], config: &Arc<Config>) -> (Access, tempfile::TempDir) {
+/// The façade under test, and the store beside it for the oracle's own reads.
+fn build(models: &[&Model], config: &Arc<Config>) -> (Access, Store, tempfile::TempDir) {
     let dir = tempfile::tempdir_in(scratch()).expect("tempdir");
     let path = Store::path_in(dir.path());
     std::fs::write(&path, empty_store()).expect("copy the empty store");
@@ -273,7 +274,7 @@ fn build(models: &[&Model], config: &Arc<Config>) -> (Access, tempfile::TempDir)
             Ok(())
         })
         .expect("runs and idempotency");
-    (Access::new(store, config.clone()), dir)
+    (Access::new(store.clone(), config.clone()), store, dir)
 }
 
 /// tmpfs when there is one: thousands of small stores.
@@ -364,7 +365,7 @@ impl Oracle<'_> {
     /// main session (it exists virtually, deleted or not).
     fn live(&self, access: &Access, key: &str) -> bool {
         let agent = key.split(':').nth(1).and_then(|a| AgentId::parse(a).ok());
-        let virtual_main = agent.is_some_and(|a| access.config.is_configured(&a) && key == format!("agent:{a}:main"));
+        let virtual_main = agent.is_some_and(|a| access.config().is_configured(&a) && key == format!("agent:{a}:main"));
         virtual_main || self.models.iter().any(|m| m.key == key && !m.deleted)
     }
 
@@ -447,7 +448,14 @@ fn status(answer: &Value) -> &str {
 }
 
 /// The answer to one request agrees with the model (and with `policy`).
-fn check_one(o: &Oracle, access: &Access, tool: &str, args: &Value, answer: &Value) -> Result<(), String> {
+fn check_one(
+    o: &Oracle,
+    access: &Access,
+    store: &Store,
+    tool: &str,
+    args: &Value,
+    answer: &Value,
+) -> Result<(), String> {
     let fail = |why: &str| Err(format!("{why}: {tool} {args} -> {answer}"));
     let named = args.get("sessionKey").or_else(|| args.get("uri")).and_then(Value::as_str).unwrap_or("");
     let named = named.strip_prefix("sessions://history/").unwrap_or(named);
@@ -481,7 +489,7 @@ fn check_one(o: &Oracle, access: &Access, tool: &str, args: &Value, answer: &Val
                 return fail(&format!("{} visible sessions carry this sessionId", findable.len()));
             }
         }
-        "sessions_send" => check_send(o, access, args, answer, key)?,
+        "sessions_send" => check_send(o, access, store, args, answer, key)?,
         _ => {}
     }
     Ok(())
@@ -496,7 +504,14 @@ fn ok(tool: &str, answer: &Value) -> bool {
 
 /// A send never gets past a refusal the model or the policy makes; with no runtime the only
 /// other answer is the runtime error (or an idempotency mismatch for the caller's own key).
-fn check_send(o: &Oracle, access: &Access, args: &Value, answer: &Value, key: Option<String>) -> Result<(), String> {
+fn check_send(
+    o: &Oracle,
+    access: &Access,
+    store: &Store,
+    args: &Value,
+    answer: &Value,
+    key: Option<String>,
+) -> Result<(), String> {
     let fail = |why: String| Err(format!("{why}: sessions_send {args} -> {answer}"));
     let target = match (&key, args.get("label").and_then(Value::as_str)) {
         (Some(k), _) => Some(k.clone()),
@@ -525,7 +540,7 @@ fn check_send(o: &Oracle, access: &Access, args: &Value, answer: &Value, key: Op
         };
     }
     // A deleted main session is reached as the virtual one: its stored override is gone with it.
-    let row = access.store.session_by_key(&SessionKey::from_canonical(target.clone())).expect("store");
+    let row = store.session_by_key(&SessionKey::from_canonical(target.clone())).expect("store");
     let row = row.filter(|r| r.state != sessions_mcp::store::SessionState::Deleted);
     let live = o.live(access, &target);
     let decision = access.send_decision(&SessionKey::from_canonical(target.clone()), row.as_ref());
@@ -546,7 +561,7 @@ fn check_send(o: &Oracle, access: &Access, args: &Value, answer: &Value, key: Op
 /// The model's visibility equals `policy::check_visibility` on the model's facts.
 fn agrees_with_policy(o: &Oracle, access: &Access, key: &str) -> Result<(), String> {
     let target = SessionKey::from_canonical(key);
-    let target_agent = target.agent_id(&access.config.default_agent());
+    let target_agent = target.agent_id(&access.config().default_agent());
     let facts = VisibilityFacts {
         caller_key: &o.caller.key,
         caller_agent: &o.caller.agent,
@@ -554,7 +569,7 @@ fn agrees_with_policy(o: &Oracle, access: &Access, key: &str) -> Result<(), Stri
         target_agent: &target_agent,
         target_in_tree: o.in_tree(key),
     };
-    let rules = VisibilityRules::for_caller(&access.config, o.caller.sandboxed);
+    let rules = VisibilityRules::for_caller(access.config(), o.caller.sandboxed);
     let decided = policy::check_visibility(Action::History, &facts, &rules).is_ok();
     if decided == o.visible(key) {
         Ok(())
@@ -580,13 +595,13 @@ fn run_case(case: &CaseGen, rt: &tokio::runtime::Runtime) -> Result<(), TestCase
     let oracle = Oracle::new(&case.config, &models, &caller);
     let requests = battery(&models, &caller);
     let all: Vec<&Model> = models.iter().collect();
-    let (access, _dir) = build(&all, &config);
-    let before = access.store.fingerprint().expect("fingerprint");
+    let (access, store, _dir) = build(&all, &config);
+    let before = store.fingerprint().expect("fingerprint");
     let got = rt.block_on(answers(&access, &caller, &requests));
     for ((tool, args), answer) in requests.iter().zip(&got) {
-        check_one(&oracle, &access, tool, args, answer).map_err(TestCaseError::fail)?;
+        check_one(&oracle, &access, &store, tool, args, answer).map_err(TestCaseError::fail)?;
     }
-    prop_assert_eq!(&before, &access.store.fingerprint().expect("fingerprint"), "a call changed the store");
+    prop_assert_eq!(&before, &store.fingerprint().expect("fingerprint"), "a call changed the store");
     // A session that links others into the caller's tree decides their visibility by design
     // (a cross-agent child that spawned back); only sessions that parent nothing can go.
     let parents: HashSet<&str> = models.iter().filter_map(|m| m.parent.as_deref()).collect();
@@ -596,7 +611,7 @@ fn run_case(case: &CaseGen, rt: &tokio::runtime::Runtime) -> Result<(), TestCase
         .collect();
     let Some(gone) = hidden.get(case.remove % hidden.len().max(1)) else { return Ok(()) };
     let rest: Vec<&Model> = models.iter().filter(|m| m.key != gone.key).collect();
-    let (without, _dir2) = build(&rest, &config);
+    let (without, _, _dir2) = build(&rest, &config);
     let got_without = rt.block_on(answers(&without, &caller, &requests));
     for ((req, a), b) in requests.iter().zip(&got).zip(&got_without) {
         prop_assert_eq!(a, b, "removing invisible {} changed the answer to {:?}", gone.key, req);
@@ -658,7 +673,7 @@ fn tree_listing_leaves_out_children_of_other_agents() {
     };
     let main = Model { parent: None, ..child("agent:main:main") };
     let (own, foreign) = (child("agent:main:subagent:a"), child("agent:ops:subagent:b"));
-    let (access, _dir) = build(&[&main, &own, &foreign], &config);
+    let (access, _, _dir) = build(&[&main, &own, &foreign], &config);
     let caller = caller_of(&CallerGen { pick: 0, sandboxed: false, external: true }, std::slice::from_ref(&main));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
     let ctx = Ctx::plain(&access, &caller);
