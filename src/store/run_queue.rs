@@ -12,7 +12,7 @@ use super::{NewMessage, Result, Store, now_ms};
 use crate::keys::{AgentId, SessionKey};
 
 /// Where a run is: waiting, running, or one of the five ways it ends. Stored as its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
     Queued,
