@@ -63,8 +63,9 @@ pub enum StoreError {
         "store is read-only or the disk is full ({0}); nothing of this request was stored: free space or fix the permissions of the state directory, then retry"
     )]
     Unwritable(String),
+    /// Any other failure of the database, kept as its own error (no backend type in the API).
     #[error("store: {0}")]
-    Sqlite(rusqlite::Error),
+    Backend(Box<dyn std::error::Error + Send + Sync>),
     #[error("store: stored data is corrupt: {0}")]
     Corrupt(String),
 }
@@ -86,7 +87,7 @@ impl From<rusqlite::Error> for StoreError {
         use rusqlite::ErrorCode as C;
         match e.sqlite_error_code() {
             Some(C::ReadOnly | C::DiskFull | C::CannotOpen | C::SystemIoFailure) => Self::Unwritable(e.to_string()),
-            _ => Self::Sqlite(e),
+            _ => Self::Backend(Box::new(e)),
         }
     }
 }

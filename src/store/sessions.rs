@@ -305,7 +305,7 @@ impl Store {
     }
 }
 
-pub(crate) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Result<Option<SessionRow>> {
+pub(super) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Result<Option<SessionRow>> {
     let sql = format!("SELECT {COLUMNS} FROM sessions WHERE key = ?1");
     c.prepare_cached(&sql)?.query_row([key.as_str()], SessionRow::from_row).optional()
 }
