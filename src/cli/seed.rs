@@ -271,6 +271,7 @@ fn generate(store: &Store, n: u64, args: &SeedArgs) -> anyhow::Result<u64> {
     });
     let into = into.map(|key| {
         let s = NewSession::new(key.clone(), key.agent_id(&agent), keys::kind_of(&key, &scope, None), false);
+        // Every message, as a transcript of the same type as the generated sessions' (one chain).
         SeedSession::new(s, (0..args.messages).step_by(1).map(message))
     });
     store.seed(generated.chain(into), &[], &[])?;
