@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
 use super::client::{Memory, StdioServer, serve_command, stop_child};
-use super::{Bench, Group, Row, Samples, send};
+use super::{Bench, Group, Row, Samples, runs_stored, send};
 use crate::store::Store;
 
 pub async fn run(bench: &mut Bench) -> anyhow::Result<()> {
@@ -34,7 +34,7 @@ async fn waits(bench: &mut Bench) -> anyhow::Result<()> {
     }));
     // Every send enqueues its run before it waits: n runs means n waits outstanding.
     let all_waiting = async {
-        while store.read(|c| c.query_row("SELECT count(*) FROM runs", [], |r| r.get::<_, i64>(0)))? < n as i64 {
+        while runs_stored(&store)? < n as i64 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // Let the last sends reach their wait.

@@ -185,6 +185,11 @@ where
     Ok(samples)
 }
 
+/// Runs the store holds, whatever their status (every send to a driven session enqueues one).
+fn runs_stored(store: &crate::store::Store) -> anyhow::Result<i64> {
+    Ok(store.run_counts()?.iter().map(|(_, n)| n).sum())
+}
+
 /// What every group gets: the mode, its sizes, the cached stores, and the rows so far.
 pub struct Bench {
     pub quick: bool,

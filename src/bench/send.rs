@@ -12,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::client::{self, StdioServer};
 use super::worlds::SCRIPT_FILE;
-use super::{Bench, Group, Row, Samples};
+use super::{Bench, Group, Row, Samples, runs_stored};
 use crate::store::Store;
 
 /// A session whose runs sleep ten minutes: sends to it queue behind the first one.
@@ -83,7 +83,7 @@ async fn end_to_end(bench: &mut Bench, dir: &Path) -> anyhow::Result<Samples> {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-    let runs: i64 = store.read(|c| c.query_row("SELECT count(*) FROM runs", [], |r| r.get(0)))?;
+    let runs = runs_stored(&store)?;
     let rate = format!("{:.1} runs/s", runs as f64 / started.elapsed().as_secs_f64());
     let what = format!("send with wait, end to end (run + announce step), {n} sends");
     bench.push(Row::latency(Group::Send, what, &samples).with_rate(rate).with_rss(server.memory()));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::client::StdioServer;
-use super::{Bench, Group, Row, mib, send};
+use super::{Bench, Group, Row, mib, runs_stored, send};
 use crate::store::Store;
 
 const WORKERS: usize = 8;
@@ -28,14 +28,14 @@ pub async fn run(bench: &mut Bench) -> anyhow::Result<()> {
     settle(&store, rest).await?;
     let warm = server.memory();
     for n in 1..=ROUNDS {
-        let runs_before = runs(&store)?;
+        let runs_before = runs_stored(&store)?;
         let (calls, peak) = sampled(&server, round(&server, &sessions, Instant::now() + load)).await?;
         settle(&store, rest).await?;
         let after = server.memory();
         let what = format!(
             "soak round {n}/{ROUNDS}: {}s of mixed load ({calls} calls, {} runs), then {}s rest",
             load.as_secs(),
-            runs(&store)? - runs_before,
+            runs_stored(&store)? - runs_before,
             rest.as_secs()
         );
         let value = format!("warm {} → peak {} → after rest {}", mib(warm.rss_kb), mib(peak), mib(after.rss_kb));
@@ -85,8 +85,4 @@ async fn settle(store: &Store, rest: Duration) -> anyhow::Result<()> {
     }
     tokio::time::sleep(rest).await;
     Ok(())
-}
-
-fn runs(store: &Store) -> anyhow::Result<i64> {
-    Ok(store.read(|c| c.query_row("SELECT count(*) FROM runs", [], |r| r.get(0)))?)
 }

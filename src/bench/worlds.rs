@@ -1,4 +1,4 @@
-//! The stores the benchmarks run on, generated with direct inserts in one transaction and cached
+//! The stores the benchmarks run on, each seeded in one transaction (`Store::seed`) and cached
 //! for the whole run: every row that needs "100,000 sessions" shares one state directory. Each
 //! world is a state directory holding `sessions.db` and the `config.json5` its servers read.
 
@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use crate::keys::{AgentId, SessionKey, SessionKind};
-use crate::store::{NewMessage, NewSession, Store, append_message, insert_session};
+use crate::store::{NewMessage, NewSession, SeedSession, Store};
 
 /// The scripted agent's script in a [`Worlds::with_agent`] state directory.
 pub const SCRIPT_FILE: &str = "agent-script.json";
@@ -61,12 +61,8 @@ impl Worlds {
         });
         self.get(name, &config.to_string(), |store| {
             std::fs::write(&script_path, script.to_string())?;
-            store.write(|tx| -> anyhow::Result<()> {
-                for key in targets {
-                    insert_session(tx, &session(SessionKey::from_canonical(*key)))?;
-                }
-                Ok(())
-            })
+            let sessions = targets.iter().map(|key| SeedSession::new(session(SessionKey::from_canonical(*key)), []));
+            Ok(store.seed(sessions, &[], &[])?)
         })
     }
 
@@ -102,11 +98,6 @@ fn session(key: SessionKey) -> NewSession {
     NewSession::new(key, AgentId::main(), SessionKind::Other, false)
 }
 
-fn insert(tx: &rusqlite::Transaction, s: &NewSession) -> anyhow::Result<i64> {
-    insert_session(tx, s)?;
-    Ok(crate::store::session_id(tx, &s.key)?)
-}
-
 /// Message `i` of a transcript: user text, an assistant text with a tool call, its tool result,
 /// an assistant answer, in turn.
 fn transcript_message(i: u64) -> NewMessage {
@@ -124,39 +115,33 @@ fn transcript_message(i: u64) -> NewMessage {
     NewMessage { role: role.into(), content, ..Default::default() }
 }
 
+/// A session and the first `n` messages of a transcript.
+fn with_transcript(s: NewSession, n: u64) -> SeedSession<impl Iterator<Item = NewMessage>> {
+    SeedSession::new(s, (0..n).map(transcript_message))
+}
+
 fn seed_flat(store: &Store, sessions: u64) -> anyhow::Result<()> {
-    store.write(|tx| -> anyhow::Result<()> {
-        for i in 0..sessions {
-            let id = insert(tx, &session(SessionKey::for_agent(&AgentId::main(), &format!("bench:{i}"))))?;
-            for m in 0..MESSAGES_PER_SESSION {
-                append_message(tx, id, &transcript_message(m))?;
-            }
-        }
-        Ok(())
-    })
+    let key = |i: u64| SessionKey::for_agent(&AgentId::main(), &format!("bench:{i}"));
+    Ok(store.seed((0..sessions).map(|i| with_transcript(session(key(i)), MESSAGES_PER_SESSION)), &[], &[])?)
 }
 
 fn seed_tree(store: &Store, children: u64) -> anyhow::Result<()> {
-    store.write(|tx| -> anyhow::Result<()> {
-        let main = AgentId::main();
-        let parent = SessionKey::from_canonical("agent:main:main");
-        insert_session(tx, &NewSession::new(parent.clone(), main.clone(), SessionKind::Main, true))?;
-        for _ in 0..children {
-            let mut s = session(SessionKey::for_agent(&main, &format!("subagent:{}", uuid::Uuid::new_v4())));
-            s.spawned_by = Some(parent.clone());
-            s.spawn_depth = 1;
-            insert_session(tx, &s)?;
-        }
-        Ok(())
-    })
+    let main = AgentId::main();
+    let parent = SessionKey::from_canonical("agent:main:main");
+    let child = |_| {
+        let mut s = session(SessionKey::for_agent(&main, &format!("subagent:{}", uuid::Uuid::new_v4())));
+        s.spawned_by = Some(parent.clone());
+        s.spawn_depth = 1;
+        s
+    };
+    let root = NewSession::new(parent.clone(), main.clone(), SessionKind::Main, true);
+    let sessions = std::iter::once(root).chain((0..children).map(child));
+    Ok(store.seed(sessions.map(|s| SeedSession::new(s, [])), &[], &[])?)
 }
 
 fn seed_history(store: &Store, messages: u64) -> anyhow::Result<()> {
-    store.write(|tx| -> anyhow::Result<()> {
-        let id = insert(tx, &session(SessionKey::from_canonical(history_key(messages))))?;
-        (0..messages).try_for_each(|m| append_message(tx, id, &transcript_message(m)).map(drop))?;
-        Ok(())
-    })
+    let s = session(SessionKey::from_canonical(history_key(messages)));
+    Ok(store.seed([with_transcript(s, messages)], &[], &[])?)
 }
 
 /// A temporary directory removed on drop (no test-only crates in the binary).

@@ -11,7 +11,10 @@ use serde_json::{Map, Value, json};
 use crate::cli::Paths;
 use crate::config::key_scope;
 use crate::keys::{self, AgentId, ChatType, SessionKey, SessionRef};
-use crate::store::{self, NewMessage, NewSession, Store, now_ms};
+use crate::store::{
+    NewMessage, NewSession, RunStatus, SeedRun, SeedSession, SeedToken, SendPolicyOverride, Stated, Store, TokenRow,
+    now_ms, sha256_hex,
+};
 
 #[derive(Args)]
 pub struct SeedArgs {
@@ -58,7 +61,7 @@ pub struct SessionSpec {
     pub spawn_depth: Option<i64>,
     #[serde(default)]
     pub sandboxed: bool,
-    pub send_policy: Option<String>,
+    pub send_policy: Option<SendPolicyOverride>,
     pub model: Option<String>,
     pub archived_at: Option<i64>,
     pub deleted_at: Option<i64>,
@@ -86,15 +89,15 @@ pub struct RunSpec {
     pub run_id: String,
     pub session_key: String,
     #[serde(default = "default_run_status")]
-    pub status: String,
+    pub status: RunStatus,
     pub waiting_on: Option<String>,
     pub owner: Option<String>,
     #[serde(default)]
     pub input: Option<String>,
 }
 
-fn default_run_status() -> String {
-    "running".into()
+fn default_run_status() -> RunStatus {
+    RunStatus::Running
 }
 
 /// A run token: the plain token (hashed before storing) and what it is bound to.
@@ -150,81 +153,72 @@ fn canonical_for(raw: &str, agent: &AgentId) -> Result<SessionKey, String> {
     }
 }
 
-/// Writes a world spec in one transaction.
+/// Writes a world spec in one transaction; nothing is written when any part of it is invalid.
 pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
-    store.write(|tx| -> anyhow::Result<u64> {
-        for s in &world.sessions {
-            let prefix = s.agent_id.as_deref().map(AgentId::parse).transpose()?.unwrap_or_else(AgentId::main);
-            let key = canonical_for(&s.key, &prefix).map_err(anyhow::Error::msg)?;
-            let agent = key.agent_id(&AgentId::main());
-            let chat_type = s.chat_type.as_deref().and_then(ChatType::parse);
-            let scope = key_scope(&crate::config::Config::default(), &agent);
-            let mut n = NewSession::new(key.clone(), agent, keys::kind_of(&key, &scope, chat_type), s.driver.as_deref() == Some("external"));
-            if let Some(id) = &s.session_id {
-                n.session_id = id.clone();
-            }
-            n.chat_type = chat_type;
-            n.channel = s.channel.clone();
-            n.last_channel = s.last_channel.clone();
-            n.last_to = s.last_to.clone();
-            n.delivery_context = s.delivery_context.clone();
-            n.label = s.label.clone();
-            n.display_name = s.display_name.clone();
-            n.spawned_by = s.spawned_by.as_deref().map(canonical).transpose().map_err(anyhow::Error::msg)?;
-            n.spawn_depth = s.spawn_depth.unwrap_or(i64::from(n.spawned_by.is_some()));
-            n.sandboxed = s.sandboxed;
-            n.model = s.model.clone();
-            n.archived_at = s.archived_at;
-            let updated = s.updated_at.unwrap_or_else(now_ms);
-            n.created_at = updated;
-            n.updated_at = updated;
-            store::insert_session(tx, &n)?;
-            let id: i64 = crate::store::session_id(tx, &key)?;
-            tx.execute(
-                "UPDATE sessions SET send_policy = ?2, deleted_at = ?3, state = CASE WHEN ?3 IS NOT NULL THEN 2 ELSE state END WHERE id = ?1",
-                rusqlite::params![id, s.send_policy, s.deleted_at],
-            )?;
-            for m in &s.messages {
-                store::append_message(tx, id, &spec_message(m, updated))?;
-            }
-            // Appending moves updated_at; a spec that names it wins.
-            tx.execute("UPDATE sessions SET updated_at = ?2 WHERE id = ?1", rusqlite::params![id, updated])?;
-        }
-        for t in &world.run_tokens {
-            let key = canonical(&t.session_key).map_err(anyhow::Error::msg)?;
-            tx.execute(
-                "INSERT INTO tokens (hash, kind, session_key, run_id, chain_id, hop, sandboxed, expires_at, created_at)
-                 VALUES (?1, 'run', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                rusqlite::params![
-                    crate::store::sha256_hex(&t.token),
-                    key.as_str(),
-                    t.run_id,
-                    t.chain_id,
-                    t.hop,
-                    t.sandboxed,
-                    t.expires_at,
-                    now_ms()
-                ],
-            )?;
-        }
-        for r in &world.runs {
-            let key = canonical(&r.session_key).map_err(anyhow::Error::msg)?;
-            let session: i64 = crate::store::session_id(tx, &key)?;
-            tx.execute(
-                "INSERT INTO runs (run_id, session, mode, status, input, waiting_on, owner, created_at, started_at)
-                 VALUES (?1, ?2, 'send', ?3, ?4, ?5, ?6, ?7, ?7)",
-                rusqlite::params![
-                    r.run_id,
-                    session,
-                    r.status,
-                    json!({"role": "user", "content": r.input.clone().unwrap_or_default()}).to_string(),
-                    r.waiting_on,
-                    r.owner,
-                    now_ms()
-                ],
-            )?;
-        }
-        Ok(world.sessions.len() as u64)
+    let sessions = world.sessions.iter().map(seed_session).collect::<anyhow::Result<Vec<_>>>()?;
+    let tokens = world.run_tokens.iter().map(seed_token).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
+    let runs = world.runs.iter().map(seed_run).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
+    store.seed(sessions, &tokens, &runs)?;
+    Ok(world.sessions.len() as u64)
+}
+
+/// A spec session as the store seeds it: the row the spec states, its messages stamped with its
+/// `updatedAt` unless they carry their own.
+fn seed_session(s: &SessionSpec) -> anyhow::Result<SeedSession<Vec<NewMessage>>> {
+    let prefix = s.agent_id.as_deref().map(AgentId::parse).transpose()?.unwrap_or_else(AgentId::main);
+    let key = canonical_for(&s.key, &prefix).map_err(anyhow::Error::msg)?;
+    let agent = key.agent_id(&AgentId::main());
+    let chat_type = s.chat_type.as_deref().and_then(ChatType::parse);
+    let scope = key_scope(&crate::config::Config::default(), &agent);
+    let mut n = NewSession::new(
+        key.clone(),
+        agent,
+        keys::kind_of(&key, &scope, chat_type),
+        s.driver.as_deref() == Some("external"),
+    );
+    if let Some(id) = &s.session_id {
+        n.session_id = id.clone();
+    }
+    n.chat_type = chat_type;
+    n.channel = s.channel.clone();
+    n.last_channel = s.last_channel.clone();
+    n.last_to = s.last_to.clone();
+    n.delivery_context = s.delivery_context.clone();
+    n.label = s.label.clone();
+    n.display_name = s.display_name.clone();
+    n.spawned_by = s.spawned_by.as_deref().map(canonical).transpose().map_err(anyhow::Error::msg)?;
+    n.spawn_depth = s.spawn_depth.unwrap_or(i64::from(n.spawned_by.is_some()));
+    n.sandboxed = s.sandboxed;
+    n.model = s.model.clone();
+    n.archived_at = s.archived_at;
+    let updated = s.updated_at.unwrap_or_else(now_ms);
+    n.created_at = updated;
+    n.updated_at = updated;
+    let messages = s.messages.iter().map(|m| spec_message(m, updated)).collect();
+    let stated = Stated { send_policy: s.send_policy, deleted_at: s.deleted_at };
+    Ok(SeedSession { stated: Some(stated), ..SeedSession::new(n, messages) })
+}
+
+fn seed_token(t: &RunTokenSpec) -> Result<SeedToken, String> {
+    let key = canonical(&t.session_key)?;
+    let row = TokenRow {
+        session_key: key.as_str().to_string(),
+        run_id: Some(t.run_id.clone()),
+        chain_id: t.chain_id.clone(),
+        hop: t.hop,
+        sandboxed: t.sandboxed,
+    };
+    Ok(SeedToken { hash: sha256_hex(&t.token), row, expires_at: t.expires_at })
+}
+
+fn seed_run(r: &RunSpec) -> Result<SeedRun, String> {
+    Ok(SeedRun {
+        run_id: r.run_id.clone(),
+        session: canonical(&r.session_key)?,
+        status: r.status,
+        input: json!({"role": "user", "content": r.input.clone().unwrap_or_default()}),
+        waiting_on: r.waiting_on.clone(),
+        owner: r.owner.clone(),
     })
 }
 
@@ -248,44 +242,38 @@ fn spec_message(m: &Map<String, Value>, default_ts: i64) -> NewMessage {
     }
 }
 
-/// Generates `n` sessions and `args.messages` messages in one transaction.
+/// Generates `n` sessions and `args.messages` messages in one transaction. Message `i` goes to
+/// generated session `i mod n`, or to `--into`.
 fn generate(store: &Store, n: u64, args: &SeedArgs) -> anyhow::Result<u64> {
     let agent = AgentId::parse(&args.agent)?;
     let parent = args.spawned_by.as_deref().map(canonical).transpose().map_err(anyhow::Error::msg)?;
     let into = args.into.as_deref().map(canonical).transpose().map_err(anyhow::Error::msg)?;
     let scope = key_scope(&crate::config::Config::default(), &agent);
     let base = now_ms() - (n as i64) * 1000;
-    store.write(|tx| -> anyhow::Result<u64> {
-        let mut ids = Vec::with_capacity(n as usize);
-        for i in 0..n {
-            let key = match &parent {
-                Some(_) => SessionKey::for_agent(&agent, &format!("subagent:{}", uuid::Uuid::new_v4())),
-                None => SessionKey::for_agent(&agent, &format!("seed:{i}")),
-            };
-            let mut s = NewSession::new(key.clone(), agent.clone(), keys::kind_of(&key, &scope, None), false);
-            s.spawned_by = parent.clone();
-            s.spawn_depth = i64::from(parent.is_some());
-            s.created_at = base + i as i64 * 1000;
-            s.updated_at = s.created_at;
-            store::insert_session(tx, &s)?;
-            ids.push(crate::store::session_id(tx, &key)?);
-        }
-        if let Some(key) = &into {
-            let s = NewSession::new(key.clone(), key.agent_id(&agent), keys::kind_of(key, &scope, None), false);
-            store::insert_session(tx, &s)?;
-            ids = vec![crate::store::session_id(tx, key)?];
-        }
-        for i in 0..args.messages {
-            let Some(session) = ids.get((i as usize) % ids.len().max(1)) else { break };
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            let m = NewMessage {
-                role: role.into(),
-                content: json!([{"type": "text", "text": format!("message {i}: the quick brown fox jumps over the lazy dog")}]),
-                timestamp: Some(base + i as i64),
-                ..Default::default()
-            };
-            store::append_message(tx, *session, &m)?;
-        }
-        Ok(n)
-    })
+    let message = move |i: u64| NewMessage {
+        role: if i.is_multiple_of(2) { "user" } else { "assistant" }.into(),
+        content: json!([{"type": "text", "text": format!("message {i}: the quick brown fox jumps over the lazy dog")}]),
+        timestamp: Some(base + i as i64),
+        ..Default::default()
+    };
+    let spread = if into.is_some() { 0 } else { args.messages };
+    let generated = (0..n).map(|i| {
+        let key = match &parent {
+            Some(_) => SessionKey::for_agent(&agent, &format!("subagent:{}", uuid::Uuid::new_v4())),
+            None => SessionKey::for_agent(&agent, &format!("seed:{i}")),
+        };
+        let mut s = NewSession::new(key.clone(), agent.clone(), keys::kind_of(&key, &scope, None), false);
+        s.spawned_by = parent.clone();
+        s.spawn_depth = i64::from(parent.is_some());
+        s.created_at = base + i as i64 * 1000;
+        s.updated_at = s.created_at;
+        SeedSession::new(s, (i..spread).step_by(n as usize).map(message))
+    });
+    let into = into.map(|key| {
+        let s = NewSession::new(key.clone(), key.agent_id(&agent), keys::kind_of(&key, &scope, None), false);
+        // Every message, as a transcript of the same type as the generated sessions' (one chain).
+        SeedSession::new(s, (0..args.messages).step_by(1).map(message))
+    });
+    store.seed(generated.chain(into), &[], &[])?;
+    Ok(n)
 }

@@ -18,7 +18,9 @@ use serde_json::{Map, Value, json};
 use crate::config::Config;
 use crate::config::key_scope;
 use crate::keys::{self, AgentId, ChatType, SessionKey, SessionRef};
-use crate::store::{self, NewMessage, NewSession, SendPolicyOverride, Store, StoreError};
+use crate::store::{
+    ImportedSession, Merged, NewMessage, NewSession, SendPolicyOverride, SessionExtras, Store, StoreError,
+};
 
 /// Assistant replies that mean "nothing to say": stored `silent`, never returned or delivered.
 pub const SKIP_TOKENS: [&str; 3] = ["REPLY_SKIP", "ANNOUNCE_SKIP", "NO_REPLY"];
@@ -35,30 +37,6 @@ pub struct Report {
     pub messages_already_present: usize,
     /// One line per file or entry not imported (or imported with a caveat), with the reason.
     pub notes: Vec<String>,
-}
-
-/// One session entry ready to write.
-struct Pending {
-    session: NewSession,
-    extra: SessionExtras,
-    messages: Vec<(String, NewMessage)>,
-}
-
-/// Row fields `NewSession` does not carry.
-#[derive(Default)]
-struct SessionExtras {
-    last_account_id: Option<String>,
-    send_policy: Option<SendPolicyOverride>,
-    model_provider: Option<String>,
-    thinking_level: Option<String>,
-    verbose_level: Option<String>,
-    context_tokens: Option<i64>,
-    system_sent: Option<bool>,
-    aborted_last_run: Option<bool>,
-    tokens_in: i64,
-    tokens_out: i64,
-    tokens_total: i64,
-    cost: Option<f64>,
 }
 
 /// Imports the reference store at `dir` into `store`.
@@ -84,12 +62,10 @@ pub fn import(dir: &Path, store: &Store, config: &Config) -> Result<Report, Stor
     let total = pending.len();
     let mut done = 0;
     for chunk in pending.chunks(BATCH) {
-        store.write(|tx| -> Result<(), StoreError> {
-            for p in chunk {
-                write_session(tx, p, &mut report)?;
-            }
-            Ok(())
-        })?;
+        let merged = store.import_sessions(chunk)?;
+        for (p, m) in chunk.iter().zip(merged) {
+            report.count(p, m);
+        }
         done += chunk.len();
         if progress {
             eprint!("\rimporting: {done}/{total} sessions");
@@ -102,9 +78,24 @@ pub fn import(dir: &Path, store: &Store, config: &Config) -> Result<Report, Stor
     Ok(report)
 }
 
+impl Report {
+    /// Counts what merging `p` did; a key already stored under another sessionId gets a note.
+    fn count(&mut self, p: &ImportedSession, m: Merged) {
+        self.sessions_created += usize::from(m.created);
+        self.messages_imported += m.messages_imported;
+        self.messages_already_present += m.messages_already_present;
+        if !m.created && m.stored_session_id != p.session.session_id {
+            self.notes.push(format!(
+                "{}: conflict: the store already has this key with sessionId {} (import has {}); kept the stored session, appended messages not yet present",
+                p.session.key, m.stored_session_id, p.session.session_id
+            ));
+        }
+    }
+}
+
 /// Each pending session's depth in the lineage among the pending ones (0 for a root, or for a
 /// session whose parent is not imported now). A cycle in `spawnedBy` stops the count.
-fn lineage_depths(pending: &[Pending]) -> HashMap<SessionKey, usize> {
+fn lineage_depths(pending: &[ImportedSession]) -> HashMap<SessionKey, usize> {
     let parent: HashMap<&SessionKey, &SessionKey> =
         pending.iter().filter_map(|p| p.session.spawned_by.as_ref().map(|by| (&p.session.key, by))).collect();
     let depth = |key: &SessionKey| {
@@ -118,7 +109,7 @@ fn lineage_depths(pending: &[Pending]) -> HashMap<SessionKey, usize> {
     pending.iter().map(|p| (p.session.key.clone(), depth(&p.session.key))).collect()
 }
 
-fn read_agent(agent_dir: &Path, config: &Config, pending: &mut Vec<Pending>, report: &mut Report) {
+fn read_agent(agent_dir: &Path, config: &Config, pending: &mut Vec<ImportedSession>, report: &mut Report) {
     let sessions_dir = agent_dir.join("sessions");
     let index_path = sessions_dir.join("sessions.json");
     let dir_agent = agent_dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
@@ -373,7 +364,7 @@ fn build(
     e: &Map<String, Value>,
     config: &Config,
     messages: Vec<(String, NewMessage)>,
-) -> Pending {
+) -> ImportedSession {
     let s = |k: &str| e.get(k).and_then(Value::as_str).map(str::trim).filter(|v| !v.is_empty()).map(String::from);
     let i = |k: &str| e.get(k).and_then(Value::as_i64);
     let agent = key.agent_id(&config.default_agent());
@@ -401,7 +392,7 @@ fn build(
     n.updated_at = i("updatedAt").unwrap_or(n.updated_at);
     n.created_at = n.updated_at;
     n.origin = Some(json!({"importedFrom": "openclaw", "entry": e}));
-    let extra = SessionExtras {
+    let extras = SessionExtras {
         last_account_id: s("lastAccountId").or(dc_account),
         send_policy: s("sendPolicy").as_deref().and_then(SendPolicyOverride::parse),
         model_provider: s("modelProvider"),
@@ -415,68 +406,7 @@ fn build(
         tokens_total: i("totalTokens").unwrap_or(0),
         cost: e.get("cost").and_then(Value::as_f64),
     };
-    Pending { session: n, extra, messages }
-}
-
-fn write_session(tx: &rusqlite::Transaction, p: &Pending, report: &mut Report) -> Result<(), StoreError> {
-    let key = &p.session.key;
-    let created = store::insert_session(tx, &p.session)?;
-    let (id, existing_sid): (i64, String) =
-        tx.query_row("SELECT id, session_id FROM sessions WHERE key = ?1", [key.as_str()], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })?;
-    if created {
-        report.sessions_created += 1;
-        let x = &p.extra;
-        tx.execute(
-            "UPDATE sessions SET last_account_id = ?2, send_policy = ?3, model_provider = ?4, thinking_level = ?5,
-                 verbose_level = ?6, context_tokens = ?7, system_sent = ?8, aborted_last_run = ?9, tokens_in = ?10,
-                 tokens_out = ?11, tokens_total = ?12, cost = ?13
-             WHERE id = ?1",
-            rusqlite::params![
-                id,
-                x.last_account_id,
-                x.send_policy.map(SendPolicyOverride::as_str),
-                x.model_provider,
-                x.thinking_level,
-                x.verbose_level,
-                x.context_tokens,
-                x.system_sent,
-                x.aborted_last_run,
-                x.tokens_in,
-                x.tokens_out,
-                x.tokens_total,
-                x.cost
-            ],
-        )?;
-    } else if existing_sid != p.session.session_id {
-        report.notes.push(format!(
-            "{key}: conflict: the store already has this key with sessionId {existing_sid} (import has {}); kept the stored session, appended messages not yet present",
-            p.session.session_id
-        ));
-    }
-    let mut present: HashSet<String> = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT json_extract(extra, '$.imported.id') FROM messages WHERE session = ?1 AND extra IS NOT NULL",
-        )?;
-        stmt.query_map([id], |r| r.get::<_, Option<String>>(0))?.filter_map(|r| r.ok().flatten()).collect()
-    };
-    let updated_before: i64 = tx.query_row("SELECT updated_at FROM sessions WHERE id = ?1", [id], |r| r.get(0))?;
-    let mut appended = false;
-    for (ref_id, m) in &p.messages {
-        if !present.insert(ref_id.clone()) {
-            report.messages_already_present += 1;
-            continue;
-        }
-        store::append_message(tx, id, m)?;
-        report.messages_imported += 1;
-        appended = true;
-    }
-    // The reference's updatedAt is the session's; appending old messages must not move it.
-    if appended && created {
-        tx.execute("UPDATE sessions SET updated_at = ?2 WHERE id = ?1", rusqlite::params![id, updated_before])?;
-    }
-    Ok(())
+    ImportedSession { session: n, extras, messages }
 }
 
 /// ISO 8601 / RFC 3339 → ms since the epoch.

@@ -7,12 +7,14 @@
 //! existing store is migrated, and a store written by a newer version is refused.
 
 mod cancel;
+mod import;
 mod ledger;
 mod messages;
 mod operator;
 mod run_queue;
 mod runs;
 mod schema;
+mod seed;
 mod sessions;
 mod spawn;
 mod tokens;
@@ -25,6 +27,7 @@ use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
 pub use cancel::CancelRequest;
+pub use import::{ImportedSession, Merged, SessionExtras};
 pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
 pub(crate) use ledger::{add_delivery, remember_key, set_delivery_status};
 pub(crate) use messages::append_message;
@@ -32,6 +35,7 @@ pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
 pub(crate) use run_queue::enqueue;
 pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, RunMode, RunRow, RunStatus};
+pub use seed::{SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub(crate) use sessions::{insert_session, session_id};
 pub use spawn::SpawnCounts;
@@ -59,8 +63,9 @@ pub enum StoreError {
         "store is read-only or the disk is full ({0}); nothing of this request was stored: free space or fix the permissions of the state directory, then retry"
     )]
     Unwritable(String),
+    /// Any other failure of the database, kept as its own error (no backend type in the API).
     #[error("store: {0}")]
-    Sqlite(rusqlite::Error),
+    Backend(Box<dyn std::error::Error + Send + Sync>),
     #[error("store: stored data is corrupt: {0}")]
     Corrupt(String),
 }
@@ -82,7 +87,7 @@ impl From<rusqlite::Error> for StoreError {
         use rusqlite::ErrorCode as C;
         match e.sqlite_error_code() {
             Some(C::ReadOnly | C::DiskFull | C::CannotOpen | C::SystemIoFailure) => Self::Unwritable(e.to_string()),
-            _ => Self::Sqlite(e),
+            _ => Self::Backend(Box::new(e)),
         }
     }
 }
@@ -134,7 +139,7 @@ impl Store {
     }
 
     /// Runs `f` on a read connection (a consistent snapshot for the duration of `f`).
-    pub fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
         self.inner.reads.fetch_add(1, Ordering::Relaxed);
         let conn = self.inner.readers.lock().expect("reader pool").pop();
         let conn = match conn {

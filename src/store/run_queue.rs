@@ -12,7 +12,7 @@ use super::{NewMessage, Result, Store, now_ms};
 use crate::keys::{AgentId, SessionKey};
 
 /// Where a run is: waiting, running, or one of the five ways it ends. Stored as its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
     Queued,
@@ -284,7 +284,7 @@ pub(crate) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<bool> 
     Ok(added == 1)
 }
 
-pub(crate) fn run_by_id(c: &rusqlite::Connection, run_id: &str) -> rusqlite::Result<Option<RunRow>> {
+pub(super) fn run_by_id(c: &rusqlite::Connection, run_id: &str) -> rusqlite::Result<Option<RunRow>> {
     let sql = format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session WHERE r.run_id = ?1");
     c.prepare_cached(&sql)?.query_row([run_id], run_from_row).optional()
 }

@@ -7,7 +7,8 @@ use super::{Result, Store, StoreError, now_ms};
 use crate::keys::{AgentId, ChatType, SessionKey, SessionKind};
 
 /// A session's own send-policy override (`sessions-mcp policy`), over the configured rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SendPolicyOverride {
     Allow,
     Deny,
@@ -304,7 +305,7 @@ impl Store {
     }
 }
 
-pub(crate) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Result<Option<SessionRow>> {
+pub(super) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Result<Option<SessionRow>> {
     let sql = format!("SELECT {COLUMNS} FROM sessions WHERE key = ?1");
     c.prepare_cached(&sql)?.query_row([key.as_str()], SessionRow::from_row).optional()
 }
@@ -313,6 +314,12 @@ pub(crate) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Resu
 /// created or looked up).
 pub(crate) fn session_id(tx: &Transaction, key: &SessionKey) -> rusqlite::Result<i64> {
     tx.prepare_cached("SELECT id FROM sessions WHERE key = ?1")?.query_row([key.as_str()], |r| r.get(0))
+}
+
+/// Sets a session's `updated_at` back to what its source says (appending moves it).
+pub(super) fn set_updated_at(tx: &Transaction, id: i64, at: i64) -> rusqlite::Result<()> {
+    tx.prepare_cached("UPDATE sessions SET updated_at = ?2 WHERE id = ?1")?.execute(params![id, at])?;
+    Ok(())
 }
 
 /// Inserts `s` unless its key exists. Returns whether a row was created.
