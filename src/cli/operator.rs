@@ -103,7 +103,7 @@ pub fn ls(env: &Env, store: &Store, as_json: bool) -> ExitCode {
             s("kind"),
             s("channel"),
             s("driver"),
-            crate::openclaw::export::iso(r["updatedAt"].as_i64().unwrap_or(0)),
+            crate::store::iso(r["updatedAt"].as_i64().unwrap_or(0)),
             s("label")
         );
     }
