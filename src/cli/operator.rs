@@ -1,6 +1,6 @@
-//! The operator's commands: `import`, `export`, `ls`, `show`, `policy`, `prune`, `doctor`.
-//! Each prints a human-readable table, or with `--json` the pinned JSON (DECISIONS "Operator CLI
-//! output"), and exits 0 on success, 1 when something failed, 2 on a usage or config problem.
+//! The operator's commands: `import`, `export`, `ls`, `show`, `policy`, `prune`, `doctor`. Each
+//! prints a human-readable table, or with `--json` the pinned JSON (docs/BEHAVIOUR.md, Operator
+//! commands), and exits 0 on success, 1 when something failed, 2 on a usage or config problem.
 
 use std::path::Path;
 use std::process::ExitCode;
