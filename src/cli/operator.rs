@@ -1,6 +1,6 @@
-//! The operator's commands: `import`, `export`, `ls`, `show`, `policy`, `prune`, `doctor`.
-//! Each prints a human-readable table, or with `--json` the pinned JSON (DECISIONS "Operator CLI
-//! output"), and exits 0 on success, 1 when something failed, 2 on a usage or config problem.
+//! The operator's commands: `import`, `export`, `ls`, `show`, `policy`, `prune`, `doctor`. Each
+//! prints a human-readable table, or with `--json` the pinned JSON (docs/BEHAVIOUR.md, Operator
+//! commands), and exits 0 on success, 1 when something failed, 2 on a usage or config problem.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -103,7 +103,7 @@ pub fn ls(env: &Env, store: &Store, as_json: bool) -> ExitCode {
             s("kind"),
             s("channel"),
             s("driver"),
-            crate::openclaw::export::iso(r["updatedAt"].as_i64().unwrap_or(0)),
+            crate::store::iso(r["updatedAt"].as_i64().unwrap_or(0)),
             s("label")
         );
     }

@@ -1,6 +1,6 @@
 //! Configuration: one JSON5 file with the reference's key paths.
 //!
-//! The types below cover every key path of DECISIONS "Configuration"; every default lives in
+//! The types below cover every key path sessions-mcp implements; every default lives in
 //! [`defaults`]. Loading (see [`load`]) classifies each key path of the file as ours (validated),
 //! reference (accepted with one warning) or unknown (an error naming the nearest known key), then
 //! deserialises what is ours. `schemas/config.json` is generated from these types.
@@ -202,8 +202,9 @@ pub struct AgentSubagents {
     pub thinking: Option<String>,
 }
 
-/// Runner settings (RUNNER-PROTOCOL.md). Every field is optional so that `agents.list[].runner`
-/// overrides `agents.defaults.runner` field by field; [`RunnerConfig::merged`] applies that.
+/// Runner settings (docs/RUNNER-PROTOCOL.md, Configuration). Every field is optional so that
+/// `agents.list[].runner` overrides `agents.defaults.runner` field by field;
+/// [`RunnerConfig::merged`] applies that.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct RunnerConfig {

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::store::{MessageRow, SessionRow, Store, StoreError};
+use crate::store::{MessageRow, SessionRow, Store, StoreError, iso};
 
 const MANIFEST: &str = ".sessions-mcp-export.json";
 const MARKER: &str = "sessions-mcp";
@@ -146,14 +146,6 @@ fn entry(s: &SessionRow, path: &Path) -> Value {
     put("totalTokens", Some(s.tokens_total.into()));
     put("cost", s.cost.map(Value::from));
     Value::Object(e)
-}
-
-/// ms since the epoch → RFC 3339.
-pub fn iso(ms: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_string())
 }
 
 /// The JSONL (v3) transcript: a header, then one entry per message, chained by parentId.

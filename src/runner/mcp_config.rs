@@ -1,9 +1,9 @@
-//! The MCP config a Claude Code child gets with `--mcp-config FILE` (DECISIONS "Giving Claude Code
-//! the MCP config"): one stdio server `sessions` that runs `sessions-mcp connect`, the proxy to the
+//! The MCP config a Claude Code child gets with `--mcp-config FILE` (docs/RUNNER-PROTOCOL.md,
+//! Adapters): one stdio server `sessions` that runs `sessions-mcp connect`, the proxy to the
 //! owner's run socket. Claude Code cannot speak HTTP over a Unix socket, hence the proxy. The run
 //! token is in the file's `env` (never in argv: `/proc/<pid>/cmdline` is world-readable), so the
-//! file is created 0600 in the run's TMPDIR and removed when the run ends. The token identifies
-//! the child's session, so the server applies the sub-agent rules to whatever Claude calls.
+//! file is created 0600 in the run's TMPDIR and removed when the run ends. The token identifies the
+//! child's session, so the server applies the sub-agent rules to whatever Claude calls.
 //!
 //! Codex has no config-file flag, so it gets the same server as `-c` overrides instead
 //! ([`codex_overrides`]); they name only the variables `connect` needs (`env_vars`, which Codex

@@ -1,4 +1,4 @@
-//! The runner: one agent turn as a supervised subprocess (RUNNER-PROTOCOL.md).
+//! The runner: one agent turn as a supervised subprocess (docs/RUNNER-PROTOCOL.md).
 //! [`Runner::execute`] starts `sessions-mcp supervise -- <agent>`, writes its [`Input`] (a `jsonl/1`
 //! request line, or a CLI's prompt), reads stdout through the agent kind's [`adapters`] decoder as
 //! `jsonl/1` events under the line, byte, idle and run-time limits, forwards `text_delta`s, handles

@@ -1,8 +1,9 @@
-//! The bubblewrap jail for sandboxed sessions (DESIGN §8): a read-only system, only the session's
-//! workdir writable, no network (unless `runner.sandbox.network: "host"`), its own user and PID
-//! namespaces, no capabilities, the run socket bind-mounted at `/run/sessions-mcp.sock` and this
-//! binary at `/run/sessions-mcp-bin`. Inside, the agent is uid/gid 65534 (`nobody`). A sandboxed
-//! run whose jail cannot start fails; it never runs unconfined.
+//! The bubblewrap jail for sandboxed sessions (docs/RUNNER-PROTOCOL.md, Sandbox): a read-only
+//! system, only the session's workdir writable, no network (unless
+//! `runner.sandbox.network: "host"`), its own user and PID namespaces, no capabilities, the run
+//! socket bind-mounted at `/run/sessions-mcp.sock` and this binary at `/run/sessions-mcp-bin`.
+//! Inside, the agent is uid/gid 65534 (`nobody`). A sandboxed run whose jail cannot start fails;
+//! it never runs unconfined.
 //!
 //! bwrap runs as the server's own user: started as another uid it could not bind paths that only
 //! the server may reach (a state dir under `/root`, the server's socket). Under a root server the

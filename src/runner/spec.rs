@@ -13,7 +13,7 @@ use crate::keys::AgentId;
 /// Everything needed to start one agent's runs.
 #[derive(Debug, Clone)]
 pub struct RunnerSpec {
-    /// How stdout is read (RUNNER-PROTOCOL "Adapters").
+    /// How stdout is read (docs/RUNNER-PROTOCOL.md, Adapters).
     pub kind: RunnerKind,
     /// The command template of CLI adapters; None for `jsonl`.
     pub cli: Option<CliTemplate>,

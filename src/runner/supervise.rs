@@ -1,14 +1,14 @@
-//! `sessions-mcp supervise`: the process every run starts through (RUNNER-PROTOCOL "Process
-//! rules"). It makes itself the leader of a new process group, asks the kernel to signal it when
-//! the server dies (Linux: the parent-death signal), starts the agent in its group with its own
-//! stdin/stdout/stderr (the server talks to the agent through them directly) with core dumps
-//! off, and ends the run:
-//! on SIGTERM, on the server's death, or at the deadline it signals the group SIGINT → SIGTERM →
-//! SIGKILL a step apart; when the agent exits by itself it kills whatever the agent left behind.
-//! On Linux it is also the run's child subreaper, so every descendant that leaves the group
-//! (`setsid`, a daemon's double fork, with or without a cleared environment) is re-parented to it
-//! and killed with the tree. Finally it kills every process of its uid that still carries the
-//! run's `SESSIONS_MCP_RUN_ID` (what left the tree through some other service; best effort).
+//! `sessions-mcp supervise`: the process every run starts through (docs/RUNNER-PROTOCOL.md,
+//! Supervision). It makes itself the leader of a new process group, asks the kernel to signal it
+//! when the server dies (Linux: the parent-death signal), starts the agent in its group with its
+//! own stdin/stdout/stderr (the server talks to the agent through them directly) with core dumps
+//! off, and ends the run: on SIGTERM, on the server's death, or at the deadline it signals the
+//! group SIGINT → SIGTERM → SIGKILL a step apart; when the agent exits by itself it kills whatever
+//! the agent left behind. On Linux it is also the run's child subreaper, so every descendant that
+//! leaves the group (`setsid`, a daemon's double fork, with or without a cleared environment) is
+//! re-parented to it and killed with the tree. Finally it kills every process of its uid that still
+//! carries the run's `SESSIONS_MCP_RUN_ID` (what left the tree through some other service; best
+//! effort).
 
 use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};

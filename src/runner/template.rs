@@ -1,4 +1,4 @@
-//! The command template of CLI adapters (RUNNER-PROTOCOL "Configuration"; OpenClaw's cli-backends
+//! The command template of CLI adapters (docs/RUNNER-PROTOCOL.md, Adapters; OpenClaw's cli-backends
 //! vocabulary): which argv a turn gets — `args` or `resumeArgs`, the session, model, thinking and
 //! system-prompt arguments — and the prompt written to the CLI's stdin (or appended as the last
 //! argument with `input: "arg"`). Placeholders are substituted inside argv elements; an element

@@ -16,9 +16,8 @@ use serde_json::{Map, Value};
 use crate::access::Access;
 use crate::access::caller::Caller;
 use crate::engine::scheduler::Runtime;
-use crate::openclaw::export::iso;
 use crate::policy::ToolName;
-use crate::store::{RunMode, RunRow, RunStatus};
+use crate::store::{RunMode, RunRow, RunStatus, iso};
 use crate::tools::{self, sessions_send, sessions_spawn};
 
 /// What a client is asked to wait between two `tasks/get`.

@@ -81,7 +81,8 @@ pub struct SessionRow {
     pub tokens_out: i64,
     pub tokens_total: i64,
     pub cost: Option<f64>,
-    /// The agent CLI's own session id, resumed by the next run (RUNNER-PROTOCOL `context`).
+    /// The agent CLI's own session id, resumed by the next run (`runner.context`;
+    /// docs/RUNNER-PROTOCOL.md, Adapters).
     pub external_session_id: Option<String>,
     pub transcript_path: Option<String>,
     pub created_at: i64,

@@ -5,8 +5,8 @@
 //! errors; a line that is not JSON gets a `-32700 Parse error` with `"id": null`. Process-level bad inputs (a corrupt
 //! config, a store file that is not ours, a bad `--as`) make `serve` exit with one clear line.
 //!
-//! Contract: DESIGN.md §2, §5 (argument rules, statuses), §9; DECISIONS.md "Error statuses",
-//! "Out-of-range numbers", "Key grammar", "Configuration".
+//! Contract: docs/BEHAVIOUR.md, Session keys, Tools (arguments, results, statuses) and Errors;
+//! the README's "Configuration".
 
 use crate::common;
 
@@ -193,8 +193,9 @@ fn malformed_session_keys_are_invalid_and_name_sessionkey() {
     run_table("session keys", cases);
 }
 
-/// DECISIONS "Key grammar": NUL and control characters are `invalid` — also at either end of the
-/// key (tab, CR and LF are control characters; trimming them away would accept them silently).
+/// docs/BEHAVIOUR.md, Session keys: NUL and control characters are `invalid` — also at either end
+/// of the key (tab, CR and LF are control characters; trimming them away would accept them
+/// silently).
 #[test]
 fn session_keys_with_control_chars_at_the_ends_are_invalid() {
     let cases: Vec<Case> = vec![
@@ -440,8 +441,8 @@ fn bad_cursors_are_invalid() {
     let mut client = env.serve(None);
     let before = env.fingerprint();
     let mut failures = Vec::new();
-    // DESIGN §4/§5.1: `hasMore` means "pass nextCursor to continue" — a page that says there is
-    // more must carry the cursor, whatever the limit.
+    // docs/BEHAVIOUR.md, sessions_list: `hasMore` means "pass nextCursor to continue" — a page that
+    // says there is more must carry the cursor, whatever the limit.
     for limit in [1, 2] {
         let page = client.call("sessions_list", json!({"limit": limit}));
         assert_eq!(page["status"], "ok", "{page}");
@@ -514,8 +515,8 @@ fn spawn_rejects_threads_channel_delivery_and_too_many_attachments() {
     run_table("sessions_spawn", cases);
 }
 
-/// DESIGN §5.4: argument checks come first, each with its own error naming the field; DECISIONS
-/// "Error statuses": bad arguments are `invalid`, attachments while disabled are `forbidden`.
+/// docs/BEHAVIOUR.md, sessions_spawn: argument checks come first, each with its own error naming
+/// the field; Errors: bad arguments are `invalid`, attachments while disabled are `forbidden`.
 #[test]
 fn spawn_rejects_bad_enum_values_models_and_disabled_attachments() {
     let attachment = json!({"name": "a.txt", "content": "hello"});
@@ -526,7 +527,7 @@ fn spawn_rejects_bad_enum_values_models_and_disabled_attachments() {
         ("sessions_spawn", json!({"task": "x", "sandbox": "maybe"}), "invalid", &["sandbox"]),
         ("sessions_spawn", json!({"task": "x", "thinking": "extreme"}), "invalid", &["thinking"]),
         ("sessions_spawn", json!({"task": "x", "model": "-rf"}), "invalid", &["model"]),
-        // DECISIONS "Error statuses": attachments disabled (the default) is `forbidden`.
+        // docs/BEHAVIOUR.md, Errors: attachments disabled (the default) is `forbidden`.
         (
             "sessions_spawn",
             json!({"task": "x", "attachments": [attachment]}),
@@ -834,10 +835,10 @@ fn bad_as_keys_make_serve_exit_2_naming_the_key() {
     }
 }
 
-/// Inputs that the reference's bug reports and peers' issues point at (notes/reference-openclaw.md
-/// §9, notes/peers.md §4): a caller trying to set provenance or a requester itself (impersonation,
-/// peers §4.4), a resource URI or a cron run key where a session key goes, a model name that
-/// would be an option in argv, and a wait longer than any allowed.
+/// Inputs that the reference's bug reports and peer projects' issues point at: a caller trying to
+/// set provenance or a requester itself (impersonation), a resource URI or a cron run key where a
+/// session key goes, a model name that would be an option in argv, and a wait longer than any
+/// allowed.
 #[test]
 fn inputs_from_reference_bugs_and_peer_issues_are_refused() {
     let cases: Vec<Case> = vec![

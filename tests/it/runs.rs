@@ -1,6 +1,6 @@
 //! Runs, black-box: per-session FIFO, concurrency caps, process hygiene of misbehaving agents,
 //! crash recovery of a killed owner, draining on stdin EOF, and two `serve` processes on one
-//! state dir (DESIGN §3, §3.2, §7.1; RUNNER-PROTOCOL "Process rules").
+//! state dir (docs/BEHAVIOUR.md, Runs; docs/RUNNER-PROTOCOL.md, Supervision).
 
 use crate::common;
 

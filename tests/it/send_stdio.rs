@@ -1,7 +1,7 @@
 //! sessions_send over stdio, black-box: waiting, timeouts and late replies, fire-and-forget, the
 //! inbox of external sessions, reply-back ping-pong between driven sessions, skip tokens, the
 //! send policy, idempotency, the loop and deadlock guards, provenance and the inter-session
-//! marker, and MCP progress (DESIGN §5.3, §6, §7.1–§7.4).
+//! marker, and MCP progress (docs/BEHAVIOUR.md: sessions_send, Send policy, Steps, Guards).
 
 use crate::common;
 

@@ -1,8 +1,9 @@
-//! sessions_spawn over stdio, black-box (DESIGN §5.4, §5.6, §7.5, §7.7): every refusal and that it
-//! leaves nothing behind; the accepted answer and its note; the announce (Status/Result/Notes/
-//! Stats) in an external requester's inbox and as a completion run in a driven one; the Result
-//! fallbacks and skip tokens; run timeouts and failures; the admission caps under concurrency;
-//! idempotent replay; nested spawns; cleanup and the archive sweep.
+//! sessions_spawn over stdio, black-box (docs/BEHAVIOUR.md, sessions_spawn, What sub-agents see,
+//! Sub-agents): every refusal and that it leaves nothing behind; the accepted answer and its note;
+//! the announce (Status/Result/Notes/Stats) in an external requester's inbox and as a completion
+//! run in a driven one; the Result fallbacks and skip tokens; run timeouts and failures; the
+//! admission caps under concurrency; idempotent replay; nested spawns; cleanup and the archive
+//! sweep.
 
 use crate::common;
 
@@ -275,9 +276,9 @@ fn a_depth_one_subagent_offered_sessions_spawn_is_refused_by_max_spawn_depth() {
 
 #[test]
 fn a_depth_one_subagent_with_the_default_tool_set_is_refused_naming_max_spawn_depth() {
-    // The default tool set offers a leaf no session tools, so the call is refused before the
-    // depth check; the refusal must still name the switch that would allow the spawn
-    // (DESIGN §5: "the rule or config switch that would allow it") — maxSpawnDepth, since
+    // The default tool set offers a leaf no session tools, so the call is refused before the depth
+    // check; the refusal must still name the switch that would allow the spawn (docs/BEHAVIOUR.md,
+    // Errors: the message names the setting that would allow it) — maxSpawnDepth, since
     // tools.subagents.tools.allow alone would only lead to the depth refusal.
     let failures = depth_one_refusal(json!({}));
     assert_no_failures("depth (default tool set)", failures);
@@ -978,7 +979,7 @@ fn cleanup_delete_removes_the_child_after_the_announce() {
     assert!(!listed(&mut c, false).contains(&child), "gone from sessions_list");
     assert!(!listed(&mut c, true).contains(&child), "gone even with includeArchived");
     assert!(ls_row(&env, &child).is_none(), "gone from ls: {:?}", ls_row(&env, &child));
-    // Its requester may still read its history for a while (DESIGN §3).
+    // Its requester may still read its history for a while (docs/BEHAVIOUR.md, Visibility).
     let h = c.call("sessions_history", json!({"sessionKey": child}));
     assert_eq!(h["status"], "ok", "{h}");
     c.close();

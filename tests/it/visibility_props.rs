@@ -1,4 +1,5 @@
-//! Property tests of the no-leak contract (DESIGN §4) over random worlds and callers.
+//! Property tests of the no-leak contract (docs/BEHAVIOUR.md, Visibility) over random worlds and
+//! callers.
 //!
 //! A case is a random config (visibility, sandbox clamp, agent-to-agent switches and globs, send
 //! policy), a random world (agents, spawn trees inserted in any order, labels and sessionIds that
@@ -302,7 +303,7 @@ fn caller_of(g: &CallerGen, models: &[Model]) -> Caller {
     }
 }
 
-/// The visibility rules written out independently of `policy` (DESIGN §4).
+/// The visibility rules written out independently of `policy` (docs/BEHAVIOUR.md, Visibility).
 struct Oracle<'a> {
     models: &'a [Model],
     caller: &'a Caller,

@@ -1,9 +1,9 @@
-//! `claude-stream-json`: Claude Code's `-p --output-format stream-json --verbose` NDJSON
-//! (notes/runner.md §1.1, §2.3). `system/init` → `start` (its `session_id` is the id to resume);
-//! `stream_event` text deltas (with `--include-partial-messages`) → `text_delta`; `assistant` text
-//! blocks → `message`, `tool_use` blocks → `tool_call`; `user` `tool_result` blocks →
-//! `tool_result`; `result` → `usage` plus `final`, or `error` when `is_error` (an API error or an
-//! interrupted turn: Claude Code exits 0 after SIGINT, so the error is what makes such a run fail).
+//! `claude-stream-json`: Claude Code's `-p --output-format stream-json --verbose` NDJSON.
+//! `system/init` → `start` (its `session_id` is the id to resume); `stream_event` text deltas (with
+//! `--include-partial-messages`) → `text_delta`; `assistant` text blocks → `message`, `tool_use`
+//! blocks → `tool_call`; `user` `tool_result` blocks → `tool_result`; `result` → `usage` plus
+//! `final`, or `error` when `is_error` (an API error or an interrupted turn: Claude Code exits 0
+//! after SIGINT, so the error is what makes such a run fail).
 
 use std::collections::HashMap;
 

@@ -1,11 +1,10 @@
-//! `codex-exec-json`: `codex exec --json` NDJSON (notes/runner.md §1.2, §2.3). `thread.started` →
-//! `start` (its `thread_id` is the id `codex exec resume` takes); tool-like items
-//! (`command_execution`, `mcp_tool_call`, `file_change`, `web_search`) → `tool_call` when they start
-//! and `tool_result` when they complete; `agent_message` items → `message`; `turn.completed` →
-//! `usage` plus `final` with the last agent message; `turn.failed` and `error` → `error`. Codex
-//! reports neither cost nor model: the run keeps the model it was asked for. Items of type `error`
-//! are warnings (unknown model metadata, ignored settings) and change nothing. Checked against the
-//! real CLI: `fixtures/README.md`.
+//! `codex-exec-json`: `codex exec --json` NDJSON. `thread.started` → `start` (its `thread_id` is
+//! the id `codex exec resume` takes); tool-like items (`command_execution`, `mcp_tool_call`,
+//! `file_change`, `web_search`) → `tool_call` when they start and `tool_result` when they complete;
+//! `agent_message` items → `message`; `turn.completed` → `usage` plus `final` with the last agent
+//! message; `turn.failed` and `error` → `error`. Codex reports neither cost nor model: the run
+//! keeps the model it was asked for. Items of type `error` are warnings (unknown model metadata,
+//! ignored settings) and change nothing. Checked against the real CLI: `fixtures/README.md`.
 
 use std::collections::HashSet;
 

@@ -1,4 +1,4 @@
-//! Output adapters (RUNNER-PROTOCOL "Adapters"): each turns one agent program's stdout into
+//! Output adapters (docs/RUNNER-PROTOCOL.md, Adapters): each turns one agent program's stdout into
 //! `jsonl/1` events, so the runner reads every kind of agent through one code path — the same
 //! transcript, usage, reply and error rules. `jsonl` agents speak the protocol themselves;
 //! `claude-stream-json` and `codex-exec-json` translate those CLIs' NDJSON; `text` takes the whole
