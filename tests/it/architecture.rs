@@ -17,20 +17,6 @@ use std::sync::OnceLock;
 const KNOWN_EXCEPTIONS: &[(&str, Rule)] = &[
     // The spawn transaction writes the child's `spawn_run` and the attachment receipts itself.
     ("engine/spawn.rs", Rule::OnlyTheStoreSpeaksSql),
-    // The world seeder writes rows the store has no API for (tokens, runs, deleted sessions).
-    ("cli/seed.rs", Rule::OnlyTheStoreSpeaksSql),
-    // The import reads and updates session rows inside its own transaction.
-    ("openclaw/import.rs", Rule::OnlyTheStoreSpeaksSql),
-    // The benchmark harness counts runs and builds its worlds with its own SQL.
-    ("bench/load.rs", Rule::OnlyTheStoreSpeaksSql),
-    ("bench/send.rs", Rule::OnlyTheStoreSpeaksSql),
-    ("bench/soak.rs", Rule::OnlyTheStoreSpeaksSql),
-    ("bench/worlds.rs", Rule::OnlyTheStoreSpeaksSql),
-    // Store rows and run status in the answers; resolve_runner and the sandbox probe in the tools.
-    ("tools/sessions_history.rs", Rule::ToolsReachNeitherStoreNorRunner),
-    ("tools/sessions_list.rs", Rule::ToolsReachNeitherStoreNorRunner),
-    ("tools/sessions_send.rs", Rule::ToolsReachNeitherStoreNorRunner),
-    ("tools/sessions_spawn.rs", Rule::ToolsReachNeitherStoreNorRunner),
 ];
 
 /// The rules docs/ARCHITECTURE.md states.
