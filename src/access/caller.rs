@@ -1,8 +1,10 @@
 //! Who is calling. A [`Caller`] comes from the transport credential — a token, or the local
 //! operator's `--as` on stdio — and never from tool arguments.
 
+use std::sync::OnceLock;
+
 use crate::config::{Config, configured_sandbox, key_scope};
-use crate::keys::{AgentId, SessionKey, SessionRef, parse_ref};
+use crate::keys::{AgentId, KeyScope, SessionKey, SessionRef, parse_ref};
 use crate::policy::CallerRole;
 use crate::store::{NewSession, Store, StoreError, now_ms, sha256_hex};
 
@@ -27,21 +29,35 @@ pub struct Caller {
     pub run: Option<RunBinding>,
     /// `--as` on an existing driven (non-main) session: read tools only.
     pub read_only: bool,
+    /// How `main` and bare keys resolve for it: computed once, at its first call.
+    scope: OnceLock<KeyScope>,
 }
 
 impl Caller {
-    /// The operator as `agent:main:main`, an external session: the caller of in-process
-    /// measurements and fuzzing, where no transport establishes one.
-    pub fn external_main() -> Caller {
+    /// A top-level caller outside any run.
+    pub fn top_level(key: SessionKey, agent: AgentId, sandboxed: bool, external: bool) -> Caller {
         Caller {
-            key: SessionKey::from_canonical("agent:main:main"),
-            agent: AgentId::main(),
-            sandboxed: false,
-            external: true,
+            key,
+            agent,
+            sandboxed,
+            external,
             role: CallerRole::TopLevel,
             run: None,
             read_only: false,
+            scope: OnceLock::new(),
         }
+    }
+
+    /// The operator as `agent:main:main`, an external session: the caller of in-process
+    /// measurements and fuzzing, where no transport establishes one.
+    pub fn external_main() -> Caller {
+        Caller::top_level(SessionKey::from_canonical("agent:main:main"), AgentId::main(), false, true)
+    }
+
+    /// The caller's key scope under `config`, computed at the first call and kept (a caller
+    /// lives under one config: its connection's).
+    pub(super) fn scope(&self, config: &Config) -> &KeyScope {
+        self.scope.get_or_init(|| key_scope(config, &self.agent))
     }
 }
 
@@ -105,6 +121,7 @@ pub fn by_token(token: &str, config: &Config, store: &Store) -> Result<Option<Ca
         run: Some(RunBinding { run_id: row.run_id.unwrap_or_default(), chain_id: row.chain_id, hop: row.hop }),
         read_only: false,
         key,
+        scope: OnceLock::new(),
     }))
 }
 
@@ -139,6 +156,7 @@ fn external_caller(raw: &str, config: &Config, store: &Store) -> Result<Caller, 
         role: CallerRole::TopLevel,
         run: None,
         read_only: !row.external,
+        scope: OnceLock::new(),
     })
 }
 

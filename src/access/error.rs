@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::store::StoreError;
 
-/// The error statuses of every tool (DESIGN §5): `isError: true`.
+/// The error statuses of every tool: `isError: true`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorStatus {

@@ -48,8 +48,9 @@ impl Access {
         Access { store, config }
     }
 
-    pub fn scope(&self, caller: &Caller) -> KeyScope {
-        key_scope(&self.config, &caller.agent)
+    /// The caller's key scope (computed once per caller).
+    pub fn scope<'c>(&self, caller: &'c Caller) -> &'c KeyScope {
+        caller.scope(&self.config)
     }
 
     pub fn rules(&self, caller: &Caller) -> VisibilityRules {
@@ -126,12 +127,17 @@ impl Access {
 
     /// Parses what the caller typed into a key or sessionId candidate.
     pub fn parse_ref(&self, caller: &Caller, field: &str, raw: &str) -> Result<SessionRef, ToolError> {
-        keys::parse_ref(raw, &self.scope(caller)).map_err(|e| ToolError::invalid(format!("{field} {raw:?} {e}")))
+        keys::parse_ref(raw, self.scope(caller)).map_err(|e| ToolError::invalid(format!("{field} {raw:?} {e}")))
     }
 
     /// Resolves a caller's reference (key or sessionId) to a visible target.
     pub fn resolve(&self, caller: &Caller, action: Action, field: &str, raw: &str) -> Result<Target, ToolError> {
-        match self.parse_ref(caller, field, raw)? {
+        self.resolve_ref(caller, action, self.parse_ref(caller, field, raw)?)
+    }
+
+    /// Resolves a reference the tool already parsed (it validated the argument first).
+    pub fn resolve_ref(&self, caller: &Caller, action: Action, reference: SessionRef) -> Result<Target, ToolError> {
+        match reference {
             SessionRef::Key(key) => self.resolve_key(caller, action, key),
             SessionRef::SessionId(id) => self.resolve_session_id(caller, &id),
         }

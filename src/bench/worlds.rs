@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use crate::keys::{AgentId, SessionKey, SessionKind};
-use crate::store::{NewMessage, NewSession, SeedSession, Store};
+use crate::store::{NewMessage, NewSession, SeedRows, SeedSession, Store};
 
 /// The scripted agent's script in a [`Worlds::with_agent`] state directory.
 pub const SCRIPT_FILE: &str = "agent-script.json";
@@ -62,7 +62,7 @@ impl Worlds {
         self.get(name, &config.to_string(), |store| {
             std::fs::write(&script_path, script.to_string())?;
             let sessions = targets.iter().map(|key| SeedSession::new(session(SessionKey::from_canonical(*key)), []));
-            Ok(store.seed(sessions, &[], &[])?)
+            Ok(store.seed(sessions, &SeedRows::default())?)
         })
     }
 
@@ -122,7 +122,8 @@ fn with_transcript(s: NewSession, n: u64) -> SeedSession<impl Iterator<Item = Ne
 
 fn seed_flat(store: &Store, sessions: u64) -> anyhow::Result<()> {
     let key = |i: u64| SessionKey::for_agent(&AgentId::main(), &format!("bench:{i}"));
-    Ok(store.seed((0..sessions).map(|i| with_transcript(session(key(i)), MESSAGES_PER_SESSION)), &[], &[])?)
+    Ok(store
+        .seed((0..sessions).map(|i| with_transcript(session(key(i)), MESSAGES_PER_SESSION)), &SeedRows::default())?)
 }
 
 fn seed_tree(store: &Store, children: u64) -> anyhow::Result<()> {
@@ -136,12 +137,12 @@ fn seed_tree(store: &Store, children: u64) -> anyhow::Result<()> {
     };
     let root = NewSession::new(parent.clone(), main.clone(), SessionKind::Main, true);
     let sessions = std::iter::once(root).chain((0..children).map(child));
-    Ok(store.seed(sessions.map(|s| SeedSession::new(s, [])), &[], &[])?)
+    Ok(store.seed(sessions.map(|s| SeedSession::new(s, [])), &SeedRows::default())?)
 }
 
 fn seed_history(store: &Store, messages: u64) -> anyhow::Result<()> {
     let s = session(SessionKey::from_canonical(history_key(messages)));
-    Ok(store.seed([with_transcript(s, messages)], &[], &[])?)
+    Ok(store.seed([with_transcript(s, messages)], &SeedRows::default())?)
 }
 
 /// A temporary directory removed on drop (no test-only crates in the binary).

@@ -12,8 +12,8 @@ use crate::cli::Paths;
 use crate::config::key_scope;
 use crate::keys::{self, AgentId, ChatType, SessionKey, SessionRef};
 use crate::store::{
-    NewMessage, NewSession, RunStatus, SeedRun, SeedSession, SeedToken, SendPolicyOverride, Stated, Store, TokenRow,
-    now_ms, sha256_hex,
+    NewMessage, NewSession, RunStatus, SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, SendPolicyOverride, Stated,
+    Store, TokenRow, now_ms, sha256_hex,
 };
 
 #[derive(Args)]
@@ -80,6 +80,20 @@ pub struct WorldSpec {
     /// Runs to store as they are (e.g. a `running` run a token is bound to).
     #[serde(default)]
     pub runs: Vec<RunSpec>,
+    /// Idempotency keys to store, as calls would have left them.
+    #[serde(default)]
+    pub idempotency_keys: Vec<IdempotencyKeySpec>,
+}
+
+/// A remembered idempotency key: the caller's key, the tool, the hash of its arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IdempotencyKeySpec {
+    pub caller: String,
+    pub key: String,
+    pub tool: String,
+    pub args_hash: String,
+    pub run_id: Option<String>,
 }
 
 /// A run row: its id, session, status (queued | running | ok | …) and what it waits on.
@@ -94,6 +108,10 @@ pub struct RunSpec {
     pub owner: Option<String>,
     #[serde(default)]
     pub input: Option<String>,
+    /// The session that asked for the run.
+    pub requester_key: Option<String>,
+    /// When it was created and started (default: now).
+    pub created_at: Option<i64>,
 }
 
 fn default_run_status() -> RunStatus {
@@ -158,7 +176,9 @@ pub fn seed_world(store: &Store, world: &WorldSpec) -> anyhow::Result<u64> {
     let sessions = world.sessions.iter().map(seed_session).collect::<anyhow::Result<Vec<_>>>()?;
     let tokens = world.run_tokens.iter().map(seed_token).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
     let runs = world.runs.iter().map(seed_run).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
-    store.seed(sessions, &tokens, &runs)?;
+    let keys =
+        world.idempotency_keys.iter().map(seed_key).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
+    store.seed(sessions, &SeedRows { tokens, runs, keys })?;
     Ok(world.sessions.len() as u64)
 }
 
@@ -219,6 +239,18 @@ fn seed_run(r: &RunSpec) -> Result<SeedRun, String> {
         input: json!({"role": "user", "content": r.input.clone().unwrap_or_default()}),
         waiting_on: r.waiting_on.clone(),
         owner: r.owner.clone(),
+        requester: r.requester_key.as_deref().map(canonical).transpose()?,
+        created_at: r.created_at,
+    })
+}
+
+fn seed_key(k: &IdempotencyKeySpec) -> Result<SeedKey, String> {
+    Ok(SeedKey {
+        caller: canonical(&k.caller)?,
+        key: k.key.clone(),
+        tool: k.tool.clone(),
+        args_hash: k.args_hash.clone(),
+        run_id: k.run_id.clone(),
     })
 }
 
@@ -274,6 +306,6 @@ fn generate(store: &Store, n: u64, args: &SeedArgs) -> anyhow::Result<u64> {
         // Every message, as a transcript of the same type as the generated sessions' (one chain).
         SeedSession::new(s, (0..args.messages).step_by(1).map(message))
     });
-    store.seed(generated.chain(into), &[], &[])?;
+    store.seed(generated.chain(into), &SeedRows::default())?;
     Ok(n)
 }

@@ -1,4 +1,4 @@
-//! Spawn attachments (DESIGN §7.6): validated as arguments (names, strict base64, sizes), staged
+//! Spawn attachments (docs/BEHAVIOUR.md, sessions_spawn): validated as arguments (names, strict base64, sizes), staged
 //! in a temporary directory under the child's workdir before the spawn transaction, renamed into
 //! `<workdir>/.openclaw/attachments/<uuid>/` as the transaction's last step, and removed again on
 //! any failure (including a failed commit). Every directory below the workspace is opened without

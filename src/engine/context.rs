@@ -1,6 +1,6 @@
 //! What an agent sees: the `jsonl/1` request (context messages within the budget, the input, the
 //! `system` text for the run's mode) and the inter-session marker. The texts carry the same
-//! information, lines and skip-token instructions as the reference's (DESIGN §7.8), in our words.
+//! information, lines and skip-token instructions as the reference's (docs/BEHAVIOUR.md, Steps), in our words.
 
 use serde_json::{Value, json};
 

@@ -1,4 +1,4 @@
-//! Channel delivery through deliverers (DECISIONS "Deliverer contract"): a command per channel
+//! Channel delivery through deliverers (docs/BEHAVIOUR.md, Deliveries): a command per channel
 //! (`channels.<name>.deliver`, an argv array) gets the delivery as JSON on stdin; exit 0 =
 //! delivered, 75 = retry (backoff 1 s doubling to 60 s, until a 30-minute deadline, then
 //! `expired`), anything else = failed with the stderr tail. No deliverer → `undeliverable`, kept.
@@ -10,9 +10,7 @@ use serde_json::{Value, json};
 
 use crate::engine::scheduler::Runtime;
 use crate::keys::SessionKey;
-use crate::store::{
-    DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, RunRow, SessionRow, StoreError, add_delivery, now_ms,
-};
+use crate::store::{DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, RunRow, SessionRow, StoreError, now_ms};
 
 const DELIVER_TIMEOUT: Duration = Duration::from_secs(30);
 const EXIT_RETRY: i32 = 75;
@@ -28,18 +26,15 @@ pub fn record(
     mode: Option<DeliveryMode>,
 ) -> Result<(), StoreError> {
     rt.store.write(|tx| -> Result<(), StoreError> {
-        add_delivery(
-            tx,
-            &NewDelivery {
-                run_id: &run.run_id,
-                kind,
-                mode: mode.unwrap_or(DeliveryMode::Channel),
-                status,
-                target_key: run.session_key.as_str(),
-                channel: Some(channel),
-                last_error: why,
-            },
-        )?;
+        tx.add_delivery(&NewDelivery {
+            run_id: &run.run_id,
+            kind,
+            mode: mode.unwrap_or(DeliveryMode::Channel),
+            status,
+            target_key: run.session_key.as_str(),
+            channel: Some(channel),
+            last_error: why,
+        })?;
         Ok(())
     })
 }

@@ -9,7 +9,7 @@ use super::chain::{Provenance, SourceTool};
 use crate::access::Access;
 use crate::config::{Config, key_scope};
 use crate::keys::{self, SessionKey};
-use crate::store::{NewMessage, NewRun, NewSession, RunMode, Store, append_message, enqueue, insert_session};
+use crate::store::{NewMessage, NewRun, NewSession, RunMode, Store};
 
 /// Appends to an external session (returns None) or queues an `inject` run (returns its id).
 /// The send policy gates it; the session is created (driven) when it does not exist.
@@ -37,8 +37,8 @@ pub fn start(
     let run_id = uuid::Uuid::new_v4().to_string();
     store
         .write(|tx| -> Result<Option<String>, crate::store::StoreError> {
-            insert_session(tx, &NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
-            let id: i64 = crate::store::session_id(tx, key)?;
+            tx.insert_session(&NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
+            let id: i64 = tx.session_id(key)?;
             if external {
                 let m = NewMessage {
                     role: "user".into(),
@@ -47,17 +47,14 @@ pub fn start(
                     chain_id: Some(chain.clone()),
                     ..Default::default()
                 };
-                append_message(tx, id, &m)?;
+                tx.append_message(id, &m)?;
                 return Ok(None);
             }
-            enqueue(
-                tx,
-                &NewRun {
-                    provenance: Some(provenance.clone()),
-                    chain_id: Some(chain.clone()),
-                    ..NewRun::new(run_id.clone(), id, RunMode::Inject, json!({"role": "user", "content": text}))
-                },
-            )?;
+            tx.enqueue(&NewRun {
+                provenance: Some(provenance.clone()),
+                chain_id: Some(chain.clone()),
+                ..NewRun::new(run_id.clone(), id, RunMode::Inject, json!({"role": "user", "content": text}))
+            })?;
             Ok(Some(run_id.clone()))
         })
         .map_err(|e| e.to_string())

@@ -1,4 +1,4 @@
-//! The runtime owner (DESIGN §3.2): exactly one process per state dir runs runs, deliveries and
+//! The runtime owner (docs/BEHAVIOUR.md, Runs): exactly one process per state dir runs runs, deliveries and
 //! sweeps. It holds an exclusive lock on `<stateDir>/runtime.lock`; other processes serve tools,
 //! commit queued runs, and wait for runs by watching their rows. A `daemon` has priority: it holds
 //! `daemon.lock` for its life, `serve` never takes the runtime lock while a daemon is there, and a

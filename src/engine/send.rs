@@ -1,5 +1,5 @@
-//! A send, from admission to the reply. Admission checks in the documented order: idempotency
-//! replay → send policy → chain limits → deadlock guard → the target's runner; then one
+//! A send, from admission to the reply. Admission checks in the documented order: the caller
+//! may act → idempotency replay → send policy → chain limits → deadlock guard → the target's runner; then one
 //! transaction either appends the message to an external target's inbox, or queues the primary
 //! run in a driven target with its reply delivery and the caller's idempotency key (`accepted` is
 //! answered only after it commits, `synchronous=FULL`). A wait for the reply watches the run; the
@@ -23,7 +23,7 @@ use crate::config::key_scope;
 use crate::keys::{self, SessionKey};
 use crate::store::{
     DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode, RunRow, Store,
-    StoreError, add_delivery, append_message, enqueue, insert_session, remember_key,
+    StoreError,
 };
 
 /// What a caller asks to send (the target already resolved by access).
@@ -71,6 +71,7 @@ impl Engine<'_> {
     pub fn send(&self, caller: &Caller, req: &SendRequest) -> Result<SendStarted, ToolError> {
         let access = self.access;
         let target = req.target;
+        access.check_can_act(caller)?;
         let inbox_after = if caller.external { Some(access.last_seq_of(&caller.key)?) } else { None };
         let args_hash = args_hash(&target.key, req.message);
         if let Some(hit) = chain::replay(access, caller, req.idempotency_key, &args_hash, "message")? {
@@ -258,12 +259,11 @@ fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> Resu
         let agent = plan.target.agent_id(&config.default_agent());
         let scope = key_scope(config, &agent);
         let new = NewSession::new(plan.target.clone(), agent, keys::kind_of(plan.target, &scope, None), false);
-        insert_session(tx, &new)?;
-        let target_id: i64 = crate::store::session_id(tx, plan.target)?;
+        tx.insert_session(&new)?;
+        let target_id: i64 = tx.session_id(plan.target)?;
         let run_id = uuid::Uuid::new_v4().to_string();
         let started = if plan.target_external {
-            append_message(
-                tx,
+            tx.append_message(
                 target_id,
                 &NewMessage {
                     role: "user".into(),
@@ -274,56 +274,46 @@ fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> Resu
                     ..Default::default()
                 },
             )?;
-            add_delivery(
-                tx,
-                &NewDelivery {
-                    run_id: &run_id,
-                    kind: DeliveryKind::Inbox,
-                    mode: DeliveryMode::Inbox,
-                    status: DeliveryStatus::Delivered,
-                    target_key: plan.target.as_str(),
-                    channel: Some("webchat"),
-                    last_error: None,
-                },
-            )?;
+            tx.add_delivery(&NewDelivery {
+                run_id: &run_id,
+                kind: DeliveryKind::Inbox,
+                mode: DeliveryMode::Inbox,
+                status: DeliveryStatus::Delivered,
+                target_key: plan.target.as_str(),
+                channel: Some("webchat"),
+                last_error: None,
+            })?;
             Started::Inbox
         } else {
-            enqueue(
-                tx,
-                &NewRun {
-                    run_id: run_id.clone(),
-                    session: target_id,
-                    mode: RunMode::Send,
-                    input: json!({"role": "user", "content": plan.message}),
-                    provenance: Some(plan.provenance()),
-                    requester_key: Some(plan.caller.key.clone()),
-                    chain_id: Some(plan.chain_id.clone()),
-                    hop: plan.hop,
-                    announce_kind: None,
-                    model: None,
-                    thinking: None,
-                    timeout_ms: None,
-                    extra: Some(plan.flow()),
-                },
-            )?;
-            add_delivery(
-                tx,
-                &NewDelivery {
-                    run_id: &run_id,
-                    kind: DeliveryKind::Reply,
-                    mode: DeliveryMode::Inbox,
-                    status: DeliveryStatus::Queued,
-                    target_key: plan.caller.key.as_str(),
-                    channel: None,
-                    last_error: None,
-                },
-            )?;
+            tx.enqueue(&NewRun {
+                run_id: run_id.clone(),
+                session: target_id,
+                mode: RunMode::Send,
+                input: json!({"role": "user", "content": plan.message}),
+                provenance: Some(plan.provenance()),
+                requester_key: Some(plan.caller.key.clone()),
+                chain_id: Some(plan.chain_id.clone()),
+                hop: plan.hop,
+                announce_kind: None,
+                model: None,
+                thinking: None,
+                timeout_ms: None,
+                extra: Some(plan.flow()),
+            })?;
+            tx.add_delivery(&NewDelivery {
+                run_id: &run_id,
+                kind: DeliveryKind::Reply,
+                mode: DeliveryMode::Inbox,
+                status: DeliveryStatus::Queued,
+                target_key: plan.caller.key.as_str(),
+                channel: None,
+                last_error: None,
+            })?;
             Started::Run { run_id: run_id.clone() }
         };
         if let Some((key, hash)) = plan.idempotency {
-            remember_key(
-                tx,
-                plan.caller.key.as_str(),
+            tx.remember_key(
+                &plan.caller.key,
                 key,
                 "sessions_send",
                 hash,

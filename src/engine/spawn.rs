@@ -1,4 +1,4 @@
-//! Sub-agents (DESIGN §7.5, §7.7): the child session and its run, created in one transaction that
+//! Sub-agents (docs/BEHAVIOUR.md, sessions_spawn, Sub-agents): the child session and its run, created in one transaction that
 //! checks and reserves admission; and the completion — an optional Notes step in the child, the
 //! announce text, its delivery to the requester (an external requester's inbox, or a completion
 //! run in a driven requester), then cleanup (delete) or a later archive (keep). A child that still
@@ -17,9 +17,8 @@ use crate::config::{Config, key_scope};
 use crate::engine::scheduler::Runtime;
 use crate::keys::{self, AgentId, SessionKey};
 use crate::store::{
-    AnnounceKind, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode,
-    RunRow, RunStatus, SessionRow, Store, StoreError, add_delivery, append_message, enqueue, insert_session,
-    remember_key, spawn_counts,
+    AnnounceKind, AttachmentReceipt, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun,
+    NewSession, RunMode, RunRow, RunStatus, SessionRow, Store, StoreError,
 };
 
 /// Longest Result in an announce, in bytes.
@@ -53,8 +52,8 @@ pub struct SpawnAccepted {
 }
 
 impl Engine<'_> {
-    /// Admission (attachments enabled, the allowlist, depth, sandbox, send policy, idempotency
-    /// replay, chain limits, the child's runner), then the child and its run in one transaction.
+    /// Admission (attachments enabled, the caller may act, the allowlist, depth, sandbox, send
+    /// policy, idempotency replay, chain limits, the child's runner), then the child and its run in one transaction.
     /// Every refusal before the runner needs no runtime, so it is the same without one.
     pub fn spawn(&self, caller: &Caller, req: SpawnRequest) -> Result<SpawnAccepted, ToolError> {
         let access = self.access;
@@ -64,6 +63,7 @@ impl Engine<'_> {
                 "attachments are disabled; the operator can enable them with tools.sessions_spawn.attachments.enabled=true",
             ));
         }
+        access.check_can_act(caller)?;
         check_allowed(config, caller, &req.agent)?;
         let caller_row = access.own_row(caller)?;
         let depth = caller_row.as_ref().map_or(0, |r| r.spawn_depth) + 1;
@@ -265,12 +265,6 @@ impl From<StoreError> for Refused {
     }
 }
 
-impl From<rusqlite::Error> for Refused {
-    fn from(e: rusqlite::Error) -> Self {
-        Refused::Store(e.into())
-    }
-}
-
 /// The sub-agent context, in `system` of the child's runs.
 fn subagent_context(plan: &SpawnPlan, child: &SessionKey) -> String {
     let spawning = if plan.depth < plan.max_depth {
@@ -299,7 +293,7 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
     let run_id = uuid::Uuid::new_v4().to_string();
     let scope = key_scope(config, &plan.target_agent);
     store.write(|tx| -> Result<Spawned, Refused> {
-        let counts = spawn_counts(tx, plan.caller.key.as_str())?;
+        let counts = tx.spawn_counts(&plan.caller.key)?;
         if counts.unfinished >= i64::from(sub.max_children_per_agent) {
             return Err(Refused::Children(sub.max_children_per_agent));
         }
@@ -321,9 +315,9 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
         child.label = plan.label.clone();
         child.sandboxed = plan.sandboxed;
         child.model = plan.model.clone();
-        insert_session(tx, &child)?;
-        let child_id: i64 = crate::store::session_id(tx, &child_key)?;
-        tx.execute("UPDATE sessions SET spawn_run = ?2 WHERE id = ?1", rusqlite::params![child_id, run_id])?;
+        tx.insert_session(&child)?;
+        let child_id: i64 = tx.session_id(&child_key)?;
+        tx.set_spawn_run(child_id, &run_id)?;
         let flow = SpawnFlow {
             requester: plan.caller.key.to_string(),
             cleanup: if plan.cleanup_delete { Cleanup::Delete } else { Cleanup::Keep },
@@ -333,41 +327,37 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
         };
         if let Some(staged) = plan.attachments {
             for r in &staged.receipts {
-                tx.execute(
-                    "INSERT INTO attachments (run_id, name, bytes, sha256, rel_dir) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    rusqlite::params![run_id, r.name, r.bytes as i64, r.sha256, staged.rel_dir],
-                )?;
+                let receipt =
+                    AttachmentReceipt { name: &r.name, bytes: r.bytes, sha256: &r.sha256, rel_dir: &staged.rel_dir };
+                tx.add_attachment_receipt(&run_id, &receipt)?;
             }
         }
-        enqueue(
-            tx,
-            &NewRun {
-                run_id: run_id.clone(),
-                session: child_id,
-                mode: RunMode::Spawn,
-                input: json!({"role": "user", "content": plan.task}),
-                provenance: Some(
-                    Provenance::from_session(
-                        &plan.caller.key,
-                        &plan.caller_channel,
-                        SourceTool::SessionsSpawn,
-                        Some(&plan.chain_id),
-                    )
-                    .to_json(),
-                ),
-                requester_key: Some(plan.caller.key.clone()),
-                chain_id: Some(plan.chain_id.clone()),
-                hop: plan.hop,
-                announce_kind: None,
-                model: plan.model.clone(),
-                thinking: plan.thinking.clone(),
-                timeout_ms: plan.timeout_ms,
-                extra: Some(Flow::Tagged(Tagged::Spawn(flow)).to_json()),
-            },
-        )?;
+        tx.enqueue(&NewRun {
+            run_id: run_id.clone(),
+            session: child_id,
+            mode: RunMode::Spawn,
+            input: json!({"role": "user", "content": plan.task}),
+            provenance: Some(
+                Provenance::from_session(
+                    &plan.caller.key,
+                    &plan.caller_channel,
+                    SourceTool::SessionsSpawn,
+                    Some(&plan.chain_id),
+                )
+                .to_json(),
+            ),
+            requester_key: Some(plan.caller.key.clone()),
+            chain_id: Some(plan.chain_id.clone()),
+            hop: plan.hop,
+            announce_kind: None,
+            model: plan.model.clone(),
+            thinking: plan.thinking.clone(),
+            timeout_ms: plan.timeout_ms,
+            extra: Some(Flow::Tagged(Tagged::Spawn(flow)).to_json()),
+        })?;
         if let Some((key, hash)) = plan.idempotency {
             let result = json!({"childSessionKey": child_key.as_str(), "queued": queued});
-            remember_key(tx, plan.caller.key.as_str(), key, "sessions_spawn", hash, &run_id, &result)?;
+            tx.remember_key(&plan.caller.key, key, "sessions_spawn", hash, &run_id, &result)?;
         }
         // Last, so that nothing after it can fail but the commit (whose failure drops the files).
         if let Some(staged) = plan.attachments {
@@ -395,7 +385,7 @@ fn compact(n: i64) -> String {
     }
 }
 
-/// The announce text (DESIGN §7.7, pinned).
+/// The announce text (docs/BEHAVIOUR.md, Sub-agents; pinned).
 pub fn announce_text(
     rt: &Runtime,
     child: &SessionRow,
@@ -507,7 +497,7 @@ fn queue_notes(rt: &Runtime, child: &SessionRow, run: &RunRow) -> Result<(), Sto
         timeout_ms: None,
         extra: run.extra.clone(),
     };
-    rt.store.write(|tx| enqueue(tx, &step).map_err(StoreError::from))?;
+    rt.store.write(|tx| tx.enqueue(&step))?;
     rt.wake();
     Ok(())
 }
@@ -531,12 +521,11 @@ fn announce(
         let Some(r) = &requester_row else { return Ok(()) };
         // One announce per child: the delivery row goes first, and a step taken again stops here.
         let kind = if r.external { DeliveryKind::Announce } else { DeliveryKind::Completion };
-        if !add_delivery(tx, &delivery(spawn_run, kind, requester.as_str(), DeliveryStatus::Delivered))? {
+        if !tx.add_delivery(&delivery(spawn_run, kind, requester.as_str(), DeliveryStatus::Delivered))? {
             return Ok(());
         }
         if r.external {
-            append_message(
-                tx,
+            tx.append_message(
                 r.id,
                 &NewMessage {
                     role: "user".into(),
@@ -549,24 +538,21 @@ fn announce(
             )?;
         } else {
             let run_id = super::step_id(&spawn_run.run_id, "completion");
-            enqueue(
-                tx,
-                &NewRun {
-                    run_id: run_id.clone(),
-                    session: r.id,
-                    mode: RunMode::Completion,
-                    input: json!({"role": "user", "content": format!("{COMPLETION_PREFIX}\n\n{text}")}),
-                    provenance: Some(provenance.clone()),
-                    requester_key: None,
-                    chain_id: spawn_run.chain_id.clone(),
-                    hop: spawn_run.hop,
-                    announce_kind: None,
-                    model: None,
-                    thinking: None,
-                    timeout_ms: None,
-                    extra: Some(Flow::Tagged(Tagged::Completion { child: child.key.to_string() }).to_json()),
-                },
-            )?;
+            tx.enqueue(&NewRun {
+                run_id: run_id.clone(),
+                session: r.id,
+                mode: RunMode::Completion,
+                input: json!({"role": "user", "content": format!("{COMPLETION_PREFIX}\n\n{text}")}),
+                provenance: Some(provenance.clone()),
+                requester_key: None,
+                chain_id: spawn_run.chain_id.clone(),
+                hop: spawn_run.hop,
+                announce_kind: None,
+                model: None,
+                thinking: None,
+                timeout_ms: None,
+                extra: Some(Flow::Tagged(Tagged::Completion { child: child.key.to_string() }).to_json()),
+            })?;
         }
         Ok(())
     })?;

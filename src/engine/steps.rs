@@ -1,4 +1,4 @@
-//! The steps after a run (DESIGN §7.2): the reply to an external requester's inbox, the
+//! The steps after a run (docs/BEHAVIOUR.md, Steps): the reply to an external requester's inbox, the
 //! reply-back ping-pong between driven sessions, the announce step and its delivery to the
 //! target's channel. Steps are queued runs: nothing blocks inside a run, and late replies get the
 //! same steps as prompt ones. Every cross-session effect is a ledger row.
@@ -14,7 +14,7 @@ use crate::keys::SessionKey;
 use crate::runner::RunStatus;
 use crate::store::{
     AnnounceKind, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, RunMode, RunRow,
-    StoreError, add_delivery, append_message, enqueue, set_delivery_status,
+    StoreError,
 };
 
 use super::chain::{Provenance, SourceTool};
@@ -101,7 +101,7 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
             } else {
                 (DeliveryStatus::Failed, format!("the run ended {}", result.status))
             };
-            store.write(|tx| set_delivery_status(tx, id, status, Some(&why)).map_err(StoreError::from))?;
+            store.write(|tx| tx.set_delivery_status(id, status, Some(&why)))?;
         }
         if result.status == RunStatus::Ok && run.session_key != requester {
             return queue_announce(rt, run, &target, &flow);
@@ -121,9 +121,7 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
         if let Some(id) = delivery_id {
             let why =
                 if turn >= max { "ping-pong limit reached (session.agentToAgent.maxPingPongTurns)" } else { "policy" };
-            store.write(|tx| {
-                set_delivery_status(tx, id, DeliveryStatus::Skipped, Some(why)).map_err(StoreError::from)
-            })?;
+            store.write(|tx| tx.set_delivery_status(id, DeliveryStatus::Skipped, Some(why)))?;
         }
         return queue_announce(rt, run, &target, &flow);
     }
@@ -156,22 +154,19 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
         extra: Some(Flow::Exchange(next).to_json()),
     };
     store.write(|tx| -> Result<(), StoreError> {
-        enqueue(tx, &step)?;
+        tx.enqueue(&step)?;
         if let Some(id) = delivery_id {
-            set_delivery_status(tx, id, DeliveryStatus::Delivered, None)?;
+            tx.set_delivery_status(id, DeliveryStatus::Delivered, None)?;
         }
-        add_delivery(
-            tx,
-            &NewDelivery {
-                run_id: &step.run_id,
-                kind: DeliveryKind::Reply,
-                mode: DeliveryMode::Inbox,
-                status: DeliveryStatus::Queued,
-                target_key: run.session_key.as_str(),
-                channel: None,
-                last_error: None,
-            },
-        )?;
+        tx.add_delivery(&NewDelivery {
+            run_id: &step.run_id,
+            kind: DeliveryKind::Reply,
+            mode: DeliveryMode::Inbox,
+            status: DeliveryStatus::Queued,
+            target_key: run.session_key.as_str(),
+            channel: None,
+            last_error: None,
+        })?;
         Ok(())
     })?;
     rt.wake();
@@ -204,12 +199,11 @@ fn append_inbox(
     )
     .to_json();
     rt.store.write(|tx| -> Result<(), StoreError> {
-        if !set_delivery_status(tx, delivery, DeliveryStatus::Delivered, None)? {
+        if !tx.set_delivery_status(delivery, DeliveryStatus::Delivered, None)? {
             return Ok(());
         }
-        let id: i64 = crate::store::session_id(tx, to)?;
-        append_message(
-            tx,
+        let id: i64 = tx.session_id(to)?;
+        tx.append_message(
             id,
             &NewMessage {
                 role: "user".into(),
@@ -255,7 +249,7 @@ fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Exchan
         timeout_ms: None,
         extra: Some(Flow::Exchange(flow.clone()).to_json()),
     };
-    store.write(|tx| enqueue(tx, &step).map_err(StoreError::from))?;
+    store.write(|tx| tx.enqueue(&step))?;
     rt.wake();
     Ok(())
 }

@@ -21,7 +21,7 @@ pub enum CancelRequest {
 impl Store {
     /// Asks `run_id` to stop.
     pub fn request_cancel(&self, run_id: &str) -> Result<CancelRequest> {
-        self.write(|tx| -> Result<CancelRequest> {
+        self.write_sql(|tx| -> Result<CancelRequest> {
             let Some(run) = run_by_id(tx, run_id)? else { return Ok(CancelRequest::AlreadyEnded) };
             let now = now_ms();
             match run.status {
@@ -63,7 +63,7 @@ impl Store {
 mod tests {
     use super::*;
     use crate::keys::{AgentId, SessionKey, SessionKind};
-    use crate::store::{NewRun, NewSession, RunMode, enqueue, insert_session};
+    use crate::store::{NewRun, NewSession, RunMode};
 
     fn store_with_session() -> (tempfile::TempDir, Store, i64) {
         let dir = tempfile::tempdir().unwrap();
@@ -72,8 +72,8 @@ mod tests {
         let new = NewSession::new(key.clone(), AgentId::parse("main").unwrap(), SessionKind::Main, false);
         let id = store
             .write(|tx| -> Result<i64> {
-                insert_session(tx, &new)?;
-                Ok(crate::store::session_id(tx, &key)?)
+                tx.insert_session(&new)?;
+                tx.session_id(&key)
             })
             .unwrap();
         (dir, store, id)
@@ -83,7 +83,7 @@ mod tests {
         let run_id = uuid::Uuid::new_v4().to_string();
         let run =
             NewRun::new(run_id.clone(), session, RunMode::Send, serde_json::json!({"role": "user", "content": "hi"}));
-        store.write(|tx| -> Result<bool> { Ok(enqueue(tx, &run)?) }).unwrap();
+        store.write(|tx| tx.enqueue(&run)).unwrap();
         run_id
     }
 

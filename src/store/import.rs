@@ -54,7 +54,7 @@ impl Store {
     /// Merges `sessions` in order, in one transaction; one [`Merged`] per session. Give parents
     /// before their children, so that the spawn tree links as the rows arrive.
     pub fn import_sessions(&self, sessions: &[ImportedSession]) -> Result<Vec<Merged>> {
-        self.write(|tx| -> Result<Vec<Merged>> { sessions.iter().map(|s| Ok(merge_session(tx, s)?)).collect() })
+        self.write_sql(|tx| -> Result<Vec<Merged>> { sessions.iter().map(|s| Ok(merge_session(tx, s)?)).collect() })
     }
 }
 

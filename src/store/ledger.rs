@@ -85,7 +85,7 @@ pub struct NewDelivery<'a> {
 
 /// Records a delivery, once: a run has at most one delivery of each kind, so a flow step that is
 /// taken again after a crash adds nothing. Returns false when the delivery was already there.
-pub(crate) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Result<bool> {
+pub(super) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Result<bool> {
     let now = now_ms();
     let added = tx
         .prepare_cached(
@@ -109,7 +109,7 @@ pub(crate) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Resul
 
 /// Moves a pending delivery to `status`. Returns false when it had already reached a final
 /// status (a step taken again after a crash): final is final.
-pub(crate) fn set_delivery_status(
+pub(super) fn set_delivery_status(
     tx: &Transaction,
     id: i64,
     status: DeliveryStatus,
@@ -136,7 +136,7 @@ pub struct IdempotencyHit {
 /// Idempotency keys are kept 24 h.
 pub const IDEMPOTENCY_TTL_MS: i64 = 24 * 3600 * 1000;
 
-pub(crate) fn remember_key(
+pub(super) fn remember_key(
     tx: &Transaction,
     caller: &str,
     key: &str,
@@ -218,7 +218,7 @@ impl Store {
         channel: &str,
         payload: &Value,
     ) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             let now = now_ms();
             tx.execute(
                 "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, payload, attempts,
@@ -233,7 +233,7 @@ impl Store {
 
     /// Claims channel deliveries that are due (marks them running).
     pub fn claim_due_deliveries(&self, limit: usize) -> Result<Vec<DueDelivery>> {
-        self.write(|tx| -> Result<Vec<DueDelivery>> {
+        self.write_sql(|tx| -> Result<Vec<DueDelivery>> {
             let now = now_ms();
             let due: Vec<DueDelivery> = tx
                 .prepare_cached(
@@ -265,7 +265,7 @@ impl Store {
         error: Option<&str>,
         next_attempt_at: Option<i64>,
     ) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             tx.execute(
                 "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
                      next_attempt_at = coalesce(?4, next_attempt_at), updated_at = ?5 WHERE id = ?1",
@@ -277,7 +277,7 @@ impl Store {
 
     /// Channel deliveries left `running` by a dead owner are attempted again.
     pub fn requeue_running_deliveries(&self) -> Result<usize> {
-        self.write(|tx| -> Result<usize> {
+        self.write_sql(|tx| -> Result<usize> {
             Ok(tx
                 .execute("UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'", [])?)
         })

@@ -290,7 +290,7 @@ fn history_from(
 }
 
 /// Appends `m` to session `session` (row id) with the next seq; bumps `updated_at`.
-pub(crate) fn append_message(tx: &Transaction, session: i64, m: &NewMessage) -> rusqlite::Result<i64> {
+pub(super) fn append_message(tx: &Transaction, session: i64, m: &NewMessage) -> rusqlite::Result<i64> {
     let seq: i64 = tx
         .prepare_cached("UPDATE sessions SET next_seq = next_seq + 1, updated_at = max(updated_at, ?2) WHERE id = ?1 RETURNING next_seq - 1")?
         .query_row(params![session, m.timestamp.unwrap_or_else(now_ms)], |r| r.get(0))?;

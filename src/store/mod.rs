@@ -18,6 +18,7 @@ mod seed;
 mod sessions;
 mod spawn;
 mod tokens;
+mod tx;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,18 +30,14 @@ use sha2::{Digest, Sha256};
 pub use cancel::CancelRequest;
 pub use import::{ImportedSession, Merged, SessionExtras};
 pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
-pub(crate) use ledger::{add_delivery, remember_key, set_delivery_status};
-pub(crate) use messages::append_message;
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
-pub(crate) use run_queue::enqueue;
 pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, RunMode, RunRow, RunStatus};
-pub use seed::{SeedRun, SeedSession, SeedToken, Stated};
+pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, SendPolicyOverride, SessionRow, SessionState, SliceScope};
-pub(crate) use sessions::{insert_session, session_id};
 pub use spawn::SpawnCounts;
-pub(crate) use spawn::spawn_counts;
 pub use tokens::{TokenRow, sha256_hex};
+pub use tx::{AttachmentReceipt, Tx};
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
@@ -160,7 +157,7 @@ impl Store {
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when `f` returns `Ok`.
-    pub fn write<T, E>(&self, f: impl FnOnce(&Transaction) -> std::result::Result<T, E>) -> std::result::Result<T, E>
+    fn write_sql<T, E>(&self, f: impl FnOnce(&Transaction) -> std::result::Result<T, E>) -> std::result::Result<T, E>
     where
         E: From<StoreError>,
     {
@@ -354,7 +351,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&Store::path_in(dir.path())).unwrap();
         store
-            .write(|tx| -> Result<()> {
+            .write_sql(|tx| -> Result<()> {
                 tx.execute_batch("CREATE TABLE filler (x BLOB)")?;
                 for _ in 0..200 {
                     tx.execute("INSERT INTO filler VALUES (zeroblob(4000))", [])?;
@@ -392,7 +389,7 @@ mod tests {
             false,
         );
         n.spawned_by = parent.map(SessionKey::from_canonical);
-        store.write(|tx| insert_session(tx, &n).map_err(StoreError::from)).unwrap();
+        store.write(|tx| tx.insert_session(&n)).unwrap();
     }
 
     #[test]
@@ -411,7 +408,7 @@ mod tests {
         assert!(!store.is_ancestor(&leaf, &root).unwrap());
         assert!(!store.is_ancestor(&key(&keys[5]), &key(&keys[4])).unwrap(), "a parent is not its child's descendant");
         store
-            .write(|tx| {
+            .write_sql(|tx| {
                 tx.execute("UPDATE sessions SET state = 2, deleted_at = 0 WHERE key = ?1", [&keys[10]])
                     .map_err(StoreError::from)
             })
@@ -489,7 +486,7 @@ mod tests {
         let path = dir.path().join("s.db");
         let store = Store::open(&path).unwrap();
         store
-            .write(|tx| tx.execute("INSERT INTO schema_version VALUES (999, 0)", []).map_err(StoreError::from))
+            .write_sql(|tx| tx.execute("INSERT INTO schema_version VALUES (999, 0)", []).map_err(StoreError::from))
             .unwrap();
         drop(store);
         let err = Store::open(&path).err().unwrap();

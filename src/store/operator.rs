@@ -33,7 +33,7 @@ impl Store {
 
     /// Records where `export` wrote each session's transcript.
     pub fn set_transcript_paths(&self, paths: &[(i64, String)]) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             let mut stmt = tx.prepare_cached("UPDATE sessions SET transcript_path = ?2 WHERE id = ?1")?;
             for (id, path) in paths {
                 stmt.execute(params![id, path])?;
@@ -44,7 +44,7 @@ impl Store {
 
     /// Sets (allow/deny) or clears (None) a session's send-policy override. False if no such session.
     pub fn set_send_policy(&self, key: &str, policy: Option<super::SendPolicyOverride>) -> Result<bool> {
-        self.write(|tx| -> Result<bool> {
+        self.write_sql(|tx| -> Result<bool> {
             Ok(tx.execute(
                 "UPDATE sessions SET send_policy = ?2 WHERE key = ?1",
                 params![key, policy.map(super::SendPolicyOverride::as_str)],
@@ -64,7 +64,7 @@ impl Store {
     /// Permanently removes deleted and archived sessions whose deletedAt/archivedAt is before
     /// `before` (ms), with their messages, runs, deliveries and tree links.
     pub fn prune(&self, before: i64) -> Result<Pruned> {
-        self.write(|tx| -> Result<Pruned> {
+        self.write_sql(|tx| -> Result<Pruned> {
             let ids: Vec<i64> = tx
                 .prepare(
                     "SELECT id FROM sessions WHERE (state = 2 AND deleted_at < ?1) OR (state = 1 AND archived_at < ?1)",

@@ -256,7 +256,7 @@ pub struct Finished {
 
 /// Queues a run, once: a flow step that is taken again after a crash derives the same run id
 /// (`flows::step_id`) and adds nothing. Returns false when the run was already there.
-pub(crate) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<bool> {
+pub(super) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<bool> {
     let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
     let added = tx
         .prepare_cached(
@@ -297,7 +297,7 @@ impl Store {
     /// Claims the oldest queued run that may start: no other run of its session running, its
     /// agent and the server under their caps. Its input is appended to the transcript now.
     pub fn claim_next(&self, owner: &str, caps: &Caps) -> Result<Option<(RunRow, i64)>> {
-        self.write(|tx| -> Result<Option<(RunRow, i64)>> {
+        self.write_sql(|tx| -> Result<Option<(RunRow, i64)>> {
             let running: Vec<(String, i64)> = tx
                 .prepare_cached(
                     "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
@@ -360,7 +360,7 @@ impl Store {
 
     /// Records the end of a run: its messages, status, usage and the session's totals, at once.
     pub fn finish_run(&self, run_id: &str, f: &Finished) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             let session: i64 = tx.query_row("SELECT session FROM runs WHERE run_id = ?1", [run_id], |r| r.get(0))?;
             for m in &f.messages {
                 append_message(tx, session, m)?;
@@ -423,7 +423,7 @@ impl Store {
 
     /// Renews the lease of runs this owner is running.
     pub fn renew_leases(&self, owner: &str) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             tx.execute(
                 "UPDATE runs SET lease_until = ?2 WHERE owner = ?1 AND status = 'running'",
                 params![owner, now_ms() + 15_000],
@@ -435,7 +435,7 @@ impl Store {
     /// Marks `running` runs not owned by `owner` as `interrupted` (their owner died: the caller
     /// holds the runtime lock). Returns them; they are never re-run.
     pub fn interrupt_orphans(&self, owner: &str) -> Result<Vec<RunRow>> {
-        self.write(|tx| -> Result<Vec<RunRow>> {
+        self.write_sql(|tx| -> Result<Vec<RunRow>> {
             let sql = format!(
                 "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
                  WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1)"
@@ -458,7 +458,7 @@ impl Store {
     /// Records the run's supervisor (it leads the run's process group) and its start time, so
     /// that recovery can kill a leftover group without ever hitting a recycled pid.
     pub fn set_supervisor(&self, run_id: &str, pid: i64, start_time: Option<i64>) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             tx.execute(
                 "UPDATE runs SET supervisor_pid = ?2, supervisor_pgid = ?2, supervisor_start = ?3 WHERE run_id = ?1",
                 params![run_id, pid, start_time],
@@ -485,7 +485,7 @@ impl Store {
 
     /// Records that the steps after `run_id`'s end (reply-back, announce, deliveries) were taken.
     pub fn steps_taken(&self, run_id: &str) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             tx.execute("UPDATE runs SET steps_done_at = ?2 WHERE run_id = ?1", params![run_id, now_ms()])?;
             Ok(())
         })
@@ -514,7 +514,7 @@ impl Store {
 impl Store {
     /// Records that `run_id` (a run inside which a caller waits) waits on `on` (None clears it).
     pub fn set_waiting(&self, run_id: &str, on: Option<&str>) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             tx.execute("UPDATE runs SET waiting_on = ?2 WHERE run_id = ?1", params![run_id, on])?;
             Ok(())
         })

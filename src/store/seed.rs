@@ -1,5 +1,5 @@
 //! Bulk seeding: a whole world written in one transaction — sessions with their transcripts, then
-//! run tokens, then runs — for `dev seed` (the tests build their worlds with it) and the stores the
+//! run tokens, runs and idempotency keys — for `dev seed` (the tests build their worlds with it) and the stores the
 //! benchmarks generate. Rows are written as given: nothing here decides visibility or policy.
 
 use rusqlite::{Transaction, params};
@@ -45,8 +45,8 @@ pub struct SeedToken {
     pub expires_at: Option<i64>,
 }
 
-/// A run stored as it is (mode `send`, created and started now), e.g. the `running` run a token
-/// is bound to.
+/// A run stored as it is (mode `send`, created and started at `created_at` or now), e.g. the
+/// `running` run a token is bound to.
 #[derive(Debug, Clone)]
 pub struct SeedRun {
     pub run_id: String,
@@ -56,27 +56,50 @@ pub struct SeedRun {
     pub input: Value,
     pub waiting_on: Option<String>,
     pub owner: Option<String>,
+    /// The session that asked for the run.
+    pub requester: Option<SessionKey>,
+    pub created_at: Option<i64>,
+}
+
+/// A remembered idempotency key (created now), as a call would have left it.
+#[derive(Debug, Clone)]
+pub struct SeedKey {
+    pub caller: SessionKey,
+    pub key: String,
+    pub tool: String,
+    pub args_hash: String,
+    pub run_id: Option<String>,
+}
+
+/// The rows a world has beside its sessions; their sessions must be seeded with them.
+#[derive(Debug, Clone, Default)]
+pub struct SeedRows {
+    pub tokens: Vec<SeedToken>,
+    pub runs: Vec<SeedRun>,
+    pub keys: Vec<SeedKey>,
 }
 
 impl Store {
-    /// Writes `sessions`, then `tokens`, then `runs` (whose sessions must exist by then) in one
+    /// Writes `sessions`, then the `rows` (whose sessions must exist by then) in one
     /// transaction: a world is seeded whole or not at all. A session whose key exists keeps its
     /// row and gets the messages appended.
     pub fn seed<M: IntoIterator<Item = NewMessage>>(
         &self,
         sessions: impl IntoIterator<Item = SeedSession<M>>,
-        tokens: &[SeedToken],
-        runs: &[SeedRun],
+        rows: &SeedRows,
     ) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             for s in sessions {
                 seed_session(tx, s)?;
             }
-            for t in tokens {
+            for t in &rows.tokens {
                 insert_token(tx, t)?;
             }
-            for r in runs {
+            for r in &rows.runs {
                 insert_run(tx, r)?;
+            }
+            for k in &rows.keys {
+                insert_key(tx, k)?;
             }
             Ok(())
         })
@@ -116,8 +139,8 @@ fn insert_token(tx: &Transaction, t: &SeedToken) -> rusqlite::Result<()> {
 fn insert_run(tx: &Transaction, r: &SeedRun) -> rusqlite::Result<()> {
     let session = session_id(tx, &r.session)?;
     tx.prepare_cached(
-        "INSERT INTO runs (run_id, session, mode, status, input, waiting_on, owner, created_at, started_at)
-         VALUES (?1, ?2, 'send', ?3, ?4, ?5, ?6, ?7, ?7)",
+        "INSERT INTO runs (run_id, session, mode, status, input, waiting_on, owner, requester_key, created_at, started_at)
+         VALUES (?1, ?2, 'send', ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
     )?
     .execute(params![
         r.run_id,
@@ -126,8 +149,17 @@ fn insert_run(tx: &Transaction, r: &SeedRun) -> rusqlite::Result<()> {
         r.input.to_string(),
         r.waiting_on,
         r.owner,
-        now_ms()
+        r.requester.as_ref().map(SessionKey::as_str),
+        r.created_at.unwrap_or_else(now_ms)
     ])?;
+    Ok(())
+}
+
+fn insert_key(tx: &Transaction, k: &SeedKey) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO idempotency (caller, key, tool, args_hash, run_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![k.caller.as_str(), k.key, k.tool, k.args_hash, k.run_id, now_ms()])?;
     Ok(())
 }
 
@@ -167,7 +199,7 @@ mod tests {
             ..SeedSession::new(session("agent:main:stated", 1_000), vec![text(5_000)])
         };
         let generated = SeedSession::new(session("agent:main:generated", 1_000), vec![text(5_000)]);
-        store.seed([stated, generated], &[], &[]).unwrap();
+        store.seed([stated, generated], &SeedRows::default()).unwrap();
         let s = row(&store, "agent:main:stated");
         assert_eq!((s.updated_at, s.state, s.deleted_at), (1_000, SessionState::Deleted, Some(7)));
         assert_eq!(s.send_policy, Some(SendPolicyOverride::Deny));
@@ -181,12 +213,12 @@ mod tests {
         let (_dir, store) = store();
         let policed = Stated { send_policy: Some(SendPolicyOverride::Allow), deleted_at: None };
         let first = SeedSession { stated: Some(policed), ..SeedSession::new(session("agent:main:a", 1_000), vec![]) };
-        store.seed([first], &[], &[]).unwrap();
+        store.seed([first], &SeedRows::default()).unwrap();
         let again = SeedSession {
             stated: Some(Stated::default()),
             ..SeedSession::new(session("agent:main:a", 2_000), vec![text(9)])
         };
-        store.seed([again], &[], &[]).unwrap();
+        store.seed([again], &SeedRows::default()).unwrap();
         let a = row(&store, "agent:main:a");
         assert_eq!((a.send_policy, a.updated_at, a.created_at), (None, 2_000, 1_000), "the spec states the row");
         assert_eq!(store.last_seq_of(&a.key).unwrap(), 1);
@@ -214,9 +246,11 @@ mod tests {
             input: json!({"role": "user", "content": "go"}),
             waiting_on: None,
             owner: Some("elsewhere".into()),
+            requester: None,
+            created_at: None,
         };
         let w = || SeedSession::new(session(key.as_str(), 1), Vec::new());
-        store.seed([w()], std::slice::from_ref(&token), &[run(&key)]).unwrap();
+        store.seed([w()], &SeedRows { tokens: vec![token], runs: vec![run(&key)], keys: Vec::new() }).unwrap();
         let bound = store.run_token("h", now_ms()).unwrap().expect("token stored");
         assert_eq!((bound.session_key.as_str(), bound.hop, bound.sandboxed), (key.as_str(), 2, true));
         let stored = store.run(&format!("run-{key}")).unwrap().expect("run stored");
@@ -224,7 +258,7 @@ mod tests {
 
         let stranger = SessionKey::from_canonical("agent:main:nobody");
         let lone = SeedSession::new(session("agent:main:lone", 1), Vec::new());
-        assert!(store.seed([lone], &[], &[run(&stranger)]).is_err());
+        assert!(store.seed([lone], &SeedRows { runs: vec![run(&stranger)], ..SeedRows::default() }).is_err());
         assert!(store.session_by_key(&SessionKey::from_canonical("agent:main:lone")).unwrap().is_none(), "rolled back");
     }
 }

@@ -283,7 +283,7 @@ impl Store {
 
     /// Creates the session if its key is new; returns the stored row either way.
     pub fn insert_session(&self, s: &NewSession) -> Result<SessionRow> {
-        self.write(|tx| {
+        self.write_sql(|tx| {
             insert_session(tx, s)?;
             session_by_key(tx, &s.key)?.ok_or_else(|| StoreError::Corrupt(format!("session {} vanished", s.key)))
         })
@@ -292,7 +292,7 @@ impl Store {
     /// Marks `key` as an external session acting through an MCP client: creates it when missing,
     /// and flips a main session to external. Other existing sessions keep their driver.
     pub fn ensure_external(&self, new: &NewSession, is_main: bool) -> Result<SessionRow> {
-        self.write(|tx| {
+        self.write_sql(|tx| {
             insert_session(tx, new)?;
             if is_main {
                 tx.execute(
@@ -313,7 +313,7 @@ pub(super) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Resu
 
 /// The row id of the session `key`, inside a write (the flows append to sessions they just
 /// created or looked up).
-pub(crate) fn session_id(tx: &Transaction, key: &SessionKey) -> rusqlite::Result<i64> {
+pub(super) fn session_id(tx: &Transaction, key: &SessionKey) -> rusqlite::Result<i64> {
     tx.prepare_cached("SELECT id FROM sessions WHERE key = ?1")?.query_row([key.as_str()], |r| r.get(0))
 }
 
@@ -324,7 +324,7 @@ pub(super) fn set_updated_at(tx: &Transaction, id: i64, at: i64) -> rusqlite::Re
 }
 
 /// Inserts `s` unless its key exists. Returns whether a row was created.
-pub(crate) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Result<bool> {
+pub(super) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Result<bool> {
     let state = if s.key.is_cron_run() {
         SessionState::Unlisted
     } else if s.archived_at.is_some() {

@@ -15,7 +15,7 @@ pub struct SpawnCounts {
     pub running: i64,
 }
 
-pub(crate) fn spawn_counts(tx: &Transaction, requester: &str) -> rusqlite::Result<SpawnCounts> {
+pub(super) fn spawn_counts(tx: &Transaction, requester: &str) -> rusqlite::Result<SpawnCounts> {
     let count = |sql: &str, p: &[&dyn rusqlite::ToSql]| tx.query_row(sql, p, |r| r.get::<_, i64>(0));
     Ok(SpawnCounts {
         unfinished: count(
@@ -42,7 +42,7 @@ impl Store {
     /// Marks a child announced; `delete` soft-deletes it now, else it is archived
     /// `archive_after_ms` from now (None = never).
     pub fn mark_announced(&self, session: i64, delete: bool, archive_after_ms: Option<i64>) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             let now = now_ms();
             if delete {
                 tx.execute(
@@ -61,7 +61,7 @@ impl Store {
 
     /// Archives kept children whose archive time has come. Returns their keys.
     pub fn archive_due(&self) -> Result<Vec<String>> {
-        self.write(|tx| -> Result<Vec<String>> {
+        self.write_sql(|tx| -> Result<Vec<String>> {
             let now = now_ms();
             let keys: Vec<String> = tx
                 .prepare_cached("SELECT key FROM sessions WHERE archive_due_at IS NOT NULL AND archive_due_at <= ?1 AND state = 0")?
@@ -79,7 +79,7 @@ impl Store {
 impl Store {
     /// Records that a run's attachment files were removed (their receipts stay).
     pub fn attachments_removed(&self, run_id: &str) -> Result<()> {
-        self.write(|tx| -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
             tx.execute("UPDATE attachments SET removed_at = ?2 WHERE run_id = ?1", params![run_id, now_ms()])?;
             Ok(())
         })

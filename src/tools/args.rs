@@ -2,7 +2,7 @@
 //! JSON error body naming the field and what is allowed (rmcp's `Parameters<T>` would answer with
 //! a serde message instead).
 //!
-//! Rules (DESIGN §5): camelCase names, the reference's snake_case aliases accepted, unknown names
+//! Rules (docs/BEHAVIOUR.md, Tools): camelCase names, the reference's snake_case aliases accepted, unknown names
 //! rejected listing the allowed ones, numbers as JSON integers or floats (floored), negative
 //! numbers invalid, values above a maximum clamped and reported.
 

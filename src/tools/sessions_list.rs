@@ -165,7 +165,7 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<ListOk, ToolError
     let scope = ctx.access.scope(ctx.caller);
     let state_dir_export = ctx.access.export_dir();
     let mut rows: Vec<ListRow> =
-        page.rows.iter().map(|r| list_row(r, &scope, ctx.caller.sandboxed, state_dir_export.as_deref())).collect();
+        page.rows.iter().map(|r| list_row(r, scope, ctx.caller.sandboxed, state_dir_export.as_deref())).collect();
     let mut flags = Flags::default();
     if message_limit > 0 {
         let all = ctx.access.last_messages(&page.rows, message_limit as usize)?;

@@ -133,7 +133,8 @@ pub fn spec() -> ToolSpec {
 
 /// Validated arguments.
 struct Args {
-    session_key: Option<String>,
+    /// The target as parsed (once) from `sessionKey`.
+    session_key: Option<crate::keys::SessionRef>,
     label: Option<String>,
     agent_id: Option<crate::keys::AgentId>,
     message: String,
@@ -164,9 +165,10 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<Args, ToolError>
         Some(id) => Some(crate::keys::AgentId::parse(&id).map_err(|e| ToolError::invalid(format!("agentId: {e}")))?),
         None => None,
     };
-    if let Some(raw) = &session_key {
-        ctx.access.parse_ref(ctx.caller, "sessionKey", raw)?;
-    }
+    let session_key = match session_key {
+        Some(raw) => Some(ctx.access.parse_ref(ctx.caller, "sessionKey", &raw)?),
+        None => None,
+    };
     Ok(Args { session_key, label, agent_id, message, timeout, idempotency_key })
 }
 
@@ -178,11 +180,10 @@ async fn send(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SendOk,
     let args = parse(ctx, args)?;
     let (access, caller) = (ctx.access, ctx.caller);
     let target: Target = match (&args.session_key, &args.label) {
-        (Some(raw), _) => access.resolve(caller, Action::Send, "sessionKey", raw)?,
+        (Some(reference), _) => access.resolve_ref(caller, Action::Send, reference.clone())?,
         (_, Some(label)) => access.resolve_label(caller, label, args.agent_id.as_ref())?,
         _ => unreachable!("parse requires one"),
     };
-    access.check_can_act(caller)?;
     let engine = ctx.engine();
     let request = SendRequest {
         target: &target,

@@ -1,9 +1,10 @@
 //! `sessions_spawn`: start a sub-agent run in an isolated child session; its result is announced
 //! back to the requester.
 //!
-//! Checks in order (DESIGN §5.4), each with its own error, nothing left behind when one fails:
-//! arguments → allowlist → the target has a runner → depth → sandbox guard → one transaction that
-//! checks and reserves admission and creates the child (see `flows::spawn`).
+//! The tool checks the arguments (channel-delivery keys, agentId, model, thinking, attachments)
+//! and hands the rest to the engine (`engine::spawn`: the admission checks in the order of
+//! docs/BEHAVIOUR.md, sessions_spawn, then one transaction that reserves admission and creates
+//! the child); it shapes the accepted answer.
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -285,7 +286,6 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
 
 async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
     let request = parse(ctx, args)?;
-    ctx.access.check_can_act(ctx.caller)?;
     let accepted_spawn = ctx.engine().spawn(ctx.caller, request)?;
     let mut ok = accepted(ctx, accepted_spawn.spawned, accepted_spawn.inbox_after);
     ok.attachments = accepted_spawn.attachments;

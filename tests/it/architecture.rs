@@ -10,15 +10,6 @@ use std::fmt;
 use std::path::Path;
 use std::sync::OnceLock;
 
-/// Where the code does not hold a rule yet, as (file under `src/`, rule). The reshaping of
-/// `engine/`, `tools/` and `access/` (one engine handle, private `Access` fields, SQL into the
-/// store) removes them. The list can only shrink: `every_known_exception_still_occurs` fails for
-/// an entry that no longer occurs, so a fix takes its entry off.
-const KNOWN_EXCEPTIONS: &[(&str, Rule)] = &[
-    // The spawn transaction writes the child's `spawn_run` and the attachment receipts itself.
-    ("engine/spawn.rs", Rule::OnlyTheStoreSpeaksSql),
-];
-
 /// The rules docs/ARCHITECTURE.md states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rule {
@@ -558,13 +549,8 @@ fn cycle() -> Option<Violation> {
     Some(Violation { file, line, rule: Rule::NoCycle, what: format!("cycle: {}", steps.join(", ")) })
 }
 
-fn excepted(v: &Violation) -> bool {
-    KNOWN_EXCEPTIONS.iter().any(|(file, rule)| *file == v.file && *rule == v.rule)
-}
-
 fn assert_holds(rule: Rule) {
-    let broken: Vec<String> =
-        violations().iter().filter(|v| v.rule == rule && !excepted(v)).map(ToString::to_string).collect();
+    let broken: Vec<String> = violations().iter().filter(|v| v.rule == rule).map(ToString::to_string).collect();
     assert!(broken.is_empty(), "{} place(s) break \"{rule}\":\n{}", broken.len(), broken.join("\n"));
 }
 
@@ -617,16 +603,6 @@ fn tools_reach_neither_the_store_nor_the_runner() {
 #[test]
 fn the_engine_knows_neither_the_server_nor_the_tools() {
     assert_holds(Rule::EngineKnowsNeitherServerNorTools);
-}
-
-#[test]
-fn every_known_exception_still_occurs() {
-    let gone: Vec<String> = KNOWN_EXCEPTIONS
-        .iter()
-        .filter(|(file, rule)| !violations().iter().any(|v| v.file == *file && v.rule == *rule))
-        .map(|(file, rule)| format!("src/{file} no longer breaks \"{rule}\""))
-        .collect();
-    assert!(gone.is_empty(), "take these off KNOWN_EXCEPTIONS in tests/it/architecture.rs:\n{}", gone.join("\n"));
 }
 
 #[test]

@@ -26,7 +26,7 @@ use sessions_mcp::access::caller::Caller;
 use sessions_mcp::cli::seed::{WorldSpec, seed_world};
 use sessions_mcp::config::{self, Config, Visibility};
 use sessions_mcp::keys::{AgentId, SessionKey};
-use sessions_mcp::policy::{self, Action, CallerRole, VisibilityFacts, VisibilityRules};
+use sessions_mcp::policy::{self, Action, VisibilityFacts, VisibilityRules};
 use sessions_mcp::store::Store;
 use sessions_mcp::tools::{self, Ctx};
 
@@ -227,12 +227,22 @@ fn world_spec(models: &[&Model]) -> WorldSpec {
             })
         })
         .collect();
+    // A run another session asked for links the two (the tree); an idempotency key of another
+    // call makes a replay with these arguments a conflict.
     let runs: Vec<Value> = models
         .iter()
-        .filter(|m| m.run_by.is_some())
-        .map(|m| json!({"runId": format!("run-{}", m.key), "sessionKey": m.key, "status": "ok"}))
+        .filter_map(|m| m.run_by.as_ref().map(|by| (m, by)))
+        .map(|(m, by)| {
+            json!({"runId": format!("run-{}", m.key), "sessionKey": m.key, "status": "ok",
+                   "requesterKey": by, "createdAt": m.updated_at})
+        })
         .collect();
-    serde_json::from_value(json!({"sessions": sessions, "runs": runs})).expect("world spec")
+    let keys: Vec<Value> = models
+        .iter()
+        .filter(|m| m.idem)
+        .map(|m| json!({"caller": m.key, "key": format!("idem-{}", m.key), "tool": "sessions_send", "argsHash": "other"}))
+        .collect();
+    serde_json::from_value(json!({"sessions": sessions, "runs": runs, "idempotencyKeys": keys})).expect("world spec")
 }
 
 /// An empty store at the current schema, as file bytes: creating the schema took 40% of a case
@@ -255,26 +265,6 @@ fn build(models: &[&Model], config: &Arc<Config>) -> (Access, Store, tempfile::T
     std::fs::write(&path, empty_store()).expect("copy the empty store");
     let store = Store::open(&path).expect("store");
     seed_world(&store, &world_spec(models)).expect("seed");
-    store
-        .write(|tx| -> anyhow::Result<()> {
-            for m in models {
-                if let Some(by) = &m.run_by {
-                    tx.execute(
-                        "UPDATE runs SET requester_key = ?2, created_at = ?3, started_at = ?3 WHERE run_id = ?1",
-                        [format!("run-{}", m.key), by.clone(), m.updated_at.to_string()],
-                    )?;
-                }
-                if m.idem {
-                    tx.execute(
-                        "INSERT INTO idempotency (caller, key, tool, args_hash, run_id, created_at)
-                         VALUES (?1, ?2, 'sessions_send', 'other', NULL, ?3)",
-                        [m.key.clone(), format!("idem-{}", m.key), sessions_mcp::store::now_ms().to_string()],
-                    )?;
-                }
-            }
-            Ok(())
-        })
-        .expect("runs and idempotency");
     (Access::new(store.clone(), config.clone()), store, dir)
 }
 
@@ -292,15 +282,7 @@ fn caller_of(g: &CallerGen, models: &[Model]) -> Caller {
         None => fixed[g.pick % 2].to_string(),
     };
     let agent = AgentId::parse(key.split(':').nth(1).expect("agent key")).expect("agent id");
-    Caller {
-        key: SessionKey::from_canonical(key),
-        agent,
-        sandboxed: g.sandboxed,
-        external: g.external,
-        role: CallerRole::TopLevel,
-        run: None,
-        read_only: false,
-    }
+    Caller::top_level(SessionKey::from_canonical(key), agent, g.sandboxed, g.external)
 }
 
 /// The visibility rules written out independently of `policy` (docs/BEHAVIOUR.md, Visibility).

@@ -1,0 +1,99 @@
+//! The unit of work the engine writes in: [`Store::write`] hands its closure a [`Tx`], one
+//! transaction that commits when the closure returns `Ok` and rolls back otherwise. The engine
+//! keeps its rules between the statements (a spawn's admission caps, an inbox append only when
+//! the delivery moved); the statements themselves are these methods, in domain types, so no
+//! SQL and no backend type leaves the store.
+
+use rusqlite::{Transaction, params};
+use serde_json::Value;
+
+use super::{NewDelivery, NewMessage, NewRun, NewSession, Result, SpawnCounts, Store, StoreError};
+use crate::keys::SessionKey;
+
+/// One write transaction.
+pub struct Tx<'a> {
+    tx: &'a Transaction<'a>,
+}
+
+impl Store {
+    /// Runs `f` in one write transaction; commits when `f` returns `Ok`.
+    pub fn write<T, E>(&self, f: impl FnOnce(&Tx) -> std::result::Result<T, E>) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        self.write_sql(|tx| f(&Tx { tx }))
+    }
+}
+
+impl Tx<'_> {
+    /// Creates the session unless its key exists. True when it was created.
+    pub fn insert_session(&self, s: &NewSession) -> Result<bool> {
+        Ok(super::sessions::insert_session(self.tx, s)?)
+    }
+
+    /// The row id of a session written in this transaction or before.
+    pub fn session_id(&self, key: &SessionKey) -> Result<i64> {
+        Ok(super::sessions::session_id(self.tx, key)?)
+    }
+
+    /// Appends a message to a session; returns its seq.
+    pub fn append_message(&self, session: i64, m: &NewMessage) -> Result<i64> {
+        Ok(super::messages::append_message(self.tx, session, m)?)
+    }
+
+    /// Queues a run, once: false when a run with its id exists (a step taken again).
+    pub fn enqueue(&self, run: &NewRun) -> Result<bool> {
+        Ok(super::run_queue::enqueue(self.tx, run)?)
+    }
+
+    /// Records a delivery, once per run and kind: false when it was already there.
+    pub fn add_delivery(&self, d: &NewDelivery) -> Result<bool> {
+        Ok(super::ledger::add_delivery(self.tx, d)?)
+    }
+
+    /// Moves a pending delivery to `status`: false when it had already reached a final one.
+    pub fn set_delivery_status(&self, id: i64, status: super::DeliveryStatus, error: Option<&str>) -> Result<bool> {
+        Ok(super::ledger::set_delivery_status(self.tx, id, status, error)?)
+    }
+
+    /// Remembers the caller's idempotency key for the run it started.
+    pub fn remember_key(
+        &self,
+        caller: &SessionKey,
+        key: &str,
+        tool: &str,
+        args_hash: &str,
+        run_id: &str,
+        result: &Value,
+    ) -> Result<()> {
+        Ok(super::ledger::remember_key(self.tx, caller.as_str(), key, tool, args_hash, run_id, result)?)
+    }
+
+    /// A requester's children by state (the spawn caps count them).
+    pub fn spawn_counts(&self, requester: &SessionKey) -> Result<SpawnCounts> {
+        Ok(super::spawn::spawn_counts(self.tx, requester.as_str())?)
+    }
+
+    /// Links a child session to the run that spawned it.
+    pub fn set_spawn_run(&self, child: i64, run_id: &str) -> Result<()> {
+        self.tx.execute("UPDATE sessions SET spawn_run = ?2 WHERE id = ?1", params![child, run_id])?;
+        Ok(())
+    }
+
+    /// The receipt of one file placed for a child's run.
+    pub fn add_attachment_receipt(&self, run_id: &str, r: &AttachmentReceipt) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO attachments (run_id, name, bytes, sha256, rel_dir) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![run_id, r.name, r.bytes as i64, r.sha256, r.rel_dir],
+        )?;
+        Ok(())
+    }
+}
+
+/// One attachment as recorded with its run.
+pub struct AttachmentReceipt<'a> {
+    pub name: &'a str,
+    pub bytes: u64,
+    pub sha256: &'a str,
+    pub rel_dir: &'a str,
+}
