@@ -37,10 +37,16 @@
 //!    clamping), then asks `Access::resolve`, which parses the key (`keys`), decides visibility
 //!    from the key and the spawn tree (`policy`) *before* asking whether the session exists, and
 //!    loads the row from the `store`.
-//! 4. The tool reads messages from the `store`, passes them through `sanitize`, and returns
-//!    `Output::Ok(…)` or `Output::Err(ToolError)`; `tools::call` turns that into
-//!    `structuredContent` plus the same JSON as text, with `isError` set from the status.
-//! 5. When the client declared the Tasks extension, `sessions_send` (with a wait) and
+//! 4. A read tool reads the visible session's messages through access (`Access::history`, …),
+//!    passes them through `sanitize`, and returns `Output::Ok(…)` or `Output::Err(ToolError)`;
+//!    `tools::call` turns that into `structuredContent` plus the same JSON as text, with
+//!    `isError` set from the status, within the answer budget.
+//! 5. `sessions_send` and `sessions_spawn` call the engine instead (`tools::Ctx::engine`):
+//!    `engine::Engine::send` / `spawn` do the admission (idempotency replay, send policy, chain
+//!    limits, the spawn caps) and commit the run in one `store::Tx`; the scheduler claims and runs
+//!    it (`engine::scheduler`, `engine::turn`), and its steps (`engine::steps`) carry the reply
+//!    back. `Engine::await_reply` waits for it when the caller asked to.
+//! 6. When the client declared the Tasks extension, `sessions_send` (with a wait) and
 //!    `sessions_spawn` answer with a task instead (`server::tasks`): the task is the run, and
 //!    `tasks/get` reads the run's row until it ends.
 
