@@ -20,21 +20,27 @@ const MAIN_URI: &str = "sessions://history/main";
 /// How long a daemon may take to bind its socket, and an update to arrive, before the row fails.
 const PATIENCE: Duration = Duration::from_secs(10);
 
+/// Each setup on a world of its own: a run's request carries its session's transcript, which
+/// grows with every send, so the setup measured second on one world would pay for the first.
 pub async fn run(bench: &mut Bench) -> anyhow::Result<()> {
-    let dir = bench.worlds.with_agent("daemon", &send::script(), &[send::ECHO])?;
-    let store = Store::open(&Store::path_in(&dir))?;
+    let dir = bench.worlds.with_agent("daemon-owner", &send::script(), &[send::ECHO])?;
     let owner = StdioServer::start(&dir).await?;
-    measure(bench, &owner, &store, "serve owning the runtime").await?;
+    measure(bench, &owner, &dir, "serve owning the runtime").await?;
     owner.stop().await?;
+    let dir = bench.worlds.with_agent("daemon-follower", &send::script(), &[send::ECHO])?;
     let mut daemon = start_daemon(&dir).await?;
     let server = StdioServer::start(&dir).await?;
-    measure(bench, &server, &store, "serve through a daemon owning the runtime").await?;
+    measure(bench, &server, &dir, "serve through a daemon owning the runtime").await?;
     server.stop().await?;
     stop_child(&mut daemon).await
 }
 
-async fn measure(bench: &mut Bench, server: &StdioServer, store: &Store, setup: &str) -> anyhow::Result<()> {
+async fn measure(bench: &mut Bench, server: &StdioServer, dir: &Path, setup: &str) -> anyhow::Result<()> {
+    let store = Store::open(&Store::path_in(dir))?;
+    let store = &store;
     let n = bench.sizes.runs;
+    // A warm-up of a tenth as many, as `sample` does: the first runs of a server pay its caches.
+    send::sends_with_wait(server, store, n / 10).await?;
     let sends = send::sends_with_wait(server, store, n).await?;
     let what = format!("send with wait (run + announce step), {setup}, {n} sends");
     bench.push(Row::latency(Group::Daemon, what, &sends).with_rate(p90(&sends)));
