@@ -91,6 +91,11 @@ impl Access {
         self.store.newest_message_id()
     }
 
+    /// Watches the store's changes (every commit, and what other processes report).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.store.changes()
+    }
+
     /// The sessions that gained messages after message id `after`, and the new newest id.
     pub fn grown_since(&self, after: i64) -> Result<(i64, Vec<(String, i64)>), StoreError> {
         self.store.grown_since(after)

@@ -13,7 +13,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::{Mutex, oneshot};
+use tokio::sync::{Mutex, broadcast, oneshot};
 
 /// The largest VmHWM of any server the run started (kB): the "peak during the runs" row.
 static PEAK_HWM_KB: AtomicU64 = AtomicU64::new(0);
@@ -42,6 +42,9 @@ pub fn serve_command(state_dir: &Path, args: &[&str]) -> anyhow::Result<Command>
     Ok(cmd)
 }
 
+/// Notifications a slow listener may fall behind by before it misses some.
+const NOTIFICATIONS_KEPT: usize = 64;
+
 /// Waiters by request id; each gets its response line unparsed.
 type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<String>>>>;
 
@@ -66,11 +69,12 @@ struct OutcomeResult {
 }
 
 /// A `serve` process over stdio. Requests may be outstanding together: a reader task hands each
-/// response to the request with its id.
+/// response to the request with its id, and each notification to whoever listens.
 pub struct StdioServer {
     child: Child,
     stdin: Mutex<Option<ChildStdin>>,
     pending: Pending,
+    notifications: broadcast::Sender<String>,
     next_id: AtomicU64,
     log: std::path::PathBuf,
 }
@@ -86,20 +90,28 @@ impl StdioServer {
             .context("cannot start `sessions-mcp serve`")?;
         let stdout = child.stdout.take().context("serve has no stdout")?;
         let pending: Pending = Arc::default();
-        let routes = pending.clone();
+        let (routes, notifications) = (pending.clone(), broadcast::channel(NOTIFICATIONS_KEPT).0);
+        let notify = notifications.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                // Only responses: a request or notification from the server is not ours to route.
-                let Ok(Head { id: Some(id), method: None }) = serde_json::from_str::<Head>(&line) else { continue };
-                let waiter = routes.lock().unwrap().remove(&id);
-                if let Some(tx) = waiter {
-                    let _ = tx.send(line);
+                match serde_json::from_str::<Head>(&line) {
+                    Ok(Head { id: Some(id), method: None }) => {
+                        if let Some(tx) = routes.lock().unwrap().remove(&id) {
+                            let _ = tx.send(line);
+                        }
+                    }
+                    Ok(Head { id: None, method: Some(_) }) => {
+                        let _ = notify.send(line);
+                    }
+                    // A request from the server is not ours to answer.
+                    _ => {}
                 }
             }
         });
         let stdin = Mutex::new(child.stdin.take());
-        Ok(StdioServer { child, stdin, pending, next_id: AtomicU64::new(1), log: state_dir.join("serve.log") })
+        let log = state_dir.join("serve.log");
+        Ok(StdioServer { child, stdin, pending, notifications, next_id: AtomicU64::new(1), log })
     }
 
     /// Starts `serve` and completes the `initialize` handshake.
@@ -115,6 +127,11 @@ impl StdioServer {
                             "clientInfo": {"name": "sessions-mcp-bench", "version": "1"}});
         self.request("initialize", params).await?;
         self.line(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await
+    }
+
+    /// The server's notifications from now on, each line unparsed.
+    pub fn notifications(&self) -> broadcast::Receiver<String> {
+        self.notifications.subscribe()
     }
 
     pub fn pid(&self) -> u32 {

@@ -6,11 +6,13 @@
 //! One file per group: [`in_process`] (tool latency without a transport), [`stdio`] (cold start,
 //! list and history over stdio), [`send`] (accepts, end-to-end runs, overhead over the agent),
 //! [`load`] (waits, HTTP clients, memory), [`import`] (a reference store), [`soak`] (memory
-//! before, during and after sustained mixed load). `--quick` takes small
+//! before, during and after sustained mixed load), [`daemon`] (a send with wait and a subscription
+//! update through a daemon owning the runtime, against the serve owning it). `--quick` takes small
 //! sizes so that a debug build finishes within a minute on two cores (CI); figures come from the
 //! full mode in a release build.
 
 mod client;
+mod daemon;
 mod import;
 pub mod in_process;
 mod load;
@@ -33,10 +35,12 @@ pub enum Group {
     Load,
     Import,
     Soak,
+    Daemon,
 }
 
 impl Group {
-    const ALL: [Group; 6] = [Group::InProcess, Group::Stdio, Group::Send, Group::Load, Group::Import, Group::Soak];
+    const ALL: [Group; 7] =
+        [Group::InProcess, Group::Stdio, Group::Send, Group::Load, Group::Import, Group::Soak, Group::Daemon];
 
     fn name(self) -> &'static str {
         match self {
@@ -46,6 +50,7 @@ impl Group {
             Group::Load => "load",
             Group::Import => "import",
             Group::Soak => "soak",
+            Group::Daemon => "daemon",
         }
     }
 }
@@ -219,6 +224,7 @@ pub async fn run(quick: bool, only: Option<Group>) -> ExitCode {
             Group::Load => load::run(&mut bench).await,
             Group::Import => import::run(&mut bench).await,
             Group::Soak => soak::run(&mut bench).await,
+            Group::Daemon => daemon::run(&mut bench).await,
         };
         if let Err(e) = result {
             print_table(&bench);

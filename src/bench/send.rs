@@ -18,7 +18,7 @@ use crate::store::Store;
 /// A session whose runs sleep ten minutes: sends to it queue behind the first one.
 pub const HOLD: &str = "agent:main:bench:hold";
 /// A session whose runs answer at once.
-const ECHO: &str = "agent:main:bench:echo";
+pub const ECHO: &str = "agent:main:bench:echo";
 
 /// The agent of the send worlds: the announce step is skipped, HOLD sleeps, the rest echo.
 pub fn script() -> Value {
@@ -65,30 +65,42 @@ async fn accepts(bench: &mut Bench) -> anyhow::Result<()> {
     server.stop().await
 }
 
-/// Sends that wait for the reply, one at a time; each also runs the announce step, which the
-/// next send waits out so that every sample is one run on an idle server.
+/// Sends that wait for the reply, one at a time, on a server that owns the runtime.
 async fn end_to_end(bench: &mut Bench, dir: &Path) -> anyhow::Result<Samples> {
     let store = Store::open(&Store::path_in(dir))?;
     let server = StdioServer::start(dir).await?;
     let n = bench.sizes.runs;
-    let mut samples = Samples::default();
     let started = Instant::now();
-    for i in 0..n {
-        let t = Instant::now();
-        let args = json!({"sessionKey": ECHO, "message": format!("ping {i}"), "timeoutSeconds": 30});
-        let r = server.call("sessions_send", args).await?;
-        anyhow::ensure!(r["reply"] == format!("pong: ping {i}"), "unexpected send result {r}");
-        samples.push_since(t);
-        while store.unfinished_runs()? > 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
+    let samples = sends_with_wait(&server, &store, n).await?;
     let runs = runs_stored(&store)?;
     let rate = format!("{:.1} runs/s", runs as f64 / started.elapsed().as_secs_f64());
     let what = format!("send with wait, end to end (run + announce step), {n} sends");
     bench.push(Row::latency(Group::Send, what, &samples).with_rate(rate).with_rss(server.memory()));
     server.stop().await?;
     Ok(samples)
+}
+
+/// `n` sends to [`ECHO`] that wait for the reply, one at a time; each also runs the announce step,
+/// which the next send waits out so that every sample is one run on an idle runtime.
+pub async fn sends_with_wait(server: &StdioServer, store: &Store, n: usize) -> anyhow::Result<Samples> {
+    let mut samples = Samples::default();
+    for i in 0..n {
+        let t = Instant::now();
+        let args = json!({"sessionKey": ECHO, "message": format!("ping {i}"), "timeoutSeconds": 30});
+        let r = server.call("sessions_send", args).await?;
+        anyhow::ensure!(r["reply"] == format!("pong: ping {i}"), "unexpected send result {r}");
+        samples.push_since(t);
+        idle(store).await?;
+    }
+    Ok(samples)
+}
+
+/// Until no run is queued or running.
+pub async fn idle(store: &Store) -> anyhow::Result<()> {
+    while store.unfinished_runs()? > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
 }
 
 /// The scripted agent alone: start it, write the request line, read `final`, wait for its exit.

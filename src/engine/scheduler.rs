@@ -1,6 +1,7 @@
 //! The runtime owner (docs/BEHAVIOUR.md, Runs): exactly one process per state dir runs runs, deliveries and
 //! sweeps. It holds an exclusive lock on `<stateDir>/runtime.lock`; other processes serve tools,
-//! commit queued runs, and wait for runs by watching their rows. A `daemon` has priority: it holds
+//! commit queued runs, and wait for runs by reading their rows when the owner's events ([`link`])
+//! or the store poll under them say something changed. A `daemon` has priority: it holds
 //! `daemon.lock` for its life, `serve` never takes the runtime lock while a daemon is there, and a
 //! `serve` owner that sees one stops claiming and hands over when its running runs end.
 //!
@@ -9,6 +10,8 @@
 //! [`crate::runner::Runner`]; its outcome is committed in one transaction, then `flows` decide the
 //! next step (reply-back, announce, deliveries).
 
+pub mod link;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -16,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::Access;
@@ -24,7 +27,7 @@ use crate::config::Config;
 use crate::runner::Runner;
 use crate::store::{CancelRequest, Caps, RunRow, Store, StoreError};
 
-/// How long a waiter sleeps between looks at a run row it cannot be woken for.
+/// How long a waiter sleeps between looks at a run row when no wake came.
 const POLL_MIN: Duration = Duration::from_millis(50);
 const POLL_MAX: Duration = Duration::from_secs(1);
 /// How often the store's use is looked at, to give memory back after load.
@@ -45,9 +48,10 @@ pub enum Role {
 }
 
 /// Serves the owner's run socket at the path until the token is cancelled: run tokens call the
-/// session tools back through it. Whoever serves MCP provides it (`server::http::owner_socket`);
-/// the engine only says when (this process became the owner) and until when (it stopped being).
-pub type OwnerSocket = Box<dyn Fn(Arc<Runtime>, PathBuf, CancellationToken) + Send + Sync>;
+/// session tools back through it, and the processes that hold the key follow the owner's events
+/// there ([`link`]). Whoever serves MCP provides it (`server::http::owner_socket`); the engine
+/// only says when (this process became the owner) and until when (it stopped being).
+pub type OwnerSocket = Box<dyn Fn(Arc<Runtime>, PathBuf, link::OwnerKey, CancellationToken) + Send + Sync>;
 
 /// The runtime of one process (owner or not).
 pub struct Runtime {
@@ -65,6 +69,9 @@ pub struct Runtime {
     _daemon_lock: Option<File>,
     /// Wakes the scheduler and in-process waiters when something changed.
     pub(super) changed: Notify,
+    /// Counts this process's wakes: the owner streams them to its followers, a follower posts
+    /// them to the owner ([`link`]).
+    woken: watch::Sender<u64>,
     /// Running runs of this process and how to cancel them.
     active: Mutex<HashMap<String, CancellationToken>>,
     /// Streamed text of running runs, for waiters in this process.
@@ -116,6 +123,7 @@ impl Runtime {
             lock: Mutex::new(None),
             _daemon_lock: daemon_lock,
             changed: Notify::new(),
+            woken: watch::Sender::new(0),
             active: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
@@ -123,9 +131,12 @@ impl Runtime {
             socket: Mutex::new(None),
             owner_socket,
         });
+        let woken = rt.woken.subscribe();
         if rt.try_become_owner() {
             rt.serve_socket();
         }
+        tokio::spawn(link::forward_wakes(rt.clone(), woken));
+        tokio::spawn(link::follow(rt.clone()));
         tokio::spawn(rt.clone().scheduler());
         tokio::spawn(give_back_memory(rt.store.clone()));
         Ok(rt)
@@ -168,11 +179,20 @@ impl Runtime {
         true
     }
 
-    /// The owner's run socket: run tokens call the session tools back through it.
+    /// The owner's run socket: run tokens call the session tools back through it; the other
+    /// processes follow this owner there with the key it publishes first.
     fn serve_socket(self: &Arc<Self>) {
+        let key = match link::OwnerKey::publish(&self.state_dir) {
+            Ok(key) => key,
+            // Run tokens still work; the other processes watch the store instead of the events.
+            Err(e) => {
+                tracing::error!(error = %e, "cannot write the owner key; other processes will poll the store");
+                link::OwnerKey::generate()
+            }
+        };
         let cancel = CancellationToken::new();
         *self.socket.lock().expect("socket slot") = Some(cancel.clone());
-        (self.owner_socket)(self.clone(), self.socket_path(), cancel);
+        (self.owner_socket)(self.clone(), self.socket_path(), key, cancel);
     }
 
     /// `<stateDir>/run/mcp.sock`.
@@ -205,9 +225,18 @@ impl Runtime {
         crate::engine::catch_up(self, 0);
     }
 
-    /// Wakes the scheduler and waiters of this process.
+    /// Wakes the scheduler and waiters of this process, and the owner's or its followers'.
     pub fn wake(&self) {
         self.changed.notify_waiters();
+        self.woken.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Another process committed something and posted a wake (this process owns the runtime):
+    /// the scheduler looks at once, and the subscriptions here and at the followers read the
+    /// store (an inbox append there is no change of this process's store).
+    pub fn woken_by_follower(&self) {
+        self.wake();
+        self.store.announce_change();
     }
 
     async fn scheduler(self: Arc<Self>) {
@@ -385,7 +414,10 @@ impl Runtime {
         self.progress.lock().expect("progress").get(run_id).map(|tx| tx.subscribe())
     }
 
-    /// Waits for `run_id` to finish, up to `timeout`, or until `cancel` fires.
+    /// Waits for `run_id` to finish, up to `timeout`, or until `cancel` fires. The row is read at
+    /// each wake of this process — its own changes, and the owner's events when it follows one
+    /// ([`link`]) — and, underneath, at a poll that backs off from 50 ms to 1 s (a gone owner, or
+    /// a writer that wakes no one).
     pub async fn wait(
         &self,
         run_id: &str,

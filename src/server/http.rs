@@ -209,7 +209,7 @@ async fn within_stream_cap(open: &Open<Credential>, credential: Credential, mut 
 
 /// Why a request is answered 401 (the body says which, and nothing more).
 #[derive(Debug, Clone, Copy)]
-enum Unauthorized {
+pub(super) enum Unauthorized {
     /// No `Authorization: Bearer <token>` header.
     Missing,
     /// A token that is neither a configured client token nor a live run token.
@@ -218,7 +218,7 @@ enum Unauthorized {
 
 /// A 401 with a short JSON reason: clients show `error_description` (an empty body left the
 /// TypeScript SDK's error with an empty reason).
-fn unauthorized(why: Unauthorized) -> Response {
+pub(super) fn unauthorized(why: Unauthorized) -> Response {
     let description = match why {
         Unauthorized::Missing => "missing bearer token",
         Unauthorized::Unknown => "token not recognised or expired",
@@ -278,11 +278,12 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
 }
 
 /// The owner's run socket as the engine starts it: the MCP router over a Unix socket, with the
-/// socket's own caps, until ownership ends.
+/// socket's own caps, and the owner's endpoints for the other processes, until ownership ends.
 pub fn owner_socket() -> crate::engine::scheduler::OwnerSocket {
-    Box::new(|runtime: Arc<Runtime>, path: std::path::PathBuf, cancel: CancellationToken| {
+    Box::new(|runtime: Arc<Runtime>, path: std::path::PathBuf, key, cancel: CancellationToken| {
         let options = HttpOptions::socket(runtime.access().config());
-        let router = router(runtime.access().clone(), Some(runtime.clone()), cancel.clone(), &options);
+        let router = router(runtime.access().clone(), Some(runtime.clone()), cancel.clone(), &options)
+            .merge(super::owner_link::router(runtime.clone(), key, cancel.clone()));
         tokio::spawn(async move {
             if let Err(e) = serve_socket(&path, router, cancel).await {
                 tracing::error!(error = %e, socket = %path.display(), "the run socket failed");

@@ -5,6 +5,7 @@
 mod degraded;
 pub mod http;
 mod http_sessions;
+mod owner_link;
 mod resources;
 mod sse;
 mod stdio;

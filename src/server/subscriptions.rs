@@ -2,10 +2,13 @@
 //! session watches, the per-caller cap `server.maxSubscriptions`, and one change feed per
 //! listener ([`Hub`]).
 //!
-//! The feed reads the store once per tick — which sessions gained messages since the newest
-//! message id it saw, so appends by other processes count — and broadcasts that list; every
-//! watcher looks its own transcripts up in it. Watching costs the same for one subscription as for
-//! thousands, and nothing is read while nobody watches. A transcript is watched once per MCP
+//! The feed reads the store each time it changed — which sessions gained messages since the newest
+//! message id it saw — and broadcasts that list; every watcher looks its own transcripts up in it.
+//! A change is a commit of this process ([`Store::changes`]), or one the owner of the runtime
+//! announced to this process (its appends, and those other processes woke it for); a slow poll
+//! underneath catches writers that announce nothing (the operator's commands, a process whose
+//! link to the owner is down). Watching costs the same for one subscription as for thousands, and
+//! nothing is read while nobody watches. A transcript is watched once per MCP
 //! session whatever form its URI took (keyed by the canonical session key).
 //!
 //! A session's subscriptions live in its rmcp service: when the MCP session ends (stdio EOF, HTTP
@@ -21,13 +24,14 @@ use rmcp::service::Peer;
 use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::json;
 use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access::Access;
 use crate::keys::SessionKey;
 
-/// How often the feed looks for new messages.
+/// How often the feed looks for new messages when no change was announced.
 const POLL: Duration = Duration::from_millis(250);
 /// Ticks a busy watcher may fall behind before it re-reads its transcripts instead.
 const BACKLOG: usize = 64;
@@ -79,10 +83,12 @@ impl Hub {
         let rx = self.0.feed.subscribe();
         if !*running {
             *running = true;
+            // Watched before the first read, so that a commit after it is a change the feed sees.
+            let changes = self.0.access.changes();
             // An unreadable store starts from 0: the first tick reports every session, and
             // watchers ignore what is not newer than what they know.
             let from = self.0.access.newest_message_id().unwrap_or(0);
-            tokio::spawn(feed(Arc::downgrade(&self.0), from));
+            tokio::spawn(feed(Arc::downgrade(&self.0), from, changes));
         }
         rx
     }
@@ -116,10 +122,14 @@ impl Hub {
     }
 }
 
-/// Broadcasts the sessions that grew, one store read per tick, while anyone listens.
-async fn feed(hub: Weak<HubInner>, mut after: i64) {
+/// Broadcasts the sessions that grew, one store read per change (changes during a read fold into
+/// the next), while anyone listens.
+async fn feed(hub: Weak<HubInner>, mut after: i64, mut changes: watch::Receiver<u64>) {
     loop {
-        tokio::time::sleep(POLL).await;
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep(POLL) => {}
+        }
         let Some(hub) = hub.upgrade() else { return };
         {
             // Under the lock `receiver` takes, so a new receiver either sees the feed run or

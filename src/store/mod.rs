@@ -104,6 +104,8 @@ struct Inner {
     /// Reads and writes served, so that a rest can be told from a burst.
     reads: AtomicU64,
     writes: AtomicU64,
+    /// Counts changes: each commit here, and each change another process announced.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Store {
@@ -122,6 +124,7 @@ impl Store {
                 readers: Mutex::new(Vec::new()),
                 reads: AtomicU64::new(0),
                 writes: AtomicU64::new(0),
+                changes: tokio::sync::watch::Sender::new(0),
             }),
         })
     }
@@ -168,7 +171,21 @@ impl Store {
             .map_err(|e| E::from(StoreError::classify(&self.inner.path, e)))?;
         let value = f(&tx)?;
         tx.commit().map_err(|e| E::from(StoreError::classify(&self.inner.path, e)))?;
+        drop(conn);
+        self.announce_change();
         Ok(value)
+    }
+
+    /// Watches the store's changes: every commit through this `Store` (and its clones), and every
+    /// change [`Store::announce_change`] reports. A receiver sees that something changed since it
+    /// last looked, never what: it reads the store for that.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    /// Tells the watchers of [`Store::changes`] that the store changed (another process said so).
+    pub fn announce_change(&self) {
+        self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// (reads, writes) served so far.

@@ -13,6 +13,7 @@ mod claude_code;
 mod client_configs;
 mod codex_cli;
 mod common;
+mod daemon;
 mod degraded;
 mod faults;
 mod fuzz_regressions;
