@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::access::Access;
 use crate::access::caller::{self, Credentials, IdentityError};
 use crate::config::{self, Loaded};
-use crate::engine::scheduler::{Role, Runtime};
+use crate::engine::scheduler::{Role, Scheduler};
 use crate::server::{self, DegradedServer, SessionsServer};
 use crate::store::Store;
 
@@ -393,11 +393,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     let access = Access::new(store.clone(), config.clone());
-    let runtime = match Runtime::start(store, config, &env.state_dir, Role::Serve, crate::server::http::owner_socket())
-    {
-        Ok(rt) => rt,
-        Err(e) => return cannot_start(e, strict).await,
-    };
+    let runtime =
+        match Scheduler::start(store, config, &env.state_dir, Role::Serve, crate::server::http::owner_socket()) {
+            Ok(rt) => rt,
+            Err(e) => return cannot_start(e, strict).await,
+        };
     tracing::info!(session = %caller.key, "serving over stdio");
     let server = SessionsServer::new(access, caller, Some(runtime.clone()));
     let signal = terminate_signal();
@@ -478,7 +478,7 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, a
         Err(e) => return fail(format!("--http {sock}: cannot listen: {e}")),
     };
     let access = Access::new(store.clone(), config.clone());
-    let runtime = match Runtime::start(
+    let runtime = match Scheduler::start(
         store.clone(),
         config.clone(),
         &env.state_dir,
@@ -542,7 +542,7 @@ async fn daemon(paths: Paths, force: bool) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let runtime = match Runtime::start(
+    let runtime = match Scheduler::start(
         store,
         Arc::new(env.loaded.config),
         &env.state_dir,

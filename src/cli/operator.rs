@@ -458,7 +458,7 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
             ExitCode::SUCCESS
         }
         Ok(Some(run_id)) => {
-            let rt = match crate::engine::scheduler::Runtime::start(
+            let rt = match crate::engine::scheduler::Scheduler::start(
                 store,
                 config,
                 &env.state_dir,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 use crate::keys::SessionKey;
 use crate::store::{DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, RunRow, SessionRow, StoreError, now_ms};
 
@@ -17,7 +17,7 @@ const EXIT_RETRY: i32 = 75;
 
 /// Records a delivery that is already decided (skipped, delivered, undeliverable).
 pub fn record(
-    rt: &Runtime,
+    rt: &Scheduler,
     run: &RunRow,
     kind: DeliveryKind,
     channel: &str,
@@ -53,7 +53,7 @@ fn address(key: &SessionKey, row: Option<&SessionRow>) -> (Option<String>, Optio
 
 /// Delivers an announce reply to the target's channel.
 pub fn channel_delivery(
-    rt: &Runtime,
+    rt: &Scheduler,
     run: &RunRow,
     row: Option<&SessionRow>,
     channel: &str,
@@ -85,7 +85,7 @@ pub fn channel_delivery(
 }
 
 /// Attempts every channel delivery that is due (the owner calls this from its loop).
-pub async fn deliver_due(rt: &Runtime) {
+pub async fn deliver_due(rt: &Scheduler) {
     let due = match rt.store.claim_due_deliveries(8) {
         Ok(d) => d,
         Err(e) => {

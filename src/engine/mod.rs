@@ -22,7 +22,7 @@ pub use turn::{TurnResult, channel_of_row, run_turn};
 use std::sync::Arc;
 
 use crate::access::{Access, ToolError};
-use scheduler::Runtime;
+use scheduler::Scheduler;
 
 /// Streams a run's text to the MCP client while a caller waits (progress count, message).
 pub type Progress = Arc<dyn Fn(f64, String) + Send + Sync>;
@@ -34,16 +34,16 @@ pub type Progress = Arc<dyn Fn(f64, String) + Send + Sync>;
 #[derive(Clone, Copy)]
 pub struct Engine<'a> {
     access: &'a Access,
-    runtime: Option<&'a Arc<Runtime>>,
+    runtime: Option<&'a Arc<Scheduler>>,
 }
 
 impl<'a> Engine<'a> {
-    pub fn new(access: &'a Access, runtime: Option<&'a Arc<Runtime>>) -> Self {
+    pub fn new(access: &'a Access, runtime: Option<&'a Arc<Scheduler>>) -> Self {
         Engine { access, runtime }
     }
 
     /// The runtime, needed only from the first step that starts or waits for a run.
-    fn runtime(&self, tool: &str) -> Result<&'a Arc<Runtime>, ToolError> {
+    fn runtime(&self, tool: &str) -> Result<&'a Arc<Scheduler>, ToolError> {
         self.runtime
             .ok_or_else(|| ToolError::error(format!("{tool} needs the runtime, which this server was started without")))
     }

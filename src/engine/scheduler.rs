@@ -51,10 +51,11 @@ pub enum Role {
 /// session tools back through it, and the processes that hold the key follow the owner's events
 /// there ([`link`]). Whoever serves MCP provides it (`server::http::owner_socket`); the engine
 /// only says when (this process became the owner) and until when (it stopped being).
-pub type OwnerSocket = Box<dyn Fn(Arc<Runtime>, PathBuf, link::OwnerKey, CancellationToken) + Send + Sync>;
+pub type OwnerSocket = Box<dyn Fn(Arc<Scheduler>, PathBuf, link::OwnerKey, CancellationToken) + Send + Sync>;
 
-/// The runtime of one process (owner or not).
-pub struct Runtime {
+/// The scheduler of one process (owner or not): it owns the runtime of the state dir while it
+/// holds the lock, claims and runs runs, and wakes the waiters of this process.
+pub struct Scheduler {
     /// The one store handle of the engine: only the engine writes runs, steps and deliveries.
     pub(super) store: Store,
     pub(super) config: Arc<Config>,
@@ -92,7 +93,7 @@ pub enum Waited {
     Cancelled,
 }
 
-impl Runtime {
+impl Scheduler {
     /// Starts the runtime of this process: takes the runtime lock when it may, and keeps trying
     /// (so the process takes over when the owner dies).
     pub fn start(
@@ -101,7 +102,7 @@ impl Runtime {
         state_dir: &Path,
         role: Role,
         owner_socket: OwnerSocket,
-    ) -> Result<Arc<Runtime>, String> {
+    ) -> Result<Arc<Scheduler>, String> {
         crate::privacy::create_private_dir(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
         let daemon_lock = match role {
             Role::Daemon => {
@@ -111,7 +112,7 @@ impl Runtime {
             }
             Role::Serve => None,
         };
-        let rt = Arc::new(Runtime {
+        let rt = Arc::new(Scheduler {
             access: Access::new(store.clone(), config.clone()),
             store,
             config,

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::chain::{self, Limits, Provenance, SourceTool};
 use super::context::Parties;
 use super::flow::{Exchange, Flow};
-use super::scheduler::{Runtime, Waited};
+use super::scheduler::{Scheduler, Waited};
 use super::{Engine, Progress};
 use crate::access::caller::Caller;
 use crate::access::{Target, ToolError};
@@ -171,7 +171,7 @@ fn args_hash(target: &SessionKey, message: &str) -> String {
     hex::encode(Sha256::digest(format!("{target}\u{0}{message}").as_bytes()))
 }
 
-fn caller_channel(rt: &Runtime, caller: &Caller) -> String {
+fn caller_channel(rt: &Scheduler, caller: &Caller) -> String {
     if caller.external {
         return "webchat".into();
     }
@@ -181,7 +181,7 @@ fn caller_channel(rt: &Runtime, caller: &Caller) -> String {
 
 /// Forwards the run's streamed text as MCP progress while the caller waits (this process only).
 /// The run may not be claimed yet: subscribe as soon as it is.
-fn forward_progress(rt: &Arc<Runtime>, run_id: &str, progress: Progress) -> tokio::task::JoinHandle<()> {
+fn forward_progress(rt: &Arc<Scheduler>, run_id: &str, progress: Progress) -> tokio::task::JoinHandle<()> {
     let (rt, run_id) = (rt.clone(), run_id.to_string());
     tokio::spawn(async move {
         let mut pause = Duration::from_millis(10);

@@ -14,7 +14,7 @@ use super::{Engine, TurnResult};
 use crate::access::ToolError;
 use crate::access::caller::Caller;
 use crate::config::{Config, key_scope};
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 use crate::keys::{self, AgentId, SessionKey};
 use crate::store::{
     AnnounceKind, AttachmentReceipt, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun,
@@ -387,7 +387,7 @@ fn compact(n: i64) -> String {
 
 /// The announce text (docs/BEHAVIOUR.md, Sub-agents; pinned).
 pub fn announce_text(
-    rt: &Runtime,
+    rt: &Scheduler,
     child: &SessionRow,
     spawn_run: &RunRow,
     result: &str,
@@ -432,7 +432,7 @@ pub fn announce_text(
 }
 
 /// The Result of a child: its final reply, else its last tool result, else nothing.
-fn child_result(rt: &Runtime, child: &SessionRow, reply: Option<&str>) -> Result<String, StoreError> {
+fn child_result(rt: &Scheduler, child: &SessionRow, reply: Option<&str>) -> Result<String, StoreError> {
     if let Some(r) = reply.filter(|r| !r.trim().is_empty()) {
         return Ok(r.to_string());
     }
@@ -447,7 +447,7 @@ fn child_result(rt: &Runtime, child: &SessionRow, reply: Option<&str>) -> Result
 }
 
 /// After a run in a sub-agent session: announce when its work (and its children's) is done.
-pub fn after_child_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     let store = &rt.store;
     let Some(child) = store.session_by_key(&run.session_key)? else { return Ok(()) };
     let (Some(spawn_run_id), None) = (&child.spawn_run, child.announced_at) else { return Ok(()) };
@@ -479,7 +479,7 @@ pub fn after_child_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Resul
     announce(rt, &child, &status_run, &result_text, None)
 }
 
-fn queue_notes(rt: &Runtime, child: &SessionRow, run: &RunRow) -> Result<(), StoreError> {
+fn queue_notes(rt: &Scheduler, child: &SessionRow, run: &RunRow) -> Result<(), StoreError> {
     let step = NewRun {
         run_id: super::step_id(&run.run_id, "notes"),
         session: child.id,
@@ -504,7 +504,7 @@ fn queue_notes(rt: &Runtime, child: &SessionRow, run: &RunRow) -> Result<(), Sto
 
 /// Delivers the announce to the requester, then cleans up.
 fn announce(
-    rt: &Runtime,
+    rt: &Scheduler,
     child: &SessionRow,
     spawn_run: &RunRow,
     result: &str,
@@ -573,7 +573,7 @@ fn delivery<'a>(run: &'a RunRow, kind: DeliveryKind, target: &'a str, status: De
 }
 
 /// The flow ends: mark announced, then delete now or archive later.
-fn finish(rt: &Runtime, child: &SessionRow, spawn_run: &RunRow) -> Result<(), StoreError> {
+fn finish(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow) -> Result<(), StoreError> {
     let flow = Flow::of(spawn_run.extra.as_ref());
     let delete = flow.as_ref().and_then(Flow::spawn).is_some_and(|s| s.cleanup == Cleanup::Delete);
     let minutes = rt.config.agents.defaults.subagents.archive_after_minutes;
@@ -586,7 +586,7 @@ fn finish(rt: &Runtime, child: &SessionRow, spawn_run: &RunRow) -> Result<(), St
 }
 
 /// Removes a child's attachment directory (at delete or archive); the receipts stay on the run.
-pub fn remove_attachments(rt: &Runtime, spawn_run: &RunRow) {
+pub fn remove_attachments(rt: &Scheduler, spawn_run: &RunRow) {
     let flow = Flow::of(spawn_run.extra.as_ref());
     let Some(dir) = flow.as_ref().and_then(Flow::spawn).and_then(|s| s.attachments_path.as_deref()) else {
         return;

@@ -9,7 +9,7 @@
 
 use serde_json::json;
 
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 use crate::keys::SessionKey;
 use crate::runner::RunStatus;
 use crate::store::{
@@ -26,7 +26,7 @@ use super::{deliver, spawn};
 /// Takes the steps after a run's end and records them as taken. Every step is idempotent (derived
 /// run ids, one delivery per run and kind, final delivery statuses stay final), so taking them
 /// again — after an owner died between recording the end and taking the steps — adds nothing.
-pub fn take_steps(rt: &Runtime, run: &RunRow, result: &TurnResult) {
+pub fn take_steps(rt: &Scheduler, run: &RunRow, result: &TurnResult) {
     if let Err(e) = after_run(rt, run, result).and_then(|()| rt.store.steps_taken(&run.run_id)) {
         tracing::error!(run = %run.run_id, error = %e, "a flow step failed; the next owner takes it again");
     }
@@ -35,7 +35,7 @@ pub fn take_steps(rt: &Runtime, run: &RunRow, result: &TurnResult) {
 /// Takes the steps of runs that ended at least `min_age_ms` ago and never got them (their owner
 /// died first, or a step failed), e.g. runs that recovery just marked `interrupted`: an
 /// interrupted child still announces (`Status: interrupted`).
-pub fn catch_up(rt: &Runtime, min_age_ms: i64) {
+pub fn catch_up(rt: &Scheduler, min_age_ms: i64) {
     let runs = match rt.store.runs_with_steps_pending(min_age_ms) {
         Ok(runs) => runs,
         Err(e) => return tracing::error!(error = %e, "reading runs whose steps are pending failed"),
@@ -49,7 +49,7 @@ pub fn catch_up(rt: &Runtime, min_age_ms: i64) {
 }
 
 /// The next step after a run ended.
-fn after_run(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+fn after_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     match run.mode {
         RunMode::Send | RunMode::Reply => reply_back(rt, run, result),
         RunMode::Announce if run.announce_kind == Some(AnnounceKind::Subagent) => {
@@ -75,7 +75,7 @@ pub fn step_id(run_id: &str, step: &str) -> String {
 }
 
 /// After a send's primary run or a reply step: hand the reply to the other side.
-fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+fn reply_back(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     let store = &rt.store;
     let Some(requester) = run.requester_key.clone() else { return Ok(()) };
     let Some(mut flow) = Flow::of(run.extra.as_ref()).as_ref().and_then(Flow::exchange).cloned() else {
@@ -174,7 +174,7 @@ fn reply_back(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), Sto
 }
 
 /// Whether the chain has reached `session.agentToAgent.maxChainMessages` (steps stop there).
-fn chain_full(rt: &Runtime, run: &RunRow) -> Result<bool, StoreError> {
+fn chain_full(rt: &Scheduler, run: &RunRow) -> Result<bool, StoreError> {
     let Some(chain) = &run.chain_id else { return Ok(false) };
     let n = rt.store.chain_messages(chain)?;
     Ok(n >= i64::from(rt.config.session.agent_to_agent.max_chain_messages))
@@ -183,7 +183,7 @@ fn chain_full(rt: &Runtime, run: &RunRow) -> Result<bool, StoreError> {
 /// Appends `text` to an external session (its inbox) as an inter-session message, handing over
 /// the run's pending reply delivery in the same transaction: once delivered, never appended again.
 fn append_inbox(
-    rt: &Runtime,
+    rt: &Scheduler,
     to: &SessionKey,
     run: &RunRow,
     text: &str,
@@ -219,7 +219,7 @@ fn append_inbox(
 }
 
 /// Queues the announce step in the target, once per exchange.
-fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Exchange) -> Result<(), StoreError> {
+fn queue_announce(rt: &Scheduler, run: &RunRow, target: &SessionKey, flow: &Exchange) -> Result<(), StoreError> {
     let store = &rt.store;
     let Some(row) = store.session_by_key(target)? else { return Ok(()) };
     if row.external || !rt.access.send_decision(target, Some(&row)).allowed() || chain_full(rt, run)? {
@@ -255,17 +255,17 @@ fn queue_announce(rt: &Runtime, run: &RunRow, target: &SessionKey, flow: &Exchan
 }
 
 /// After the announce step: deliver its reply to the target's channel, unless it stays silent.
-fn announce_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+fn announce_delivery(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     to_channel(rt, run, result, DeliveryKind::Announce)
 }
 
 /// After a completion run in a driven requester: its reply goes to the requester's channel.
-fn completion_delivery(rt: &Runtime, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+fn completion_delivery(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     to_channel(rt, run, result, DeliveryKind::Completion)
 }
 
 /// Delivers a run's reply to its session's channel, under the send policy.
-fn to_channel(rt: &Runtime, run: &RunRow, result: &TurnResult, kind: DeliveryKind) -> Result<(), StoreError> {
+fn to_channel(rt: &Scheduler, run: &RunRow, result: &TurnResult, kind: DeliveryKind) -> Result<(), StoreError> {
     let row = rt.store.session_by_key(&run.session_key)?;
     let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
     let Some(text) = result.ok_reply().map(String::from) else {

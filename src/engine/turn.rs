@@ -12,7 +12,7 @@ use super::flow::Flow;
 use crate::config::RunnerKind;
 use crate::config::configured_sandbox;
 use crate::config::key_scope;
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 use crate::keys::{self, SessionKey};
 use crate::runner::mcp_config::{McpConfigFile, codex_overrides};
 use crate::runner::template::CliTurn;
@@ -38,7 +38,7 @@ impl TurnResult {
 }
 
 /// The channel of a session by the one channel rule.
-pub fn channel_of_row(key: &SessionKey, row: Option<&SessionRow>, rt: &Runtime) -> String {
+pub fn channel_of_row(key: &SessionKey, row: Option<&SessionRow>, rt: &Scheduler) -> String {
     let scope = key_scope(&rt.config, &key.agent_id(&rt.config.default_agent()));
     let stored_chat = row.and_then(|r| r.chat_type);
     let kind = row.map_or_else(|| keys::kind_of(key, &scope, stored_chat), |r| r.kind);
@@ -158,7 +158,7 @@ fn agent_input(
 
 /// Executes one claimed run and commits its outcome.
 pub async fn run_turn(
-    rt: &Arc<Runtime>,
+    rt: &Arc<Scheduler>,
     run: &RunRow,
     input_seq: i64,
     cancel: CancellationToken,

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::SessionsServer;
 use super::subscriptions::Hub;
 use crate::access::Access;
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 
 /// What differs between the run socket and a TCP listener.
 #[derive(Debug, Clone)]
@@ -85,7 +85,7 @@ pub fn max_body_bytes(config: &crate::config::Config) -> usize {
 /// The `/mcp` router with bearer authentication, plus `/health`.
 pub fn router(
     access: Access,
-    runtime: Option<Arc<Runtime>>,
+    runtime: Option<Arc<Scheduler>>,
     cancel: CancellationToken,
     options: &HttpOptions,
 ) -> axum::Router {
@@ -280,7 +280,7 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
 /// The owner's run socket as the engine starts it: the MCP router over a Unix socket, with the
 /// socket's own caps, and the owner's endpoints for the other processes, until ownership ends.
 pub fn owner_socket() -> crate::engine::scheduler::OwnerSocket {
-    Box::new(|runtime: Arc<Runtime>, path: std::path::PathBuf, key, cancel: CancellationToken| {
+    Box::new(|runtime: Arc<Scheduler>, path: std::path::PathBuf, key, cancel: CancellationToken| {
         let options = HttpOptions::socket(runtime.access().config());
         let router = router(runtime.access().clone(), Some(runtime.clone()), cancel.clone(), &options)
             .merge(super::owner_link::router(runtime.clone(), key, cancel.clone()));

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use crate::access::Access;
 use crate::access::caller::Caller;
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 use crate::tools::{self, Ctx, Progress};
 use subscriptions::{Hub, Subscriptions};
 
@@ -38,25 +38,25 @@ pub struct SessionsServer {
     access: Access,
     /// The stdio process's caller; None when each request carries its own (HTTP).
     caller: Option<Caller>,
-    runtime: Option<Arc<Runtime>>,
+    runtime: Option<Arc<Scheduler>>,
     /// This MCP session's subscriptions; rmcp drops them with the session.
     subscriptions: Subscriptions,
 }
 
 impl SessionsServer {
     /// The server of one stdio process: its own subscription hub.
-    pub fn new(access: Access, caller: Caller, runtime: Option<Arc<Runtime>>) -> Self {
+    pub fn new(access: Access, caller: Caller, runtime: Option<Arc<Scheduler>>) -> Self {
         let hub = Hub::new(access.clone(), access.config().server.max_subscriptions);
         Self::on_hub(access, caller, runtime, hub)
     }
 
     /// A server for one caller whose subscriptions count on a listener's `hub` (legacy SSE).
-    pub fn on_hub(access: Access, caller: Caller, runtime: Option<Arc<Runtime>>, hub: Hub) -> Self {
+    pub fn on_hub(access: Access, caller: Caller, runtime: Option<Arc<Scheduler>>, hub: Hub) -> Self {
         SessionsServer { access, caller: Some(caller), runtime, subscriptions: Subscriptions::new(hub) }
     }
 
     /// A server whose caller comes from each HTTP request (set by the bearer middleware).
-    pub fn per_request(access: Access, runtime: Option<Arc<Runtime>>, hub: Hub) -> Self {
+    pub fn per_request(access: Access, runtime: Option<Arc<Scheduler>>, hub: Hub) -> Self {
         SessionsServer { access, caller: None, runtime, subscriptions: Subscriptions::new(hub) }
     }
 

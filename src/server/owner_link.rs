@@ -13,19 +13,19 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::http::{Unauthorized, unauthorized};
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 use crate::engine::scheduler::link::{self, OwnerKey};
 
 /// What the endpoints share: the owner, its key, and the end of its ownership.
 #[derive(Clone)]
 struct Owner {
-    runtime: Arc<Runtime>,
+    runtime: Arc<Scheduler>,
     key: OwnerKey,
     ended: CancellationToken,
 }
 
 /// The two endpoints, for the socket's router to merge (outside its bearer middleware).
-pub fn router(runtime: Arc<Runtime>, key: OwnerKey, ended: CancellationToken) -> axum::Router {
+pub fn router(runtime: Arc<Scheduler>, key: OwnerKey, ended: CancellationToken) -> axum::Router {
     let owner = Owner { runtime, key, ended };
     axum::Router::new()
         .route(link::WAKE_PATH, axum::routing::post(wake))

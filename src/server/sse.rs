@@ -26,7 +26,7 @@ use super::http::HttpOptions;
 use super::subscriptions::Hub;
 use crate::access::Access;
 use crate::access::caller::Caller;
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 
 /// Open SSE sessions at most (each holds a stream and a service).
 const MAX_SESSIONS: usize = 256;
@@ -40,7 +40,7 @@ struct Session {
 struct SseState {
     sessions: Arc<RwLock<HashMap<String, Session>>>,
     access: Access,
-    runtime: Option<Arc<Runtime>>,
+    runtime: Option<Arc<Scheduler>>,
     options: HttpOptions,
     cancel: CancellationToken,
     hub: Hub,
@@ -48,7 +48,7 @@ struct SseState {
 
 pub fn router(
     access: Access,
-    runtime: Option<Arc<Runtime>>,
+    runtime: Option<Arc<Scheduler>>,
     options: HttpOptions,
     cancel: CancellationToken,
     hub: Hub,

@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::access::Access;
 use crate::access::caller::Caller;
-use crate::engine::scheduler::Runtime;
+use crate::engine::scheduler::Scheduler;
 use crate::policy::ToolName;
 use crate::store::{RunMode, RunRow, RunStatus, iso};
 use crate::tools::{self, sessions_send, sessions_spawn};
@@ -73,7 +73,12 @@ pub fn get(access: &Access, caller: &Caller, task_id: &str) -> Result<GetTaskRes
 
 /// `tasks/cancel`: stops the run (a queued run never starts; a running agent gets `cancel`).
 /// Cancelling an ended task is an empty acknowledgement, as for a running one.
-pub fn cancel(runtime: Option<&Arc<Runtime>>, access: &Access, caller: &Caller, task_id: &str) -> Result<(), McpError> {
+pub fn cancel(
+    runtime: Option<&Arc<Scheduler>>,
+    access: &Access,
+    caller: &Caller,
+    task_id: &str,
+) -> Result<(), McpError> {
     let run = owned_run(access, caller, task_id)?;
     let Some(rt) = runtime else {
         return Err(McpError::internal_error("this server was started without the runtime; it cannot stop runs", None));

@@ -58,7 +58,7 @@ pub struct Ctx<'a> {
     pub access: &'a Access,
     pub caller: &'a Caller,
     /// The runtime (runs, waits); None where a tool call cannot start runs (benchmarks).
-    pub runtime: Option<&'a std::sync::Arc<crate::engine::scheduler::Runtime>>,
+    pub runtime: Option<&'a std::sync::Arc<crate::engine::scheduler::Scheduler>>,
     /// Fires when the client cancels the request (stops a wait, never the run).
     pub cancel: tokio_util::sync::CancellationToken,
     /// Set when the client asked for progress.

@@ -13,7 +13,7 @@
 //! Every process that does not own the runtime follows the owner: it keeps an events stream open
 //! and turns each line into the wakes an in-process change gives (waiters read their run rows
 //! again, transcript subscriptions read the store again), and it posts a wake after each of its own
-//! [`Runtime::wake`]s. The events are hints only: a waiter always decides on the row it reads,
+//! [`Scheduler::wake`]s. The events are hints only: a waiter always decides on the row it reads,
 //! and the store poll stays underneath for when the owner is gone (a stream that ends wakes every
 //! waiter, which reads its row, and the scheduler, which tries to take the runtime over).
 
@@ -32,7 +32,7 @@ use tokio_util::bytes::BytesMut;
 use tokio_util::codec::{Decoder, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
-use super::Runtime;
+use super::Scheduler;
 
 /// Where the owner's wakes are posted.
 pub const WAKE_PATH: &str = "/owner/wake";
@@ -125,7 +125,7 @@ enum LinkError {
 }
 
 /// The owner's events for one follower, until `until` fires (ownership ended).
-pub fn events(rt: &Runtime, until: CancellationToken) -> impl Stream<Item = OwnerEvent> + Send + 'static {
+pub fn events(rt: &Scheduler, until: CancellationToken) -> impl Stream<Item = OwnerEvent> + Send + 'static {
     let state = (rt.woken.subscribe(), rt.store.changes(), until);
     futures::stream::unfold(state, |(mut runs, mut written, until)| async move {
         let event = tokio::select! {
@@ -146,7 +146,7 @@ struct OwnerConnection {
 }
 
 impl OwnerConnection {
-    async fn open(rt: &Runtime) -> Result<OwnerConnection, LinkError> {
+    async fn open(rt: &Scheduler) -> Result<OwnerConnection, LinkError> {
         let key = OwnerKey::read(&rt.state_dir)?;
         let stream = tokio::net::UnixStream::connect(rt.socket_path()).await.map_err(LinkError::Connect)?;
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
@@ -180,7 +180,7 @@ impl OwnerConnection {
 
 /// Posts a wake to the owner after each wake of this process while it does not own the runtime.
 /// `woken` was taken before the runtime started, so that no wake is lost to a late start.
-pub(super) async fn forward_wakes(rt: Arc<Runtime>, mut woken: watch::Receiver<u64>) {
+pub(super) async fn forward_wakes(rt: Arc<Scheduler>, mut woken: watch::Receiver<u64>) {
     let mut kept: Option<OwnerConnection> = None;
     while woken.changed().await.is_ok() {
         if rt.is_owner() {
@@ -193,7 +193,7 @@ pub(super) async fn forward_wakes(rt: Arc<Runtime>, mut woken: watch::Receiver<u
     }
 }
 
-async fn wake_owner(rt: &Runtime, kept: &mut Option<OwnerConnection>) -> Result<(), LinkError> {
+async fn wake_owner(rt: &Scheduler, kept: &mut Option<OwnerConnection>) -> Result<(), LinkError> {
     if let Some(connection) = kept.as_mut()
         && connection.wake().await.is_ok()
     {
@@ -208,7 +208,7 @@ async fn wake_owner(rt: &Runtime, kept: &mut Option<OwnerConnection>) -> Result<
 
 /// Follows the owner while this process does not own the runtime: keeps its events stream open
 /// and hears each event as this process's own change.
-pub(super) async fn follow(rt: Arc<Runtime>) {
+pub(super) async fn follow(rt: Arc<Scheduler>) {
     let mut retry = RETRY_MIN;
     loop {
         if rt.is_owner() {
@@ -226,7 +226,7 @@ pub(super) async fn follow(rt: Arc<Runtime>) {
 
 /// Reads the owner's events until its stream ends. Once the stream is open, and again when it
 /// ends, everything is looked at anew: a change may have come while no stream was open.
-async fn stream_events(rt: &Runtime) -> Result<(), LinkError> {
+async fn stream_events(rt: &Scheduler) -> Result<(), LinkError> {
     let mut connection = OwnerConnection::open(rt).await?;
     let mut body = connection.send(Method::GET, EVENTS_PATH).await?.into_body();
     heard_everything(rt);
@@ -250,14 +250,14 @@ async fn stream_events(rt: &Runtime) -> Result<(), LinkError> {
 }
 
 /// An owner's event, heard as the same change in this process.
-fn heard(rt: &Runtime, event: OwnerEvent) {
+fn heard(rt: &Scheduler, event: OwnerEvent) {
     match event {
         OwnerEvent::Runs => rt.changed.notify_waiters(),
         OwnerEvent::Written => rt.store.announce_change(),
     }
 }
 
-fn heard_everything(rt: &Runtime) {
+fn heard_everything(rt: &Scheduler) {
     heard(rt, OwnerEvent::Runs);
     heard(rt, OwnerEvent::Written);
 }
