@@ -24,7 +24,7 @@ const KEY: &str = "agent:claude:main";
 
 /// A fake Anthropic Messages API: streams one deterministic message per request, from the last
 /// user turn: a tool result → "done: <its text>"; text with LIST → a `sessions_list` call through
-/// MCP; the announce step → ANNOUNCE_SKIP; anything else → "Hello from the fake API (<n> messages)".
+/// MCP; text with SYSTEM? → whether the system prompt carries our sub-agent context; the announce step → ANNOUNCE_SKIP; anything else → "Hello from the fake API (<n> messages)".
 fn fake_api() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -65,6 +65,11 @@ fn reply_events(request: &Value) -> String {
         (json!({"type": "text", "text": format!("done: {output}")}), "end_turn")
     } else if text.contains("Agent-to-agent announce step") || text.contains("Reply exactly ANNOUNCE_SKIP") {
         (json!({"type": "text", "text": "ANNOUNCE_SKIP"}), "end_turn")
+    } else if text.contains("SYSTEM?") {
+        // What the host put in the model's system prompt from our `system` (--append-system-prompt).
+        let system = request["system"].to_string();
+        let seen = system.contains("Sub-agent context.") && system.contains("Requester session:");
+        (json!({"type": "text", "text": format!("sub-agent context in the system prompt: {seen}")}), "end_turn")
     } else if text.contains("LIST") {
         (
             json!({"type": "tool_use", "id": "toolu_list", "name": "mcp__sessions__sessions_list", "input": {}}),
@@ -212,6 +217,16 @@ fn claude_code_as_a_spawned_child_replies_with_usage_and_cost_and_is_announced()
     assert!(reply["usage"]["outputTokens"].as_i64().is_some_and(|n| n > 0), "usage: {reply}");
     assert!(reply["usage"]["costUsd"].as_f64().is_some_and(|c| c > 0.0), "cost: {reply}");
     assert!(show["session"]["totalTokens"].as_i64().is_some_and(|n| n > 0), "{show}");
+}
+
+/// Claude Code hands our sub-agent context to its model as part of the system prompt.
+#[test]
+fn a_claude_child_gets_the_sub_agent_context_in_its_system_prompt() {
+    let Some(claude) = cli_or_skip() else { return };
+    let (env, vars) = claude_env(&claude, json!({}));
+    let mut c = serve(&env, &vars);
+    let (_, announce) = spawn_and_wait(&mut c, "SYSTEM?");
+    assert!(announce.contains("Result: sub-agent context in the system prompt: true"), "{announce}");
 }
 
 #[test]
