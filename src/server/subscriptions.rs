@@ -4,7 +4,7 @@
 //!
 //! The feed reads the store each time it changed — which sessions gained messages since the newest
 //! message id it saw — and broadcasts that list; every watcher looks its own transcripts up in it.
-//! A change is a commit of this process ([`Store::changes`]), or one the owner of the runtime
+//! A change is a commit of this process ([`crate::store::Store::changes`]), or one the owner of the runtime
 //! announced to this process (its appends, and those other processes woke it for); a slow poll
 //! underneath catches writers that announce nothing (the operator's commands, a process whose
 //! link to the owner is down). Watching costs the same for one subscription as for thousands, and
