@@ -42,7 +42,7 @@ pub fn next_hop(access: &Access, caller: &Caller, limits: Limits) -> Result<Hop,
     }
     if limits == Limits::HopsAndMessages
         && caller.run.is_some()
-        && access.chain_messages(&next.chain_id)? >= i64::from(a2a.max_chain_messages)
+        && chain_is_full(access.config(), access.chain_messages(&next.chain_id)?)
     {
         return Err(ToolError::forbidden(format!(
             "chain limit reached: maxChainMessages={} (session.agentToAgent.maxChainMessages)",
@@ -52,7 +52,8 @@ pub fn next_hop(access: &Access, caller: &Caller, limits: Limits) -> Result<Hop,
     Ok(next)
 }
 
-/// Whether the chain has reached `session.agentToAgent.maxChainMessages` (steps stop there).
+/// Whether a chain that carried `messages` has reached `session.agentToAgent.maxChainMessages`:
+/// no new message from inside a run, and no further step.
 pub fn chain_is_full(config: &Config, messages: i64) -> bool {
     messages >= i64::from(config.session.agent_to_agent.max_chain_messages)
 }

@@ -17,7 +17,7 @@ use crate::store::{
     StoreError,
 };
 
-use super::chain::{Provenance, SourceTool};
+use super::chain::{Provenance, SourceTool, chain_is_full};
 use super::context::{ANNOUNCE_INPUT, is_skip};
 use super::flow::{Exchange, Flow};
 use super::turn::{TurnResult, channel_of_row};
@@ -126,6 +126,11 @@ fn reply_back(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), S
         return queue_announce(rt, run, &target, &flow);
     }
     if chain_full(rt, run)? {
+        // The exchange stops here; its reply delivery says why instead of waiting forever.
+        if let Some(id) = delivery_id {
+            let why = "chain limit reached (session.agentToAgent.maxChainMessages)";
+            store.write(|tx| tx.set_delivery_status(id, DeliveryStatus::Skipped, Some(why)))?;
+        }
         return Ok(());
     }
     // The other side answers in its own session: turn k+1.
@@ -176,8 +181,7 @@ fn reply_back(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), S
 /// Whether the chain has reached `session.agentToAgent.maxChainMessages` (steps stop there).
 fn chain_full(rt: &Scheduler, run: &RunRow) -> Result<bool, StoreError> {
     let Some(chain) = &run.chain_id else { return Ok(false) };
-    let n = rt.store.chain_messages(chain)?;
-    Ok(n >= i64::from(rt.config.session.agent_to_agent.max_chain_messages))
+    Ok(chain_is_full(&rt.config, rt.store.chain_messages(chain)?))
 }
 
 /// Appends `text` to an external session (its inbox) as an inter-session message, handing over

@@ -607,6 +607,29 @@ fn the_loop_guard_refuses_a_hop_beyond_max_hops() {
     assert_eq!(r["status"], "accepted", "{r}");
 }
 
+/// A reply-back that `maxChainMessages` stops says so in the ledger: the run's reply delivery is
+/// `skipped` with the limit named, never left `queued` with nothing to take it.
+#[test]
+fn a_reply_back_stopped_by_max_chain_messages_is_recorded_as_skipped() {
+    let limits = json!({"session": {"agentToAgent": {"maxChainMessages": 1}}});
+    let env = setup(None, json!({"default": {"reply": "answer from b"}}), limits, token_world(0));
+    let mut c = env.serve_with(None, &[("SESSIONS_MCP_TOKEN", TOKEN_A)]);
+    let r = c.call("sessions_send", json!({"sessionKey": B, "message": "one question", "timeoutSeconds": 20}));
+    assert_eq!((r["status"].as_str(), r["reply"].as_str()), (Some("ok"), Some("answer from b")), "{r}");
+    let delivery = wait_until(Duration::from_secs(5), "the reply delivery to reach a final status", || {
+        let show = env.show(B);
+        let d = runs_of(&show, Some("send"))[0]["deliveries"][0].clone();
+        (d["status"] != "queued" && d["status"] != "running").then_some(d)
+    });
+    assert_eq!(
+        (delivery["kind"].as_str(), delivery["status"].as_str()),
+        (Some("reply"), Some("skipped")),
+        "{delivery}"
+    );
+    assert!(delivery["lastError"].as_str().is_some_and(|e| e.contains("maxChainMessages")), "{delivery}");
+    assert!(runs_of(&env.show(A), Some("reply")).is_empty(), "no reply step past the limit");
+}
+
 #[test]
 fn a_wait_on_the_callers_own_session_is_refused_as_a_deadlock() {
     let env = setup(None, json!({}), json!({}), token_world(0));
