@@ -757,6 +757,7 @@ impl Config {
             }
         }
         self.validate_sandbox()?;
+        self.validate_runner_limits()?;
         let server = &self.server;
         for (key, value) in [
             ("maxConnections", server.max_connections),
@@ -770,6 +771,26 @@ impl Config {
         for (i, t) in self.server.tokens.iter().enumerate() {
             if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(format!("server.tokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A run's deadline is at least a second: 0 would end every run at once (it is not "no limit";
+    /// a run always has a deadline, which its supervisor also holds).
+    fn validate_runner_limits(&self) -> Result<(), String> {
+        let runners = std::iter::once(("agents.defaults.runner".to_string(), &self.agents.defaults.runner)).chain(
+            self.agents
+                .list
+                .iter()
+                .enumerate()
+                .filter_map(|(i, a)| a.runner.as_ref().map(|r| (format!("agents.list[{i}].runner"), r))),
+        );
+        for (path, r) in runners {
+            if r.timeout_seconds == Some(0) {
+                return Err(format!(
+                    "{path}.timeoutSeconds must be at least 1 (seconds), got 0: a run always has a deadline (idleTimeoutSeconds: 0 turns the idle limit off); leave it out for the default"
+                ));
             }
         }
         Ok(())
@@ -947,5 +968,18 @@ mod tests {
     fn duplicate_agents_and_bad_token_hashes_are_refused() {
         assert!(parse("{ agents: { list: [ {id: 'a'}, {id: 'A'} ] } }").is_err());
         assert!(parse("{ server: { tokens: [ {sha256: 'xyz', sessionKey: 'main'} ] } }").is_err());
+    }
+
+    #[test]
+    fn a_run_deadline_of_zero_is_refused_naming_the_key_and_an_idle_limit_of_zero_is_off() {
+        let err = |text: &str| match parse(text) {
+            Err(ParseError::Invalid(m)) => m,
+            other => panic!("{text}: {other:?}"),
+        };
+        let m = err("{ agents: { defaults: { runner: { timeoutSeconds: 0 } } } }");
+        assert!(m.starts_with("agents.defaults.runner.timeoutSeconds must be at least 1"), "{m}");
+        let m = err("{ agents: { list: [ {id: 'main'}, {id: 'w', runner: {command: 'x', timeoutSeconds: 0}} ] } }");
+        assert!(m.starts_with("agents.list[1].runner.timeoutSeconds must be at least 1"), "{m}");
+        assert!(parse("{ agents: { defaults: { runner: { idleTimeoutSeconds: 0, timeoutSeconds: 1 } } } }").is_ok());
     }
 }
