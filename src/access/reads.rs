@@ -30,7 +30,7 @@ impl Access {
 
     /// `<stateDir>/export`, where exported transcripts lie.
     pub fn export_dir(&self) -> Option<PathBuf> {
-        self.store.path().parent().map(|d| d.join("export"))
+        self.store.path().parent().map(crate::config::export_dir)
     }
 
     pub fn history(

@@ -60,11 +60,12 @@ fn write_reference(dir: &Path, messages: u64) -> anyhow::Result<()> {
         let id = uuid::Uuid::new_v4().to_string();
         let count = PER_SESSION.min(messages - s * PER_SESSION);
         let mut out = std::io::BufWriter::new(std::fs::File::create(sessions_dir.join(format!("{id}.jsonl")))?);
-        let header = json!({"type": "session", "version": 3, "id": id, "timestamp": iso(base_ms), "cwd": "/tmp"});
+        let header =
+            json!({"type": "session", "version": 3, "id": id, "timestamp": crate::store::iso(base_ms), "cwd": "/tmp"});
         writeln!(out, "{header}")?;
         for i in 0..count {
             let ts = base_ms + (s * PER_SESSION + i) as i64 * 1000;
-            let line = json!({"type": "message", "id": format!("{s:06x}{i:04x}"), "timestamp": iso(ts),
+            let line = json!({"type": "message", "id": format!("{s:06x}{i:04x}"), "timestamp": crate::store::iso(ts),
                               "message": reference_message(i, ts)});
             writeln!(out, "{line}")?;
         }
@@ -87,10 +88,4 @@ fn reference_message(i: u64, ts: i64) -> Value {
         _ => json!({"role": "toolResult", "toolCallId": format!("call{i}"), "toolName": "read",
                     "content": [{"type": "text", "text": text}], "timestamp": ts}),
     }
-}
-
-fn iso(ms: i64) -> String {
-    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }

@@ -67,7 +67,8 @@ pub fn export(env: &Env, store: &Store, as_json: bool) -> ExitCode {
 /// A session row as `sessions_list` shows it (visibility all, canonical key) plus driver and archived.
 fn operator_row(row: &SessionRow, config: &Config, state_dir: &Path) -> Value {
     let scope = key_scope(config, &row.agent_id);
-    let mut v = serde_json::to_value(list_row(row, &scope, false, Some(&state_dir.join("export")))).expect("row");
+    let mut v =
+        serde_json::to_value(list_row(row, &scope, false, Some(&crate::config::export_dir(state_dir)))).expect("row");
     v["key"] = json!(row.key.as_str());
     v["driver"] = json!(if row.external { "external" } else { "driven" });
     v["archived"] = json!(row.state == SessionState::Archived);

@@ -877,6 +877,12 @@ pub fn key_scope(config: &Config, agent: &AgentId) -> KeyScope {
     }
 }
 
+/// `<stateDir>/export`: where `sessions-mcp export` writes the transcripts, and where a session's
+/// transcript path is shown from when its file lies there.
+pub fn export_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("export")
+}
+
 /// Whether sessions with this key run sandboxed under the config (`non-main`: all but main).
 pub fn configured_sandbox(config: &Config, key: &SessionKey) -> bool {
     let agent = key.agent_id(&config.default_agent());

@@ -4,7 +4,6 @@
 
 use serde_json::{Value, json};
 
-use super::flow::Flow;
 use crate::runner::protocol::content_text;
 pub use crate::runner::protocol::{ANNOUNCE_SKIP, NO_REPLY, REPLY_SKIP};
 use crate::store::{AnnounceKind, MessageRow, RunMode, RunRow};
@@ -146,6 +145,8 @@ pub struct RequestParts<'a> {
     pub run: &'a RunRow,
     pub session_id: &'a str,
     pub system: Option<String>,
+    /// The spawn's attachments as the child's request lists them.
+    pub attachments: Option<&'a Value>,
     pub messages: Vec<Value>,
     /// The stored external session id this run resumes (`RunnerSpec::resume`).
     pub resume: Option<&'a str>,
@@ -164,7 +165,7 @@ pub fn request(p: RequestParts) -> Value {
         "messages": p.messages,
         "input": render(run.input.get("role").and_then(Value::as_str).unwrap_or("user"), &input_content, run.provenance.as_ref()),
         "workdir": p.workdir, "mcp": {"socket": p.socket},
-        "attachments": Flow::of(run.extra.as_ref()).as_ref().and_then(Flow::spawn).and_then(|s| s.attachments.clone()).unwrap_or_else(|| json!([])),
+        "attachments": p.attachments.cloned().unwrap_or_else(|| json!([])),
         "limits": {"timeoutMs": p.timeout_ms},
     });
     if let Some(s) = p.system {

@@ -85,7 +85,7 @@ pub enum Cleanup {
 impl Flow {
     /// The flow state of a run (None for runs that carry none, or an unreadable one).
     pub fn of(extra: Option<&Value>) -> Option<Flow> {
-        serde_json::from_value(extra?.clone()).ok()
+        Flow::deserialize(extra?).ok()
     }
 
     pub fn to_json(&self) -> Value {
@@ -93,6 +93,13 @@ impl Flow {
     }
 
     pub fn exchange(&self) -> Option<&Exchange> {
+        match self {
+            Flow::Exchange(e) => Some(e),
+            Flow::Tagged(_) => None,
+        }
+    }
+
+    pub fn into_exchange(self) -> Option<Exchange> {
         match self {
             Flow::Exchange(e) => Some(e),
             Flow::Tagged(_) => None,

@@ -419,7 +419,7 @@ pub fn announce_text(
     stats.push(format!("sessionKey {}", child.key));
     stats.push(format!("sessionId {}", child.session_id));
     let (crate::access::Transcript::File(at) | crate::access::Transcript::Resource(at)) =
-        crate::access::transcript(child, Some(&rt.state_dir.join("export")));
+        crate::access::transcript(child, Some(&crate::config::export_dir(&rt.state_dir)));
     stats.push(format!("transcript {at}"));
     let mut text = format!("Status: {}\nResult: {result}\n", status_text(spawn_run));
     if rt.config.agents.defaults.subagents.announce_step

@@ -78,7 +78,7 @@ pub fn step_id(run_id: &str, step: &str) -> String {
 fn reply_back(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     let store = &rt.store;
     let Some(requester) = run.requester_key.clone() else { return Ok(()) };
-    let Some(mut flow) = Flow::of(run.extra.as_ref()).as_ref().and_then(Flow::exchange).cloned() else {
+    let Some(mut flow) = Flow::of(run.extra.as_ref()).and_then(Flow::into_exchange) else {
         return Err(StoreError::Corrupt(format!("run {} carries no exchange", run.run_id)));
     };
     let target = flow.target_key();

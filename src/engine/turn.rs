@@ -84,8 +84,8 @@ fn env_for(run: &RunRow, spec: &crate::runner::RunnerSpec, token: &str, socket: 
 
 /// The `system` text of a run, from its mode and flow state: a send's exchange tells each side
 /// who it is talking to; a spawn's runs carry the sub-agent context.
-fn system_for(run: &RunRow) -> Option<String> {
-    let flow = Flow::of(run.extra.as_ref())?;
+fn system_for(run: &RunRow, flow: Option<&Flow>) -> Option<String> {
+    let flow = flow?;
     if let Some(spawn) = flow.spawn() {
         return Some(spawn.system.clone());
     }
@@ -228,10 +228,12 @@ pub async fn run_turn(
     let socket = if sandboxed { sandbox::SOCKET_INSIDE.to_string() } else { host_socket.display().to_string() };
     let env = env_for(run, &spec, &token, &socket);
     let workdir = spec.workdir.display().to_string();
+    let flow = Flow::of(run.extra.as_ref());
     let request = context::request(context::RequestParts {
         run,
         session_id: &session.session_id,
-        system: system_for(run),
+        system: system_for(run, flow.as_ref()),
+        attachments: flow.as_ref().and_then(Flow::spawn).and_then(|s| s.attachments.as_ref()),
         messages,
         resume,
         workdir: &workdir,

@@ -84,7 +84,7 @@ pub enum ExportError {
 
 /// Exports every session of `store` under `<state_dir>/export/`.
 pub fn export(store: &Store, state_dir: &Path) -> Result<Report, ExportError> {
-    let root = state_dir.join("export");
+    let root = crate::config::export_dir(state_dir);
     std::fs::create_dir_all(&root)?;
     let mut writer = Writer::open(root.clone());
     let mut report = Report { directory: root.display().to_string(), ..Default::default() };

@@ -65,14 +65,22 @@ impl OwnerEvent {
     }
 }
 
-/// The secret that admits a process of this state dir to the owner's internal endpoints.
+/// The secret that admits a process of this state dir to the owner's internal endpoints, and its
+/// digest (what an offered key is compared with).
 #[derive(Clone)]
-pub struct OwnerKey(String);
+pub struct OwnerKey {
+    secret: String,
+    digest: String,
+}
 
 impl OwnerKey {
     /// A new key (the owner writes it with [`OwnerKey::publish`]).
     pub(super) fn generate() -> OwnerKey {
-        OwnerKey(format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()))
+        OwnerKey::from_secret(format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()))
+    }
+
+    fn from_secret(secret: String) -> OwnerKey {
+        OwnerKey { digest: crate::store::sha256_hex(&secret), secret }
     }
 
     /// `<stateDir>/run/owner.key`.
@@ -90,7 +98,7 @@ impl OwnerKey {
         crate::privacy::create_private_dir(dir)?;
         let staged = dir.join(format!("owner.key.{}", std::process::id()));
         let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&staged)?;
-        file.write_all(key.0.as_bytes())?;
+        file.write_all(key.secret.as_bytes())?;
         std::fs::rename(&staged, &path)?;
         Ok(key)
     }
@@ -98,14 +106,14 @@ impl OwnerKey {
     /// The key the owner published, if any.
     fn read(state_dir: &Path) -> Result<OwnerKey, LinkError> {
         let text = std::fs::read_to_string(OwnerKey::path(state_dir)).map_err(LinkError::NoKey)?;
-        Ok(OwnerKey(text.trim().to_string()))
+        Ok(OwnerKey::from_secret(text.trim().to_string()))
     }
 
     /// Whether an `Authorization` header carries this key (compared as digests, so the time
     /// taken says nothing of the key).
     pub fn admits(&self, authorization: Option<&header::HeaderValue>) -> bool {
         let offered = authorization.and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        offered.is_some_and(|k| crate::store::sha256_hex(k.trim()) == crate::store::sha256_hex(&self.0))
+        offered.is_some_and(|k| crate::store::sha256_hex(k.trim()) == self.digest)
     }
 }
 
@@ -160,7 +168,7 @@ impl OwnerConnection {
             .method(method)
             .uri(path)
             .header(header::HOST, "localhost")
-            .header(header::AUTHORIZATION, format!("Bearer {}", self.key.0))
+            .header(header::AUTHORIZATION, format!("Bearer {}", self.key.secret))
             .body(Full::default())
             .expect("a request of constant parts");
         self.sender.ready().await?;
