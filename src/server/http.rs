@@ -284,16 +284,23 @@ pub fn owner_socket() -> crate::engine::scheduler::OwnerSocket {
         let options = HttpOptions::socket(runtime.access().config());
         let router = router(runtime.access().clone(), Some(runtime.clone()), cancel.clone(), &options)
             .merge(super::owner_link::router(runtime.clone(), key, cancel.clone()));
+        // Bound before this returns, so that the socket accepts once the process says it owns
+        // the runtime (a follower or a run token may connect at once).
+        let listener = match bind_socket(&path) {
+            Ok(l) => l,
+            Err(e) => return tracing::error!(error = %e, socket = %path.display(), "the run socket failed"),
+        };
         tokio::spawn(async move {
-            if let Err(e) = serve_socket(&path, router, cancel).await {
+            let shutdown = async move { cancel.cancelled().await };
+            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
                 tracing::error!(error = %e, socket = %path.display(), "the run socket failed");
             }
         });
     })
 }
 
-/// Serves `router` on a Unix socket (0600, in a 0700 directory) until `cancel` fires.
-pub async fn serve_socket(path: &Path, router: axum::Router, cancel: CancellationToken) -> std::io::Result<()> {
+/// Binds the run socket (0600, in a 0700 directory), replacing a stale one.
+fn bind_socket(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -302,7 +309,7 @@ pub async fn serve_socket(path: &Path, router: axum::Router, cancel: Cancellatio
     let _ = std::fs::remove_file(path);
     let listener = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    axum::serve(listener, router).with_graceful_shutdown(async move { cancel.cancelled().await }).await
+    Ok(listener)
 }
 
 /// Limits of the TCP listener.
