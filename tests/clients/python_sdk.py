@@ -84,6 +84,9 @@ async def exercise(me, kind, args):
                         break
                     updated = anyio.Event()
             assert uri in updated_uris, updated_uris
+            # Done with the updates: the send's reply below lands in this transcript too, and the
+            # SDK's legacy-SSE reader raises if a notification arrives while the session closes.
+            await session.unsubscribe_resource(uri)
 
             send = structured(
                 await session.call_tool("sessions_send", {"sessionKey": child, "message": "again?", "timeoutSeconds": 20})
