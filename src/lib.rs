@@ -1,7 +1,7 @@
 //! # sessions-mcp
 //!
 //! An MCP server that gives LLM agents a small set of session tools: `sessions_list`,
-//! `sessions_history`, `sessions_send`, `sessions_spawn` and `agents_list`.
+//! `sessions_history`, `sessions_send`, `sessions_spawn`, `subagents` and `agents_list`.
 //!
 //! ## Layout, by layer
 //!
@@ -45,7 +45,8 @@
 //!    `engine::Engine::send` / `spawn` do the admission (idempotency replay, send policy, chain
 //!    limits, the spawn caps) and commit the run in one `store::Tx`; the scheduler claims and runs
 //!    it (`engine::scheduler`, `engine::turn`), and its steps (`engine::steps`) carry the reply
-//!    back. `Engine::await_reply` waits for it when the caller asked to.
+//!    back. `Engine::await_reply` waits for it when the caller asked to; `subagents` waits for
+//!    and cancels children through `Engine::wait_subagents` / `cancel_subagent`.
 //! 6. When the client declared the Tasks extension, `sessions_send` (with a wait) and
 //!    `sessions_spawn` answer with a task instead (`server::tasks`): the task is the run, and
 //!    `tasks/get` reads the run's row until it ends.

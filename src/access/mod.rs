@@ -9,6 +9,7 @@ pub mod caller;
 mod error;
 mod list;
 mod reads;
+mod tree;
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ pub use crate::store::{HistoryPage, MessageRow, PendingInput, RunMode, RunRow, R
 pub use error::{ErrorStatus, ToolError};
 pub use list::{ListPage, ListRequest, Transcript, transcript};
 pub use reads::HistoryFrom;
+pub use tree::{AnnounceState, Child, RunState};
 
 /// A target the caller may see. `row` is `None` for a configured agent's main session that has
 /// no message yet (it exists virtually).

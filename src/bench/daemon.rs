@@ -23,11 +23,23 @@ const PATIENCE: Duration = Duration::from_secs(10);
 /// Each setup on a world of its own: a run's request carries its session's transcript, which
 /// grows with every send, so the setup measured second on one world would pay for the first.
 pub async fn run(bench: &mut Bench) -> anyhow::Result<()> {
-    let dir = bench.worlds.with_agent("daemon-owner", &send::script(), &[send::ECHO])?;
+    both_setups(bench, "daemon", &send::script(), &[send::ECHO], measure).await
+}
+
+/// Measures on a world named `name-owner` with a serve owning the runtime, then on `name-follower`
+/// with a serve following a daemon that owns it; `measure` gets the setup's name.
+pub(super) async fn both_setups(
+    bench: &mut Bench,
+    name: &str,
+    script: &Value,
+    targets: &[&str],
+    measure: impl AsyncFn(&mut Bench, &StdioServer, &Path, &str) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let dir = bench.worlds.with_agent(&format!("{name}-owner"), script, targets)?;
     let owner = StdioServer::start(&dir).await?;
     measure(bench, &owner, &dir, "serve owning the runtime").await?;
     owner.stop().await?;
-    let dir = bench.worlds.with_agent("daemon-follower", &send::script(), &[send::ECHO])?;
+    let dir = bench.worlds.with_agent(&format!("{name}-follower"), script, targets)?;
     let mut daemon = start_daemon(&dir).await?;
     let server = StdioServer::start(&dir).await?;
     measure(bench, &server, &dir, "serve through a daemon owning the runtime").await?;

@@ -7,7 +7,8 @@
 //! list and history over stdio), [`send`] (accepts, end-to-end runs, overhead over the agent),
 //! [`load`] (waits, HTTP clients, memory), [`import`] (a reference store), [`soak`] (memory
 //! before, during and after sustained mixed load), [`daemon`] (a send with wait and a subscription
-//! update through a daemon owning the runtime, against the serve owning it). `--quick` takes small
+//! update through a daemon owning the runtime, against the serve owning it), [`subagents`] (how
+//! soon a `subagents` wait answers after the announce, both ways). `--quick` takes small
 //! sizes so that a debug build finishes within a minute on two cores (CI); figures come from the
 //! full mode in a release build.
 
@@ -19,6 +20,7 @@ mod load;
 mod send;
 mod soak;
 mod stdio;
+mod subagents;
 pub mod worlds;
 
 use std::process::ExitCode;
@@ -36,11 +38,20 @@ pub enum Group {
     Import,
     Soak,
     Daemon,
+    Subagents,
 }
 
 impl Group {
-    const ALL: [Group; 7] =
-        [Group::InProcess, Group::Stdio, Group::Send, Group::Load, Group::Import, Group::Soak, Group::Daemon];
+    const ALL: [Group; 8] = [
+        Group::InProcess,
+        Group::Stdio,
+        Group::Send,
+        Group::Load,
+        Group::Import,
+        Group::Soak,
+        Group::Daemon,
+        Group::Subagents,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -51,6 +62,7 @@ impl Group {
             Group::Import => "import",
             Group::Soak => "soak",
             Group::Daemon => "daemon",
+            Group::Subagents => "subagents",
         }
     }
 }
@@ -161,6 +173,10 @@ impl Samples {
         self.0.push(t.elapsed().as_secs_f64() * 1e3);
     }
 
+    pub fn push_ms(&mut self, ms: f64) {
+        self.0.push(ms);
+    }
+
     pub fn extend(&mut self, other: Samples) {
         self.0.extend(other.0);
     }
@@ -225,6 +241,7 @@ pub async fn run(quick: bool, only: Option<Group>) -> ExitCode {
             Group::Import => import::run(&mut bench).await,
             Group::Soak => soak::run(&mut bench).await,
             Group::Daemon => daemon::run(&mut bench).await,
+            Group::Subagents => subagents::run(&mut bench).await,
         };
         if let Err(e) = result {
             print_table(&bench);

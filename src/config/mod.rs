@@ -258,6 +258,10 @@ impl RunnerConfig {
     pub fn max_concurrent(&self) -> u32 {
         self.max_concurrent.unwrap_or(defaults::RUNNER_MAX_CONCURRENT)
     }
+
+    pub fn cancel_grace_seconds(&self) -> u64 {
+        self.cancel_grace_seconds.unwrap_or(defaults::RUNNER_CANCEL_GRACE_SECONDS)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -797,6 +801,14 @@ impl Config {
     }
 
     /// An agent whose sessions can run sandboxed needs a sandbox backend (and Linux).
+    /// The longest cancel grace any agent has: how long a cancelled run may take to stop.
+    pub fn longest_cancel_grace(&self) -> std::time::Duration {
+        let defaults = &self.agents.defaults.runner;
+        let own = self.agents.list.iter().filter_map(|a| a.runner.as_ref()).map(|r| r.merged(defaults));
+        let longest = own.map(|r| r.cancel_grace_seconds()).fold(defaults.cancel_grace_seconds(), u64::max);
+        std::time::Duration::from_secs(longest)
+    }
+
     fn validate_sandbox(&self) -> Result<(), String> {
         let defaults_mode = self.agents.defaults.sandbox.mode;
         let backend_off = |r: &RunnerConfig| r.sandbox.as_ref().and_then(|s| s.backend) == Some(SandboxBackend::Off);

@@ -87,7 +87,7 @@ pub enum SourceTool {
 }
 
 impl SourceTool {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             SourceTool::SessionsSend => "sessions_send",
             SourceTool::SessionsSpawn => "sessions_spawn",

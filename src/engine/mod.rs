@@ -13,6 +13,7 @@ pub mod scheduler;
 pub mod send;
 pub mod spawn;
 mod steps;
+pub mod subagents;
 mod turn;
 
 pub use deliver::deliver_due;

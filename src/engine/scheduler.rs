@@ -87,8 +87,8 @@ pub struct Scheduler {
 
 /// What a wait ended with.
 #[derive(Debug)]
-pub enum Waited {
-    Finished(Box<RunRow>),
+pub enum Waited<T> {
+    Finished(T),
     TimedOut,
     Cancelled,
 }
@@ -388,7 +388,7 @@ impl Scheduler {
     }
 
     /// Cancels this owner's running runs that were asked to stop.
-    fn stop_flagged(&self) {
+    pub(super) fn stop_flagged(&self) {
         if !self.is_owner() {
             return;
         }
@@ -415,26 +415,34 @@ impl Scheduler {
         self.progress.lock().expect("progress").get(run_id).map(|tx| tx.subscribe())
     }
 
-    /// Waits for `run_id` to finish, up to `timeout`, or until `cancel` fires. The row is read at
-    /// each wake of this process — its own changes, and the owner's events when it follows one
-    /// ([`link`]) — and, underneath, at a poll that backs off from 50 ms to 1 s (a gone owner, or
-    /// a writer that wakes no one).
+    /// Waits for `run_id` to finish, up to `timeout`, or until `cancel` fires.
     pub async fn wait(
         &self,
         run_id: &str,
         timeout: Duration,
         cancel: &CancellationToken,
-    ) -> Result<Waited, StoreError> {
+    ) -> Result<Waited<Box<RunRow>>, StoreError> {
+        self.wait_for(timeout, cancel, || Ok(self.store.run(run_id)?.filter(RunRow::is_finished).map(Box::new))).await
+    }
+
+    /// Waits until `check` answers something, up to `timeout`, or until `cancel` fires. `check`
+    /// reads the store at each wake of this process — its own changes, and the owner's events
+    /// when it follows one ([`link`]) — and, underneath, at a poll that backs off from 50 ms to
+    /// 1 s (a gone owner, or a writer that wakes no one).
+    pub async fn wait_for<T, E>(
+        &self,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        mut check: impl FnMut() -> Result<Option<T>, E>,
+    ) -> Result<Waited<T>, E> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut poll = POLL_MIN;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(run) = self.store.run(run_id)?
-                && run.is_finished()
-            {
-                return Ok(Waited::Finished(Box::new(run)));
+            if let Some(done) = check()? {
+                return Ok(Waited::Finished(done));
             }
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(Waited::Cancelled),

@@ -373,6 +373,7 @@ fn status_text(run: &RunRow) -> String {
         RunStatus::Ok => "completed successfully".to_string(),
         RunStatus::Timeout => "timed out".to_string(),
         RunStatus::Interrupted => "interrupted".to_string(),
+        RunStatus::Cancelled => "cancelled".to_string(),
         s => format!("failed: {}", run.error.clone().unwrap_or_else(|| s.to_string())),
     }
 }
@@ -452,6 +453,9 @@ pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
     let Some(child) = store.session_by_key(&run.session_key)? else { return Ok(()) };
     let (Some(spawn_run_id), None) = (&child.spawn_run, child.announced_at) else { return Ok(()) };
     let Some(spawn_run) = store.run(spawn_run_id)? else { return Ok(()) };
+    if child.cancelled_at.is_some() {
+        return announce_cancelled(rt, &child, &spawn_run);
+    }
     if run.mode == RunMode::Announce {
         // The Notes step ended: announce with its reply (ANNOUNCE_SKIP adds nothing).
         let notes = result.reply.as_deref().filter(|r| !is_skip(r));
@@ -477,6 +481,18 @@ pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
         RunRow { status: result.status, ..spawn_run.clone() }
     };
     announce(rt, &child, &status_run, &result_text, None)
+}
+
+/// A child whose work an ancestor cancelled announces `Status: cancelled` once none of its runs
+/// is left, without a Notes step and without waiting for its own children (their completions
+/// are not run in it).
+pub fn announce_cancelled(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow) -> Result<(), StoreError> {
+    if child.announced_at.is_some() || rt.store.active_run_of(child.id)?.is_some() {
+        return Ok(()); // announced already, or the run still stopping announces when it ends
+    }
+    let result_text = child_result(rt, child, spawn_run.reply.as_deref())?;
+    let status_run = RunRow { status: RunStatus::Cancelled, ..spawn_run.clone() };
+    announce(rt, child, &status_run, &result_text, None)
 }
 
 fn queue_notes(rt: &Scheduler, child: &SessionRow, run: &RunRow) -> Result<(), StoreError> {
@@ -521,7 +537,14 @@ fn announce(
         let Some(r) = &requester_row else { return Ok(()) };
         // One announce per child: the delivery row goes first, and a step taken again stops here.
         let kind = if r.external { DeliveryKind::Announce } else { DeliveryKind::Completion };
-        if !tx.add_delivery(&delivery(spawn_run, kind, requester.as_str(), DeliveryStatus::Delivered))? {
+        if r.cancelled_at.is_some() {
+            // The requester's own work was cancelled: nothing runs in it any more.
+            let mut skipped = delivery(spawn_run, kind, requester.as_str(), DeliveryStatus::Skipped);
+            skipped.last_error = Some("its requester was cancelled");
+            tx.add_announce(&skipped, &text)?;
+            return Ok(());
+        }
+        if !tx.add_announce(&delivery(spawn_run, kind, requester.as_str(), DeliveryStatus::Delivered), &text)? {
             return Ok(());
         }
         if r.external {
@@ -558,6 +581,20 @@ fn announce(
     })?;
     rt.wake();
     finish(rt, child, spawn_run)
+}
+
+/// A driven requester consumed a child's announce when the completion run that carried it ended
+/// well: the announce is `read`.
+pub fn completion_read(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    let Some(Flow::Tagged(Tagged::Completion { child })) = Flow::of(run.extra.as_ref()) else { return Ok(()) };
+    if result.status != RunStatus::Ok {
+        return Ok(());
+    }
+    let Some(row) = rt.store.session_by_key(&SessionKey::from_canonical(child))? else { return Ok(()) };
+    match &row.spawn_run {
+        Some(spawn_run) => rt.store.mark_announces_read(&[spawn_run.as_str()]),
+        None => Ok(()),
+    }
 }
 
 fn delivery<'a>(run: &'a RunRow, kind: DeliveryKind, target: &'a str, status: DeliveryStatus) -> NewDelivery<'a> {

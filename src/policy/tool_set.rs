@@ -3,7 +3,7 @@
 use crate::config::Config;
 use crate::keys::AgentId;
 
-/// The five tools, as a closed set.
+/// The six tools, as a closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ToolName {
     AgentsList,
@@ -11,11 +11,18 @@ pub enum ToolName {
     SessionsList,
     SessionsSend,
     SessionsSpawn,
+    Subagents,
 }
 
 impl ToolName {
-    pub const ALL: [ToolName; 5] =
-        [Self::AgentsList, Self::SessionsHistory, Self::SessionsList, Self::SessionsSend, Self::SessionsSpawn];
+    pub const ALL: [ToolName; 6] = [
+        Self::AgentsList,
+        Self::SessionsHistory,
+        Self::SessionsList,
+        Self::SessionsSend,
+        Self::SessionsSpawn,
+        Self::Subagents,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -24,6 +31,7 @@ impl ToolName {
             Self::SessionsList => "sessions_list",
             Self::SessionsSend => "sessions_send",
             Self::SessionsSpawn => "sessions_spawn",
+            Self::Subagents => "subagents",
         }
     }
 
@@ -43,7 +51,7 @@ pub enum CallerRole {
 }
 
 /// The tools a caller gets. Sub-agents get none by default; orchestrators (depth below
-/// `maxSpawnDepth`) keep spawn, list and history; `tools.subagents.tools.{allow, alsoAllow, deny}`
+/// `maxSpawnDepth`) keep spawn, list and history, and `subagents` for their own children; `tools.subagents.tools.{allow, alsoAllow, deny}`
 /// adjust that; a child never gets a tool its parent lacks; `agents_list` is never offered to a
 /// sub-agent.
 pub fn tools_for(role: CallerRole, config: &Config) -> Vec<ToolName> {
@@ -61,7 +69,7 @@ pub fn tools_for(role: CallerRole, config: &Config) -> Vec<ToolName> {
             let mut set: Vec<ToolName> = if !filter.allow.is_empty() {
                 named(&filter.allow)
             } else if orchestrator {
-                vec![ToolName::SessionsSpawn, ToolName::SessionsList, ToolName::SessionsHistory]
+                vec![ToolName::SessionsSpawn, ToolName::SessionsList, ToolName::SessionsHistory, ToolName::Subagents]
             } else {
                 Vec::new()
             };
@@ -105,7 +113,7 @@ mod tests {
     #[test]
     fn subagents_get_no_session_tools_by_default() {
         assert!(tools("{}", 1).is_empty());
-        assert_eq!(tools_for(CallerRole::TopLevel, &Config::default()).len(), 5);
+        assert_eq!(tools_for(CallerRole::TopLevel, &Config::default()).len(), 6);
     }
 
     #[test]
@@ -117,13 +125,13 @@ mod tests {
         );
         let cfg =
             "{agents:{defaults:{subagents:{maxSpawnDepth:2}}},tools:{subagents:{tools:{deny:['sessions_spawn']}}}}";
-        assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list"]);
+        assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list", "subagents"]);
     }
 
     #[test]
     fn orchestrators_keep_spawn_list_history_and_leaves_do_not() {
         let cfg = "{agents:{defaults:{subagents:{maxSpawnDepth:2}}}}";
-        assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list", "sessions_spawn"]);
+        assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list", "sessions_spawn", "subagents"]);
         assert!(tools(cfg, 2).is_empty());
     }
 

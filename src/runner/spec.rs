@@ -72,7 +72,7 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         workdir: workspace,
         timeout: Duration::from_secs(r.timeout_seconds()),
         idle_timeout: (idle > 0).then(|| Duration::from_secs(idle)),
-        cancel_grace: Duration::from_secs(r.cancel_grace_seconds.unwrap_or(defaults::RUNNER_CANCEL_GRACE_SECONDS)),
+        cancel_grace: Duration::from_secs(r.cancel_grace_seconds()),
         max_stdout_bytes: r.max_stdout_bytes.unwrap_or(defaults::RUNNER_MAX_STDOUT_BYTES) as usize,
         max_line_bytes: r.max_line_bytes.unwrap_or(defaults::RUNNER_MAX_LINE_BYTES) as usize,
         max_concurrent: r.max_concurrent(),

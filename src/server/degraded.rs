@@ -3,7 +3,7 @@
 //! Code reports `failed` and goes on, Codex shows nothing — so the user never sees why. Instead the
 //! server stays up with no store and no caller, and says the problem wherever the model or the user
 //! looks: the `instructions`, every `tools/call` (a normal tool error, so the model reads it and
-//! tells the user), and `resources/read`. `tools/list` offers the usual five tools with their
+//! tells the user), and `resources/read`. `tools/list` offers the usual six tools with their
 //! usual schemas, so the model calls one instead of concluding the server has none.
 
 use rmcp::model::{

@@ -204,8 +204,16 @@ async fn within_stream_cap(open: &Open<Credential>, credential: Credential, mut 
         return too_many(open.limit, open.max, what);
     };
     req.extensions_mut().insert(credential);
-    hold_until_sent(next.run(req).await, held)
+    let gone = CancellationToken::new();
+    req.extensions_mut().insert(ClientGone(gone.clone()));
+    hold_until_sent(next.run(req).await, (held, gone.drop_guard()))
 }
+
+/// Fires when the HTTP response of a request has been sent or dropped — its client went away.
+/// A tool call whose answer can no longer reach anyone stops (a `subagents` wait then consumes
+/// nothing); an MCP session outlives its requests, so rmcp alone would run it to its end.
+#[derive(Debug, Clone)]
+pub struct ClientGone(pub CancellationToken);
 
 /// Why a request is answered 401 (the body says which, and nothing more).
 #[derive(Debug, Clone, Copy)]

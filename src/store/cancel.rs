@@ -18,6 +18,16 @@ pub enum CancelRequest {
     AlreadyEnded,
 }
 
+/// Ends a queued run `cancelled` before it started; `why` is its error.
+pub(super) fn dequeue(tx: &rusqlite::Transaction, run_id: &str, now: i64, why: &str) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE runs SET status = 'cancelled', ended_at = ?2, cancel_requested_at = ?2, error = ?3
+         WHERE run_id = ?1 AND status = 'queued'",
+        params![run_id, now, why],
+    )?;
+    Ok(())
+}
+
 impl Store {
     /// Asks `run_id` to stop.
     pub fn request_cancel(&self, run_id: &str) -> Result<CancelRequest> {
@@ -26,12 +36,7 @@ impl Store {
             let now = now_ms();
             match run.status {
                 RunStatus::Queued => {
-                    tx.execute(
-                        "UPDATE runs SET status = 'cancelled', ended_at = ?2, cancel_requested_at = ?2,
-                             error = 'cancelled by its requester before it started'
-                         WHERE run_id = ?1",
-                        params![run_id, now],
-                    )?;
+                    dequeue(tx, run_id, now, "cancelled by its requester before it started")?;
                     let dequeued = run_by_id(tx, run_id)?.expect("the run was just read");
                     Ok(CancelRequest::Dequeued(Box::new(dequeued)))
                 }

@@ -69,6 +69,12 @@ impl DeliveryStatus {
             Self::Undeliverable => "undeliverable",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Queued, Self::Running, Self::Delivered, Self::Failed, Self::Skipped, Self::Expired, Self::Undeliverable]
+            .into_iter()
+            .find(|d| d.as_str() == s)
+    }
 }
 
 /// A ledger row to create.
@@ -85,12 +91,12 @@ pub struct NewDelivery<'a> {
 
 /// Records a delivery, once: a run has at most one delivery of each kind, so a flow step that is
 /// taken again after a crash adds nothing. Returns false when the delivery was already there.
-pub(super) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Result<bool> {
+pub(super) fn add_delivery(tx: &Transaction, d: &NewDelivery, payload: Option<&str>) -> rusqlite::Result<bool> {
     let now = now_ms();
     let added = tx
         .prepare_cached(
-            "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, last_error, attempts, created_at, updated_at)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9
+            "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, last_error, attempts, created_at, updated_at, payload)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10
              WHERE NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND kind = ?2)",
         )?
         .execute(params![
@@ -102,7 +108,8 @@ pub(super) fn add_delivery(tx: &Transaction, d: &NewDelivery) -> rusqlite::Resul
             d.channel,
             d.last_error,
             i64::from(d.status != DeliveryStatus::Queued),
-            now
+            now,
+            payload
         ])?;
     Ok(added == 1)
 }

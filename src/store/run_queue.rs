@@ -181,11 +181,11 @@ impl RunRow {
     }
 }
 
-const RUN_COLUMNS: &str = "r.run_id, r.session, s.key, s.agent_id, r.mode, r.status, r.input, r.provenance, \
+pub(super) const RUN_COLUMNS: &str = "r.run_id, r.session, s.key, s.agent_id, r.mode, r.status, r.input, r.provenance, \
     r.requester_key, r.chain_id, r.hop, r.announce_kind, r.model, r.thinking, r.timeout_ms, r.reply, r.error, \
     r.extra, r.created_at, r.started_at, r.ended_at";
 
-fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
+pub(super) fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
     let json = |i: usize| -> rusqlite::Result<Option<Value>> {
         Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
     };

@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -246,4 +246,12 @@ INSERT OR IGNORE INTO session_tree (ancestor, session, updated_at)
 /// thread's totals, not the turn's), so that a resumed turn records only what it used.
 const V3: &str = r#"
 ALTER TABLE sessions ADD COLUMN cli_usage_total TEXT;
+"#;
+
+/// Version 4: the `subagents` tool. An announce keeps the text it carried (`wait` returns it) and
+/// when its requester read it; a session whose work an ancestor cancelled says so, so that the
+/// completions of its own children are not run in it and it announces without waiting for them.
+const V4: &str = r#"
+ALTER TABLE deliveries ADD COLUMN read_at INTEGER;
+ALTER TABLE sessions ADD COLUMN cancelled_at INTEGER;
 "#;

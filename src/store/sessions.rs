@@ -92,13 +92,15 @@ pub struct SessionRow {
     /// The spawn run of a sub-agent session, and when its completion was announced.
     pub spawn_run: Option<String>,
     pub announced_at: Option<i64>,
+    /// When an ancestor cancelled this session's work (`subagents` cancel).
+    pub cancelled_at: Option<i64>,
 }
 
 const COLUMNS: &str = "id, key, session_id, agent_id, kind, state, driver, chat_type, channel, last_channel, \
     last_to, last_account_id, delivery_context, label, display_name, spawned_by, spawn_depth, subagent_role, \
     sandboxed, send_policy, model, thinking_level, verbose_level, context_tokens, system_sent, \
     aborted_last_run, tokens_in, tokens_out, tokens_total, cost, transcript_path, created_at, updated_at, \
-    archived_at, deleted_at, spawn_run, announced_at, external_session_id";
+    archived_at, deleted_at, spawn_run, announced_at, external_session_id, cancelled_at";
 
 /// The column list `SessionRow::from_row` reads.
 pub(super) fn session_columns() -> &'static str {
@@ -149,6 +151,7 @@ impl SessionRow {
             spawn_run: r.get(35)?,
             announced_at: r.get(36)?,
             external_session_id: r.get(37)?,
+            cancelled_at: r.get(38)?,
         })
     }
 }

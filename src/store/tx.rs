@@ -48,7 +48,12 @@ impl Tx<'_> {
 
     /// Records a delivery, once per run and kind: false when it was already there.
     pub fn add_delivery(&self, d: &NewDelivery) -> Result<bool> {
-        Ok(super::ledger::add_delivery(self.tx, d)?)
+        Ok(super::ledger::add_delivery(self.tx, d, None)?)
+    }
+
+    /// Records a child's announce with the text it carried (`subagents` wait returns it), once.
+    pub fn add_announce(&self, d: &NewDelivery, text: &str) -> Result<bool> {
+        Ok(super::ledger::add_delivery(self.tx, d, Some(text))?)
     }
 
     /// Moves a pending delivery to `status`: false when it had already reached a final one.

@@ -1,4 +1,4 @@
-//! The five session tools: one file each, a shared argument reader, one result shape.
+//! The six session tools: one file each, a shared argument reader, one result shape.
 //!
 //! Every tool parses its raw arguments itself ([`args::ArgReader`]), asks `access/` for every
 //! decision, and returns [`Output`]: its success object or a [`ToolError`] `{status, error}`.
@@ -10,6 +10,7 @@ pub mod sessions_history;
 pub mod sessions_list;
 pub mod sessions_send;
 pub mod sessions_spawn;
+pub mod subagents;
 
 use std::sync::OnceLock;
 
@@ -132,6 +133,7 @@ pub fn specs() -> &'static [ToolSpec] {
             sessions_list::spec(),
             sessions_send::spec(),
             sessions_spawn::spec(),
+            subagents::spec(),
         ]
     })
 }
@@ -155,6 +157,7 @@ pub async fn run(ctx: &Ctx<'_>, tool: ToolName, args: Option<Map<String, Value>>
             ToolName::SessionsList => to_value(sessions_list::run(ctx, args)),
             ToolName::SessionsSend => to_value(sessions_send::run(ctx, args).await),
             ToolName::SessionsSpawn => to_value(sessions_spawn::run(ctx, args).await),
+            ToolName::Subagents => to_value(subagents::run(ctx, args).await),
         },
     };
     result(within_budget(structured, ctx.access.config().tools.sessions.max_result_bytes))

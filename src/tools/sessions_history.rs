@@ -248,10 +248,25 @@ fn history(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<HistoryOk, Too
     answer.content_redacted = flags.content_redacted;
     answer.bytes = fitted.bytes;
     answer.messages = fitted.messages;
+    if target.key == ctx.caller.key {
+        mark_announces_read(ctx, &answer.messages)?;
+    }
     if let Some(row) = &target.row {
         set_pointers(ctx, row, include_tools, &mut answer)?;
     }
     Ok(answer)
+}
+
+/// Announces of the caller's children that this page showed it in its own inbox are consumed:
+/// their delivery becomes `read` (what `subagents` list reports).
+fn mark_announces_read(ctx: &Ctx, messages: &[Value]) -> Result<(), ToolError> {
+    let announce = Value::from(crate::engine::chain::SourceTool::SubagentAnnounce.as_str());
+    let runs: Vec<&str> = messages
+        .iter()
+        .filter(|m| m.pointer("/provenance/sourceTool") == Some(&announce))
+        .filter_map(|m| m.get("runId").and_then(Value::as_str))
+        .collect();
+    ctx.access.mark_announces_read(&runs)
 }
 
 /// Bytes kept free for `nextAfterSeq`, `nextBeforeSeq`, `true` flags and `bytes`.

@@ -297,10 +297,10 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
     let me = ctx.access.scope(caller).display(&caller.key);
     let note = if caller.external {
         format!(
-            "Runs in the background. When it finishes, a message from subagent_announce (Status/Result/Notes) is appended to your session {me} after seq {inbox_after}; read it with sessions_history {{sessionKey: \"{me}\", afterSeq: {inbox_after}}}. Checking again after a few minutes is fine."
+            "Runs in the background. To get its result, call subagents {{\"action\": \"wait\"}}: it returns as soon as the child finishes, with its Status/Result/Notes. It is also appended to your session {me} after seq {inbox_after} as a message from subagent_announce (sessions_history {{sessionKey: \"{me}\", afterSeq: {inbox_after}}}); do not poll."
         )
     } else {
-        "Runs in the background. The completion (Status/Result/Notes) will arrive as your next message; do not poll."
+        "Runs in the background. The completion (Status/Result/Notes) will arrive as your next message; do not poll. To have it within this turn, call subagents {\"action\": \"wait\"}."
             .to_string()
     };
     SpawnOk {

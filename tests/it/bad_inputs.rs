@@ -121,7 +121,7 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 fn assert_still_serving(client: &mut Client) {
     let list = client.request("tools/list", json!({}));
     let tools = list["result"]["tools"].as_array().unwrap_or_else(|| panic!("tools/list after bad inputs: {list}"));
-    assert_eq!(tools.len(), 5, "{list}");
+    assert_eq!(tools.len(), 6, "{list}");
     let ok = client.call("agents_list", json!({}));
     assert_eq!(ok["status"], "ok", "{ok}");
 }
@@ -723,7 +723,7 @@ fn lines_that_are_not_json_get_a_parse_error_and_the_server_keeps_answering() {
             "{what}: {message:?} should say {why:?}"
         );
         assert_eq!(reply["id"], id, "{what}: the server stopped answering: {reply}");
-        assert_eq!(reply["result"]["tools"].as_array().map(Vec::len), Some(5), "{reply}");
+        assert_eq!(reply["result"]["tools"].as_array().map(Vec::len), Some(6), "{reply}");
     }
     // A tool call still works after all that.
     send(json!({"jsonrpc": "2.0", "id": 200, "method": "tools/call", "params": {"name": "sessions_history", "arguments": {"sessionKey": "main"}}}).to_string().as_bytes());

@@ -63,7 +63,7 @@ fn stdio_configs_start_the_server() {
         let env = TestEnv::new();
         let mut c = launch(e, &env);
         let tools = c.request("tools/list", json!({}));
-        assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 5, "{path}");
+        assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 6, "{path}");
         assert_eq!(c.call("sessions_list", json!({}))["sessions"][0]["key"], "main", "{path}");
         c.close();
     }

@@ -1,6 +1,7 @@
 //! A `daemon` owning the runtime and `serve` processes that do not (the setup README recommends
 //! for desktop hosts): a serve's send with a wait, a wait whose owner dies, a transcript
-//! subscription in a serve that the daemon's writes reach, and the owner's internal endpoints on
+//! subscription in a serve that the daemon's writes reach, a `subagents` wait in a serve for a
+//! child the daemon runs, and the owner's internal endpoints on
 //! its run socket, which admit only the owner's key. Correctness only: how fast is BENCHMARKS.md's
 //! `daemon` group.
 
@@ -123,4 +124,22 @@ fn the_owner_endpoints_admit_only_the_owner_key() {
     }
     assert_eq!(status_of(&env, "POST", "/owner/wake", Some(&key)), "HTTP/1.1 204");
     assert_eq!(status_of(&env, "GET", "/owner/events", Some(&key)), "HTTP/1.1 200");
+}
+
+#[test]
+fn a_subagents_wait_in_a_serve_returns_when_the_daemon_finishes_the_child() {
+    let (env, _daemon) = env_with_daemon(0, worker_session());
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "work"}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
+    assert_eq!(w["status"], "ok", "{w}");
+    assert_eq!(w["finished"][0]["childSessionKey"], child, "{w}");
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("Status: completed successfully\nResult: ECHO: work\n"), "{outcome}");
+    // The daemon ran it, not this serve.
+    let run = &runs_of(&env.show(&child), Some("spawn"))[0];
+    assert_eq!(run["status"], "ok", "{run}");
+    c.close();
 }

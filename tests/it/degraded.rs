@@ -74,7 +74,7 @@ fn tools_of(client: &mut Client) -> Value {
 #[test]
 fn a_server_that_cannot_start_answers_every_tool_with_the_problem_and_exits_2() {
     let healthy_tools = tools_of(&mut TestEnv::new().serve(None));
-    assert_eq!(healthy_tools.as_array().map(Vec::len), Some(5));
+    assert_eq!(healthy_tools.as_array().map(Vec::len), Some(6));
     for b in broken_worlds() {
         let problem = strict_problem(&b);
         let expected = format!(
@@ -85,7 +85,7 @@ fn a_server_that_cannot_start_answers_every_tool_with_the_problem_and_exits_2() 
         cmd.env("SESSIONS_MCP_STRICT", "0");
         let before = contents(&b.env.state_dir());
         let mut c = Client::start(cmd);
-        assert_eq!(tools_of(&mut c), healthy_tools, "{}: the same five tools and schemas", b.what);
+        assert_eq!(tools_of(&mut c), healthy_tools, "{}: the same six tools and schemas", b.what);
         for (tool, args) in CALLS {
             let result = c.call_result(tool, serde_json::from_str(args).unwrap());
             assert_eq!(result["isError"], true, "{}: {tool}: {result}", b.what);

@@ -42,7 +42,7 @@ fn the_stdio_scenarios_pass_over_http_in_both_eras() {
     for modern in [false, true] {
         let mut c = if modern { Mcp::modern(server.port, DESK) } else { Mcp::legacy(server.port, DESK) };
         let tools = c.rpc("tools/list", json!({}));
-        assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 5, "{tools}");
+        assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 6, "{tools}");
         let list = c.call("sessions_list", json!({}));
         let keys = common::keys_of(&list);
         assert!(keys.contains(&"agent:main:desk".to_string()), "the token's session: {list}");

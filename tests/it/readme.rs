@@ -30,7 +30,7 @@ fn tool_examples(text: &str) -> Vec<(String, Value)> {
 fn readme_examples_conform_to_the_input_schemas_and_run() {
     let examples = tool_examples(&readme());
     let tools: Vec<&str> = examples.iter().map(|(t, _)| t.as_str()).collect();
-    for name in ["sessions_list", "sessions_history", "agents_list", "sessions_send", "sessions_spawn"] {
+    for name in ["sessions_list", "sessions_history", "agents_list", "sessions_send", "sessions_spawn", "subagents"] {
         assert!(tools.contains(&name), "README has an example for {name}");
     }
     let env = TestEnv::with_config("{tools: {sessions: {visibility: 'agent'}}}");
@@ -81,7 +81,7 @@ fn mcp_json_starts_a_working_server() {
     }
     let mut client = Client::start(cmd);
     let tools = client.request("tools/list", json!({}));
-    assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 5);
+    assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 6);
     assert_eq!(client.call("sessions_list", json!({}))["sessions"][0]["key"], "main");
     client.close();
 }

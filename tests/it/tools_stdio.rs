@@ -49,13 +49,16 @@ fn env_with(config: &str) -> TestEnv {
 }
 
 #[test]
-fn initialize_and_tools_list_describe_five_tools() {
+fn initialize_and_tools_list_describe_six_tools() {
     let env = env_with("{}");
     let mut c = env.serve(None);
     let resp = c.request("tools/list", json!({}));
     let tools = resp["result"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["agents_list", "sessions_history", "sessions_list", "sessions_send", "sessions_spawn"]);
+    assert_eq!(
+        names,
+        ["agents_list", "sessions_history", "sessions_list", "sessions_send", "sessions_spawn", "subagents"]
+    );
     assert_eq!(resp["result"]["cacheScope"], "private");
     for t in tools {
         let name = t["name"].as_str().unwrap();

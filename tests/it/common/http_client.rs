@@ -145,3 +145,23 @@ impl Mcp {
         structured
     }
 }
+
+/// Posts a JSON-RPC request on the legacy era's session and closes the connection after `after`
+/// without reading the answer: a client that goes away mid-request.
+pub fn abandon_request(port: u16, token: &str, session: Option<&str>, body: &Value, after: Duration) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body = body.to_string();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(sid) = session {
+        req.push_str(&format!("Mcp-Session-Id: {sid}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    s.write_all(req.as_bytes()).unwrap();
+    std::thread::sleep(after);
+    let _ = s.shutdown(std::net::Shutdown::Both);
+}

@@ -1,0 +1,303 @@
+//! The caller's spawned tree, as the `subagents` tool sees it: which descendants it has, what
+//! each one's work is doing, and where its announce is. Lineage decides: a caller manages exactly
+//! the sessions it or its descendants spawned (the spawn tree, `session_tree`), whatever
+//! `tools.sessions.visibility` says of listing; any other key gets the answer a key that does
+//! not exist gets, byte for byte.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::{Access, ToolError};
+use crate::access::caller::Caller;
+use crate::keys::SessionRef;
+use crate::store::{AnnounceRow, DeliveryStatus, RunRow, RunStatus, SessionRow, TreeTotals, now_ms};
+
+/// Where a child's work is. Kept apart from where its announce is ([`AnnounceState`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Admitted, waiting for a slot (agents.defaults.subagents.maxConcurrent).
+    Queued,
+    /// A run of the child is running (its task, a completion of its own child, its Notes step).
+    Running,
+    /// Its own run ended; it waits for its children before it announces.
+    Waiting,
+    Completed,
+    Failed,
+    TimedOut,
+    Cancelled,
+    /// Its run's owner died; it was never re-run.
+    Interrupted,
+}
+
+impl RunState {
+    pub fn is_finished(self) -> bool {
+        !matches!(self, RunState::Queued | RunState::Running | RunState::Waiting)
+    }
+
+    fn ended(status: RunStatus) -> RunState {
+        match status {
+            RunStatus::Queued => RunState::Queued,
+            RunStatus::Running => RunState::Running,
+            RunStatus::Ok => RunState::Completed,
+            RunStatus::Error => RunState::Failed,
+            RunStatus::Timeout => RunState::TimedOut,
+            RunStatus::Cancelled => RunState::Cancelled,
+            RunStatus::Interrupted => RunState::Interrupted,
+        }
+    }
+}
+
+/// Where a child's announce is: not made yet, on its way, delivered, consumed by its requester.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AnnounceState {
+    /// The child has not finished.
+    Pending,
+    Queued,
+    /// In the requester's session (its inbox, or a completion run there).
+    Delivered,
+    /// The requester consumed it: a `wait` returned it, its history showed it, or its completion
+    /// run ended.
+    Read,
+    /// Not delivered on purpose: the child asked for silence (ANNOUNCE_SKIP), or its requester
+    /// was cancelled.
+    Skipped,
+    Failed,
+}
+
+/// One descendant with what its work and announce are.
+#[derive(Debug, Clone)]
+pub struct Child {
+    pub row: SessionRow,
+    pub spawn_run: Option<RunRow>,
+    /// The run that decided its outcome (its spawn run, or the last completion run it took).
+    pub last_work: Option<RunRow>,
+    pub state: RunState,
+    pub announce: AnnounceState,
+    pub announce_row: Option<AnnounceRow>,
+}
+
+impl Child {
+    pub fn started_at(&self) -> Option<i64> {
+        self.spawn_run.as_ref().and_then(|r| r.started_at)
+    }
+
+    /// From its start to its end, or to now while it is unfinished (None before it started).
+    pub fn runtime_ms(&self) -> Option<i64> {
+        let started = self.started_at()?;
+        Some((self.ended_at().unwrap_or_else(now_ms) - started).max(0))
+    }
+
+    /// When its work ended (None while it is unfinished).
+    pub fn ended_at(&self) -> Option<i64> {
+        if !self.state.is_finished() {
+            return None;
+        }
+        self.last_work.as_ref().and_then(|r| r.ended_at).or(self.row.announced_at)
+    }
+}
+
+impl Access {
+    /// Deleted children stay in their requester's tree until `archiveAfterMinutes` after their
+    /// deletion (≤ 0: always), as they stay readable.
+    fn deleted_since(&self) -> i64 {
+        let minutes = self.config.agents.defaults.subagents.archive_after_minutes;
+        if minutes <= 0.0 { i64::MIN } else { now_ms() - (minutes * 60_000.0) as i64 }
+    }
+
+    /// Resolves `raw` (a key or sessionId) to one of the caller's descendants. A key outside the
+    /// caller's tree is answered as if it did not exist.
+    pub fn subagent(&self, caller: &Caller, field: &str, raw: &str) -> Result<SessionRow, ToolError> {
+        let since = self.deleted_since();
+        let shown = |row: &SessionRow| row.deleted_at.is_none_or(|d| d >= since);
+        match self.parse_ref(caller, field, raw)? {
+            SessionRef::Key(key) => {
+                let display = self.scope(caller).display(&key);
+                let row = if key != caller.key && self.store.is_ancestor(&caller.key, &key)? {
+                    self.store.session_by_key(&key)?.filter(shown)
+                } else {
+                    None
+                };
+                row.ok_or_else(|| not_a_subagent(&display))
+            }
+            SessionRef::SessionId(id) => {
+                let mut found = Vec::new();
+                for row in self.store.sessions_by_session_id(&id)? {
+                    if shown(&row) && self.store.is_ancestor(&caller.key, &row.key)? {
+                        found.push(row);
+                    }
+                }
+                match found.len() {
+                    0 => Err(not_a_subagent(&id)),
+                    1 => Ok(found.remove(0)),
+                    _ => Err(ToolError::invalid(format!(
+                        "{field} {id:?} names several of your sub-agents; pass the session key instead"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// A page of the caller's descendants, newest first, below row id `before`.
+    pub fn subagent_page(&self, caller: &Caller, before: Option<i64>, limit: usize) -> Result<Vec<Child>, ToolError> {
+        let rows = self.store.descendants(&caller.key, before, limit, self.deleted_since())?;
+        rows.into_iter().map(|r| self.child(r)).collect()
+    }
+
+    /// Counts and sums over the caller's whole tree.
+    pub fn subagent_totals(&self, caller: &Caller) -> Result<TreeTotals, ToolError> {
+        Ok(self.store.tree_totals(&caller.key, self.deleted_since())?)
+    }
+
+    /// The caller's direct children whose outcome it has not consumed: unfinished, or finished
+    /// with an announce it has not read (what `wait` waits for by default).
+    pub fn unconsumed_children(&self, caller: &Caller) -> Result<Vec<Child>, ToolError> {
+        let mut open = Vec::new();
+        for row in self.store.children(&caller.key, self.deleted_since())? {
+            let child = self.child(row)?;
+            if matches!(child.announce, AnnounceState::Pending | AnnounceState::Queued | AnnounceState::Delivered) {
+                open.push(child);
+            }
+        }
+        Ok(open)
+    }
+
+    /// Reads a descendant's work and announce.
+    pub fn child(&self, row: SessionRow) -> Result<Child, ToolError> {
+        let store = &self.store;
+        let spawn_run = match &row.spawn_run {
+            Some(id) => store.run(id)?,
+            None => None,
+        };
+        let active = store.active_run_of(row.id)?;
+        let last_work = store.last_work_run(row.id)?;
+        let announce_row = match &row.spawn_run {
+            Some(id) => store.announce_of(id)?,
+            None => None,
+        };
+        let state = run_state(&row, spawn_run.as_ref(), active.as_ref(), last_work.as_ref());
+        let announce = announce_state(&row, announce_row.as_ref());
+        Ok(Child { row, spawn_run, last_work, state, announce, announce_row })
+    }
+
+    /// A descendant read again (after a wait's wake, or a cancel).
+    pub fn subagent_again(&self, row: &SessionRow) -> Result<Child, ToolError> {
+        let fresh = self.store.session_by_key(&row.key)?.unwrap_or_else(|| row.clone());
+        self.child(fresh)
+    }
+
+    /// The caller consumed these children's announces.
+    pub fn mark_read(&self, children: &[&Child]) -> Result<(), ToolError> {
+        let runs: Vec<&str> = children.iter().filter_map(|c| c.row.spawn_run.as_deref()).collect();
+        self.mark_announces_read(&runs)
+    }
+
+    /// The caller read the announces of these spawn runs in its own session.
+    pub fn mark_announces_read(&self, spawn_runs: &[&str]) -> Result<(), ToolError> {
+        Ok(self.store.mark_announces_read(spawn_runs)?)
+    }
+}
+
+fn not_a_subagent(display: &str) -> ToolError {
+    ToolError::not_found(format!(
+        "Sub-agent not found: {display} (subagents {{\"action\": \"list\"}} shows the sub-agents you started)"
+    ))
+}
+
+/// A child's run state from its rows: what runs now, else whether it still waits for its
+/// children, else how its work ended (a cancel by an ancestor wins over the run's own end).
+fn run_state(row: &SessionRow, spawn: Option<&RunRow>, active: Option<&RunRow>, last: Option<&RunRow>) -> RunState {
+    if let Some(run) = active {
+        let started = run.status == RunStatus::Running || spawn.is_none_or(|s| s.run_id != run.run_id);
+        return if started { RunState::Running } else { RunState::Queued };
+    }
+    if row.cancelled_at.is_some() {
+        return RunState::Cancelled;
+    }
+    if row.announced_at.is_none() {
+        return RunState::Waiting;
+    }
+    last.or(spawn).map_or(RunState::Completed, |r| RunState::ended(r.status))
+}
+
+fn announce_state(row: &SessionRow, announce: Option<&AnnounceRow>) -> AnnounceState {
+    let Some(a) = announce else {
+        // Announced without a delivery: it asked for silence.
+        return if row.announced_at.is_some() { AnnounceState::Skipped } else { AnnounceState::Pending };
+    };
+    match a.status {
+        _ if a.read_at.is_some() => AnnounceState::Read,
+        DeliveryStatus::Queued | DeliveryStatus::Running => AnnounceState::Queued,
+        DeliveryStatus::Delivered => AnnounceState::Delivered,
+        DeliveryStatus::Skipped => AnnounceState::Skipped,
+        DeliveryStatus::Failed | DeliveryStatus::Expired | DeliveryStatus::Undeliverable => AnnounceState::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{AgentId, SessionKey};
+    use crate::store::{RunMode, RunRow};
+
+    fn run(id: &str, mode: RunMode, status: RunStatus) -> RunRow {
+        RunRow {
+            run_id: id.into(),
+            session: 1,
+            session_key: SessionKey::from_canonical("agent:main:subagent:x"),
+            agent_id: AgentId::main(),
+            mode,
+            status,
+            input: serde_json::Value::Null,
+            provenance: None,
+            requester_key: None,
+            chain_id: None,
+            hop: 0,
+            announce_kind: None,
+            model: None,
+            thinking: None,
+            timeout_ms: None,
+            reply: None,
+            error: None,
+            extra: None,
+            created_at: 0,
+            started_at: None,
+            ended_at: None,
+        }
+    }
+
+    fn row(announced: bool, cancelled: bool) -> SessionRow {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("s.db")).unwrap();
+        let key = SessionKey::from_canonical("agent:main:subagent:x");
+        let new = crate::store::NewSession::new(key.clone(), AgentId::main(), crate::keys::SessionKind::Other, false);
+        store.write(|tx| tx.insert_session(&new)).unwrap();
+        let mut r = store.session_by_key(&key).unwrap().unwrap();
+        r.announced_at = announced.then_some(1);
+        r.cancelled_at = cancelled.then_some(1);
+        r
+    }
+
+    #[test]
+    fn the_run_state_says_what_runs_then_what_it_waits_for_then_how_it_ended() {
+        let spawn_queued = run("s", RunMode::Spawn, RunStatus::Queued);
+        let spawn_ok = run("s", RunMode::Spawn, RunStatus::Ok);
+        let completion = run("c", RunMode::Completion, RunStatus::Queued);
+        let open = row(false, false);
+        assert_eq!(run_state(&open, Some(&spawn_queued), Some(&spawn_queued), None), RunState::Queued);
+        let running = run("s", RunMode::Spawn, RunStatus::Running);
+        assert_eq!(run_state(&open, Some(&running), Some(&running), None), RunState::Running);
+        assert_eq!(
+            run_state(&open, Some(&spawn_ok), Some(&completion), None),
+            RunState::Running,
+            "a completion to take"
+        );
+        assert_eq!(run_state(&open, Some(&spawn_ok), None, Some(&spawn_ok)), RunState::Waiting);
+        assert_eq!(run_state(&row(false, true), Some(&spawn_ok), None, None), RunState::Cancelled);
+        let done = row(true, false);
+        let timed_out = run("c", RunMode::Completion, RunStatus::Timeout);
+        assert_eq!(run_state(&done, Some(&spawn_ok), None, Some(&timed_out)), RunState::TimedOut, "the last own run");
+        assert_eq!(run_state(&row(true, true), Some(&spawn_ok), None, Some(&spawn_ok)), RunState::Cancelled);
+    }
+}

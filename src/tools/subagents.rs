@@ -1,0 +1,527 @@
+//! `subagents`: see, wait for and cancel the sub-agents the caller started, in one tool with an
+//! `action` (so that the set stays small).
+//!
+//! - `list`: the caller's spawned tree, newest first, paged within the answer budget, with each
+//!   child's run state, announce state, times, tokens, cost and last activity, and totals.
+//! - `wait`: returns as soon as one (`until: "any"`) or all of the children finished, with each
+//!   finished child's outcome inline (the announce's Status / Result / Notes / Stats), which
+//!   marks that announce `read`; on timeout `status: "timeout"` with what still runs.
+//! - `cancel`: stops a child's work (and with `cascade` its descendants'), answers how it ended.
+//!
+//! The tool resolves every key among the caller's descendants (`Access::subagent`): any other key
+//! is answered exactly as one that does not exist.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::args::{ArgReader, Bounds};
+use super::{Ctx, Output, ToolError, ToolSpec};
+use crate::access::{AnnounceState, Child, RunState, SessionRow};
+use crate::engine::subagents::{CancelOutcome, Until, WaitOutcome};
+use crate::policy::ToolName;
+use crate::sanitize::json_len;
+
+pub const DEFAULT_LIMIT: u64 = 20;
+pub const MAX_LIMIT: u64 = 100;
+pub const DEFAULT_WAIT_SECONDS: u64 = 30;
+pub const MAX_WAIT_SECONDS: u64 = 600;
+/// Children one wait may name.
+pub const MAX_WAIT_CHILDREN: usize = 50;
+/// Characters of a child's last message in `lastActivity`.
+const ACTIVITY_CHARS: usize = 160;
+
+#[derive(JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct Params {
+    /// list | wait | cancel (required).
+    action: Action,
+    /// list: rows per page (1-100, default 20; larger values are clamped and reported in limitApplied).
+    #[schemars(range(min = 1))]
+    limit: Option<f64>,
+    /// list: the nextCursor of a previous list answer.
+    cursor: Option<String>,
+    /// wait: the children to wait for (at most 50; default: your direct children whose outcome you have not read yet).
+    child_session_keys: Option<Vec<String>>,
+    /// wait: any (default: return when one of them finished) | all (when all of them finished).
+    until: Option<WaitUntil>,
+    /// wait: how long to wait, in seconds (default 30, 0 = look once and return, at most 600).
+    #[schemars(range(min = 0))]
+    timeout_seconds: Option<f64>,
+    /// cancel: the sub-agent to cancel (its session key).
+    child_session_key: Option<String>,
+    /// cancel: also cancel its own sub-agents (default true).
+    cascade: Option<bool>,
+}
+
+#[derive(JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum Action {
+    List,
+    Wait,
+    Cancel,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitUntil {
+    Any,
+    All,
+}
+
+/// Which arguments each action takes; any other is refused naming the action.
+const ARGS: [(&str, &[&str]); 3] = [
+    ("list", &["limit", "cursor"]),
+    ("wait", &["childSessionKeys", "until", "timeoutSeconds"]),
+    ("cancel", &["childSessionKey", "cascade"]),
+];
+
+/// A `subagents` answer: one shape per action.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum SubagentsOk {
+    List(ListOk),
+    Wait(WaitOk),
+    Cancel(CancelOk),
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ListAction {
+    List,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitAction {
+    Wait,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CancelAction {
+    Cancel,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ListStatus {
+    Ok,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListOk {
+    pub status: ListStatus,
+    pub action: ListAction,
+    pub count: usize,
+    /// Your descendants (children, their children, …), newest first.
+    pub children: Vec<ChildRow>,
+    /// Over your whole tree, not only this page.
+    pub totals: Totals,
+    /// More children than returned; pass nextCursor to continue.
+    pub has_more: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    /// Arguments that were clamped to their maximum: name → applied value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_applied: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildRow {
+    pub session_key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// The session that spawned it.
+    pub parent: String,
+    /// 1 for your own children, 2 for theirs, …
+    pub depth: i64,
+    pub agent_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub run_state: RunState,
+    /// Where its announce is, apart from its run state.
+    pub announce: AnnounceState,
+    /// Its spawn run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// ms since the epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<i64>,
+    /// From its start to its end, or to now while it is unfinished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_ms: Option<i64>,
+    pub tokens: Tokens,
+    /// Estimated cost so far, in USD, when its agent reports one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// The start of its last message (redacted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_activity: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Tokens {
+    pub input: i64,
+    pub output: i64,
+    pub total: i64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Totals {
+    pub children: i64,
+    /// Children whose work has not been announced yet.
+    pub unfinished: i64,
+    pub tokens: Tokens,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitStatus {
+    /// The condition held.
+    Ok,
+    /// The timeout passed first (not an error): `unfinished` still runs.
+    Timeout,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitOk {
+    pub status: WaitStatus,
+    pub action: WaitAction,
+    pub until: WaitUntil,
+    /// The children that finished, each with its outcome; returning it marked its announce read.
+    pub finished: Vec<Finished>,
+    /// The children still at work.
+    pub unfinished: Vec<Unfinished>,
+    pub waited_ms: u64,
+    pub note: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Finished {
+    pub child_session_key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub run_state: RunState,
+    pub announce: AnnounceState,
+    /// What its announce carried: Status / Result / Notes / Stats.
+    pub outcome: String,
+    /// The outcome was cut to fit the answer budget: its transcript has it whole
+    /// (sessions_history {sessionKey: childSessionKey}).
+    pub outcome_truncated: bool,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Unfinished {
+    pub child_session_key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub run_state: RunState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_ms: Option<i64>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelOk {
+    pub status: ListStatus,
+    pub action: CancelAction,
+    pub child_session_key: String,
+    /// After the cancel: `cancelled`, or what it had ended with; `running` while it still stops.
+    pub run_state: RunState,
+    pub announce: AnnounceState,
+    /// The sessions whose unfinished work this call stopped (the child first, then its descendants).
+    pub cancelled: Vec<String>,
+    /// It had ended before: nothing changed (cancelling again is safe).
+    pub already_ended: bool,
+    pub note: String,
+}
+
+pub fn spec() -> ToolSpec {
+    ToolSpec::of::<Params, SubagentsOk>(
+        ToolName::Subagents,
+        "Sub-agents",
+        "Manage the sub-agents you started with sessions_spawn. action \"list\": your tree with each \
+         child's runState, announce state, runtime, tokens and cost. action \"wait\": block until \
+         one (until \"any\") or all of your children finished and get their outcomes \
+         (Status/Result/Notes) inline — use this instead of polling sessions_history. action \
+         \"cancel\": stop a child (cascade: its sub-agents too).",
+        false,
+    )
+}
+
+pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<SubagentsOk> {
+    act(ctx, args).await.into()
+}
+
+async fn act(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SubagentsOk, ToolError> {
+    let mut a = super::reader(ToolName::Subagents, args)?;
+    let action = a.req_string("action", 16)?;
+    let Some((_, takes)) = ARGS.iter().find(|(name, _)| *name == action) else {
+        return Err(ToolError::invalid(format!("action {action:?} is not an action; allowed: list, wait, cancel")));
+    };
+    if let Some(other) = ARGS.iter().flat_map(|(_, names)| names.iter()).find(|n| a.has(n) && !takes.contains(n)) {
+        return Err(ToolError::invalid(format!(
+            "{other} is not an argument of action {action:?}; it takes: {}",
+            if takes.is_empty() { "nothing else".to_string() } else { takes.join(", ") }
+        )));
+    }
+    match action.as_str() {
+        "list" => list(ctx, a).map(SubagentsOk::List),
+        "wait" => wait(ctx, a).await.map(SubagentsOk::Wait),
+        _ => cancel(ctx, a).await.map(SubagentsOk::Cancel),
+    }
+}
+
+// ---- list ---------------------------------------------------------------------------------------
+
+fn list(ctx: &Ctx, mut a: ArgReader) -> Result<ListOk, ToolError> {
+    let limit = a.opt_number("limit", Bounds { min: 1, max: MAX_LIMIT })?.unwrap_or(DEFAULT_LIMIT) as usize;
+    let before = a.opt_string("cursor", 256)?.map(|c| decode_cursor(&c)).transpose()?;
+    let clamped = a.finish()?;
+    let access = ctx.access;
+    let page = access.subagent_page(ctx.caller, before, limit + 1)?;
+    let has_more = page.len() > limit;
+    let shown: Vec<&Child> = page.iter().take(limit).collect();
+    let activity = access.last_messages(&shown.iter().map(|c| c.row.clone()).collect::<Vec<_>>(), 1)?;
+    let children: Vec<ChildRow> =
+        shown.iter().zip(activity).map(|(c, last)| child_row(ctx, c, last.first().map(|m| &m.content))).collect();
+    let t = access.subagent_totals(ctx.caller)?;
+    let mut ok = ListOk {
+        status: ListStatus::Ok,
+        action: ListAction::List,
+        count: children.len(),
+        next_cursor: (has_more && !children.is_empty()).then(|| encode_cursor(shown[children.len() - 1].row.id)),
+        children,
+        totals: Totals {
+            children: t.sessions,
+            unfinished: t.unfinished,
+            tokens: Tokens { input: t.tokens_in, output: t.tokens_out, total: t.tokens_in + t.tokens_out },
+            cost: t.cost,
+        },
+        has_more,
+        limit_applied: super::limit_applied(clamped),
+    };
+    // Rows that do not fit the budget are on the next page (one row always stays).
+    let budget = access.config().tools.sessions.max_result_bytes;
+    while json_len(&ok) > budget && ok.children.len() > 1 {
+        ok.children.pop();
+        ok.count = ok.children.len();
+        ok.has_more = true;
+        ok.next_cursor = Some(encode_cursor(shown[ok.count - 1].row.id));
+    }
+    Ok(ok)
+}
+
+fn child_row(ctx: &Ctx, c: &Child, last: Option<&Value>) -> ChildRow {
+    let scope = ctx.access.scope(ctx.caller);
+    let row = &c.row;
+    ChildRow {
+        session_key: scope.display(&row.key),
+        label: row.label.clone(),
+        parent: row.spawned_by.as_ref().map(|p| scope.display(p)).unwrap_or_default(),
+        depth: row.spawn_depth,
+        agent_id: row.agent_id.to_string(),
+        model: row.model.clone(),
+        run_state: c.state,
+        announce: c.announce,
+        run_id: row.spawn_run.clone(),
+        started_at: c.started_at(),
+        ended_at: c.ended_at(),
+        runtime_ms: c.runtime_ms(),
+        tokens: Tokens { input: row.tokens_in, output: row.tokens_out, total: row.tokens_in + row.tokens_out },
+        cost: row.cost,
+        last_activity: last.map(|m| crate::sanitize::redact(&crate::sanitize::preview(m, ACTIVITY_CHARS)).0),
+    }
+}
+
+/// A list cursor: the row id to continue below.
+fn encode_cursor(id: i64) -> String {
+    URL_SAFE_NO_PAD.encode(format!("below:{id}"))
+}
+
+fn decode_cursor(raw: &str) -> Result<i64, ToolError> {
+    let bad = || ToolError::invalid("cursor is not a cursor of subagents list; pass nextCursor as it was given");
+    let bytes = URL_SAFE_NO_PAD.decode(raw).map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    text.strip_prefix("below:").and_then(|n| n.parse().ok()).ok_or_else(bad)
+}
+
+// ---- wait ---------------------------------------------------------------------------------------
+
+async fn wait(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<WaitOk, ToolError> {
+    let keys = a.opt_string_list("childSessionKeys", MAX_WAIT_CHILDREN)?;
+    let until = match a.opt_string("until", 16)?.as_deref() {
+        None | Some("any") => WaitUntil::Any,
+        Some("all") => WaitUntil::All,
+        Some(other) => return Err(ToolError::invalid(format!("until {other:?} is not allowed; allowed: any, all"))),
+    };
+    let timeout = a.opt_number("timeoutSeconds", Bounds { min: 0, max: MAX_WAIT_SECONDS })?;
+    a.finish()?;
+    let access = ctx.access;
+    let rows: Vec<SessionRow> = match keys {
+        Some(keys) if keys.is_empty() => {
+            return Err(ToolError::invalid("childSessionKeys is empty; name at least one child, or leave it out"));
+        }
+        Some(keys) => dedup_rows(keys.iter().map(|k| access.subagent(ctx.caller, "childSessionKeys", k)))?,
+        None => access.unconsumed_children(ctx.caller)?.into_iter().map(|c| c.row).collect(),
+    };
+    if rows.is_empty() {
+        return Ok(WaitOk {
+            status: WaitStatus::Ok,
+            action: WaitAction::Wait,
+            until,
+            finished: Vec::new(),
+            unfinished: Vec::new(),
+            waited_ms: 0,
+            note:
+                "You have no children whose outcome you have not read; subagents {\"action\": \"list\"} shows them all."
+                    .into(),
+        });
+    }
+    let started = std::time::Instant::now();
+    let timeout = Duration::from_secs(timeout.unwrap_or(DEFAULT_WAIT_SECONDS));
+    let engine_until = match until {
+        WaitUntil::Any => Until::Any,
+        WaitUntil::All => Until::All,
+    };
+    let Some(outcome) = ctx.engine().wait_subagents(&rows, engine_until, timeout, &ctx.cancel).await? else {
+        return Err(ToolError::error("the wait was cancelled before it returned; no outcome was consumed"));
+    };
+    Ok(wait_answer(ctx, until, outcome, started.elapsed()))
+}
+
+/// The rows of the named children, each once, in the order named.
+fn dedup_rows(rows: impl Iterator<Item = Result<SessionRow, ToolError>>) -> Result<Vec<SessionRow>, ToolError> {
+    let mut out: Vec<SessionRow> = Vec::new();
+    for row in rows {
+        let row = row?;
+        if !out.iter().any(|r| r.id == row.id) {
+            out.push(row);
+        }
+    }
+    Ok(out)
+}
+
+fn wait_answer(ctx: &Ctx, until: WaitUntil, outcome: WaitOutcome, waited: Duration) -> WaitOk {
+    let scope = ctx.access.scope(ctx.caller);
+    let finished = outcome
+        .finished
+        .iter()
+        .map(|c| Finished {
+            child_session_key: scope.display(&c.row.key),
+            label: c.row.label.clone(),
+            run_state: c.state,
+            // Returning it is what consumed it.
+            announce: if c.announce == AnnounceState::Delivered { AnnounceState::Read } else { c.announce },
+            outcome: outcome_text(c),
+            outcome_truncated: false,
+        })
+        .collect();
+    let unfinished: Vec<Unfinished> = outcome
+        .unfinished
+        .iter()
+        .map(|c| Unfinished {
+            child_session_key: scope.display(&c.row.key),
+            label: c.row.label.clone(),
+            run_state: c.state,
+            runtime_ms: c.runtime_ms(),
+        })
+        .collect();
+    let note = match (outcome.timed_out, unfinished.is_empty()) {
+        (true, _) => "Timed out with children still at work; wait again, or cancel the ones you no longer need.",
+        (false, true) => "Every child you waited for has finished.",
+        (false, false) => "Some children are still at work; wait again for the rest.",
+    };
+    let mut ok = WaitOk {
+        status: if outcome.timed_out { WaitStatus::Timeout } else { WaitStatus::Ok },
+        action: WaitAction::Wait,
+        until,
+        finished,
+        unfinished,
+        waited_ms: waited.as_millis() as u64,
+        note: note.into(),
+    };
+    fit_outcomes(&mut ok, ctx.access.config().tools.sessions.max_result_bytes);
+    ok
+}
+
+/// A finished child's outcome: the text its announce carried, or — when it stayed silent, or
+/// the announce predates the stored text — its run state.
+fn outcome_text(c: &Child) -> String {
+    if let Some(text) = c.announce_row.as_ref().and_then(|a| a.text.clone()) {
+        return text;
+    }
+    let state = serde_json::to_value(c.state).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+    match c.announce {
+        AnnounceState::Skipped => format!("Status: {state}\n(no announce: the child asked for silence)"),
+        _ => format!("Status: {state}"),
+    }
+}
+
+/// Cuts the longest outcomes until the answer fits the budget (an outcome too long for even a
+/// cut goes whole; the child's transcript keeps it).
+fn fit_outcomes(ok: &mut WaitOk, budget: usize) {
+    loop {
+        let size = json_len(ok);
+        if size <= budget {
+            return;
+        }
+        let candidates = ok.finished.iter_mut().filter(|f| !f.outcome.is_empty());
+        let Some(longest) = candidates.max_by_key(|f| f.outcome.len()) else { return };
+        let room = json_len(&longest.outcome).saturating_sub(size - budget + 64);
+        longest.outcome =
+            if room < 64 { String::new() } else { crate::sanitize::cut_to_json_len(&longest.outcome, room) };
+        longest.outcome_truncated = true;
+    }
+}
+
+// ---- cancel -------------------------------------------------------------------------------------
+
+async fn cancel(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<CancelOk, ToolError> {
+    let raw = a.req_key("childSessionKey", 512)?;
+    let cascade = a.opt_bool("cascade")?.unwrap_or(true);
+    a.finish()?;
+    let row = ctx.access.subagent(ctx.caller, "childSessionKey", &raw)?;
+    let outcome = ctx.engine().cancel_subagent(ctx.caller, row, cascade, &ctx.cancel).await?;
+    Ok(cancel_answer(ctx, outcome))
+}
+
+fn cancel_answer(ctx: &Ctx, outcome: CancelOutcome) -> CancelOk {
+    let scope = ctx.access.scope(ctx.caller);
+    let c = &outcome.child;
+    let note = if outcome.already_ended {
+        "It had already ended; nothing changed."
+    } else if c.state == RunState::Cancelled {
+        "Cancelled. Its announce (Status: cancelled) reaches you as usual."
+    } else {
+        "Cancel requested; it is still stopping. Its announce (Status: cancelled) reaches you when it has."
+    };
+    CancelOk {
+        status: ListStatus::Ok,
+        action: CancelAction::Cancel,
+        child_session_key: scope.display(&c.row.key),
+        run_state: c.state,
+        announce: c.announce,
+        cancelled: outcome.cancelled.iter().map(|k| scope.display(k)).collect(),
+        already_ended: outcome.already_ended,
+        note: note.into(),
+    }
+}

@@ -1,0 +1,400 @@
+//! The `subagents` tool over stdio and HTTP, black-box: list (the tree, run and announce state,
+//! totals, paging), wait (as soon as a child finishes, its outcome inline and read, any / all,
+//! timeout, 100 at once, through a daemon, after a dropped connection), cancel (a queued child
+//! never starts, a three-level tree with cascade leaves no process and every level cancelled,
+//! idempotent, only an ancestor), and every bad input by name.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{Client, TestEnv, assert_no_process_carries, runs_of, scripted_agent, wait_until};
+use serde_json::{Value, json};
+
+/// Children answer `RESULT: <task>` (after 1.5 s for a task with "slow", after two minutes for
+/// one with "forever"); a task `spawn <rest>` spawns a child with task `<rest>` and ends at once;
+/// the Notes step writes `NOTES: done`.
+fn script() -> Value {
+    json!({"rules": [
+        {"match": {"mode": "announce"}, "reply": "NOTES: done"},
+        {"match": {"mode": "completion"}, "reply": "noted"},
+        {"match": {"mode": "spawn", "inputRegex": "^spawn (.*)$"},
+         "call": {"tool": "sessions_spawn", "arguments": {"task": "{1}"}}, "reply": "spawned: {result}"},
+        {"match": {"input": "forever"}, "sleepMs": 120_000, "reply": "RESULT: {input}"},
+        {"match": {"input": "slow"}, "sleepMs": 1_500, "reply": "RESULT: {input}"}
+    ], "default": {"reply": "RESULT: {input}"}})
+}
+
+/// The bearer token of session main over HTTP.
+const TOKEN: &str = "main-token-0123456789";
+
+/// An env whose agent `main` runs [`script`], with `agents.defaults.subagents = subagents`, and
+/// [`TOKEN`] for main over HTTP.
+fn env_with(subagents: Value) -> TestEnv {
+    use sha2::Digest;
+    let mut env = TestEnv::new();
+    let main = scripted_agent(&env, "main", &script(), json!({}));
+    let sha = hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()));
+    env.set_config(
+        &json!({"agents": {"list": [main], "defaults": {"subagents": subagents}},
+                "server": {"tokens": [{"sha256": sha, "sessionKey": "agent:main:main"}]}})
+        .to_string(),
+    );
+    env
+}
+
+fn spawn(c: &mut Client, task: &str) -> String {
+    let r = c.call("sessions_spawn", json!({"task": task, "label": task}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    let note = r["note"].as_str().unwrap();
+    assert!(note.contains("subagents {\"action\": \"wait\"}"), "the note points at wait: {note}");
+    r["childSessionKey"].as_str().unwrap().to_string()
+}
+
+fn subagents(c: &mut Client, args: Value) -> Value {
+    c.call("subagents", args)
+}
+
+fn list(c: &mut Client) -> Value {
+    let l = subagents(c, json!({"action": "list"}));
+    assert_eq!(l["status"], "ok", "{l}");
+    l
+}
+
+fn row<'a>(list: &'a Value, key: &str) -> &'a Value {
+    list["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["sessionKey"] == key)
+        .unwrap_or_else(|| panic!("{key} in {list}"))
+}
+
+fn keys(v: &Value, field: &str, key_field: &str) -> Vec<String> {
+    v[field].as_array().unwrap().iter().map(|r| r[key_field].as_str().unwrap().to_string()).collect()
+}
+
+/// The spawn run of `key` (as the operator's `show` reports it).
+fn spawn_run(env: &TestEnv, key: &str) -> Value {
+    runs_of(&env.show(key), Some("spawn")).first().cloned().unwrap_or_else(|| panic!("a spawn run of {key}"))
+}
+
+// ---- list ---------------------------------------------------------------------------------------
+
+#[test]
+fn list_shows_the_tree_newest_first_with_run_and_announce_state_and_totals() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let quick = spawn(&mut c, "quick one");
+    let slow = spawn(&mut c, "forever one");
+    wait_until(Duration::from_secs(20), "the quick child to be announced", || {
+        (row(&list(&mut c), &quick)["announce"] == "delivered").then_some(())
+    });
+    let l = wait_until(Duration::from_secs(20), "the slow child to run", || {
+        let l = list(&mut c);
+        (row(&l, &slow)["runState"] == "running").then_some(l)
+    });
+    assert_eq!(keys(&l, "children", "sessionKey"), [slow.as_str(), quick.as_str()], "newest first: {l}");
+    let q = row(&l, &quick);
+    assert_eq!(q["runState"], "completed", "{q}");
+    assert_eq!(q["parent"], "main");
+    assert_eq!(q["depth"], 1);
+    assert_eq!(q["agentId"], "main");
+    assert_eq!(q["label"], "quick one");
+    assert!(q["startedAt"].is_i64() && q["endedAt"].is_i64() && q["runtimeMs"].is_i64(), "{q}");
+    assert!(q["lastActivity"].as_str().is_some_and(|a| !a.is_empty()), "{q}");
+    let s = row(&l, &slow);
+    assert_eq!(s["announce"], "pending", "{s}");
+    assert!(s["endedAt"].is_null() && s["runtimeMs"].is_i64(), "a running child has a runtime so far: {s}");
+    assert_eq!(l["totals"]["children"], 2, "{l}");
+    assert_eq!(l["totals"]["unfinished"], 1, "{l}");
+    assert_eq!(l["hasMore"], false);
+
+    // Paging: one row a page, the cursor continues below it, nothing twice.
+    let first = subagents(&mut c, json!({"action": "list", "limit": 1}));
+    assert_eq!(keys(&first, "children", "sessionKey"), [slow.as_str()], "{first}");
+    assert_eq!(first["hasMore"], true);
+    let next = subagents(&mut c, json!({"action": "list", "limit": 1, "cursor": first["nextCursor"]}));
+    assert_eq!(keys(&next, "children", "sessionKey"), [quick.as_str()], "{next}");
+    assert_eq!(next["hasMore"], false, "{next}");
+    c.call("subagents", json!({"action": "cancel", "childSessionKey": slow}));
+    c.close();
+}
+
+// ---- wait ---------------------------------------------------------------------------------------
+
+#[test]
+fn wait_returns_when_the_child_finishes_with_its_outcome_and_marks_it_read() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let child = spawn(&mut c, "slow task");
+    let started = Instant::now();
+    let w = subagents(&mut c, json!({"action": "wait"}));
+    let took = started.elapsed();
+    assert_eq!(w["status"], "ok", "{w}");
+    assert!(took >= Duration::from_millis(1_000), "it waited for the child: {took:?}");
+    assert_eq!(keys(&w, "finished", "childSessionKey"), [child.as_str()], "{w}");
+    let f = &w["finished"][0];
+    assert_eq!(f["runState"], "completed");
+    assert_eq!(f["announce"], "read");
+    let outcome = f["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("Status: completed successfully\nResult: RESULT: slow task\n"), "{outcome}");
+    assert!(outcome.contains("\nNotes: NOTES: done\n") && outcome.contains("Stats: runtime "), "{outcome}");
+    assert!(w["unfinished"].as_array().unwrap().is_empty());
+    // The announce is read: list says so, and a second default wait has nothing left to wait for.
+    assert_eq!(row(&list(&mut c), &child)["announce"], "read");
+    let again = subagents(&mut c, json!({"action": "wait", "timeoutSeconds": 5}));
+    assert!(again["finished"].as_array().unwrap().is_empty(), "{again}");
+    assert!(again["note"].as_str().unwrap().contains("no children"), "{again}");
+    // Naming it returns its outcome again, at once.
+    let named = subagents(&mut c, json!({"action": "wait", "childSessionKeys": [child]}));
+    assert_eq!(named["finished"][0]["outcome"], f["outcome"], "{named}");
+    c.close();
+}
+
+#[test]
+fn reading_the_announce_in_history_marks_it_read_too() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let child = spawn(&mut c, "quick");
+    wait_until(Duration::from_secs(20), "the announce", || {
+        (row(&list(&mut c), &child)["announce"] == "delivered").then_some(())
+    });
+    let h = c.call("sessions_history", json!({"sessionKey": "main"}));
+    assert!(h["messages"].as_array().unwrap().iter().any(|m| m["provenance"]["sourceTool"] == "subagent_announce"));
+    assert_eq!(row(&list(&mut c), &child)["announce"], "read");
+    c.close();
+}
+
+#[test]
+fn wait_any_all_and_timeout() {
+    let env = env_with(json!({"maxConcurrent": 4}));
+    let mut c = env.serve(None);
+    let slow = spawn(&mut c, "slow a");
+    let forever = spawn(&mut c, "forever b");
+    let both = json!([slow.clone(), forever.clone()]);
+    // any: back when the slow one finished, with the other still running.
+    let any = subagents(&mut c, json!({"action": "wait", "childSessionKeys": both, "timeoutSeconds": 60}));
+    assert_eq!(any["status"], "ok", "{any}");
+    assert_eq!(keys(&any, "finished", "childSessionKey"), [slow.as_str()], "{any}");
+    assert_eq!(keys(&any, "unfinished", "childSessionKey"), [forever.as_str()], "{any}");
+    assert_eq!(any["unfinished"][0]["runState"], "running");
+    // all: times out (not an error) with the one still running.
+    let started = Instant::now();
+    let all = c.call_result(
+        "subagents",
+        json!({"action": "wait", "childSessionKeys": both, "until": "all", "timeoutSeconds": 1}),
+    );
+    assert_eq!(all["isError"], false, "a timeout is no error: {all}");
+    let all = &all["structuredContent"];
+    assert_eq!(all["status"], "timeout", "{all}");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(keys(all, "finished", "childSessionKey"), [slow.as_str()], "{all}");
+    assert_eq!(keys(all, "unfinished", "childSessionKey"), [forever.as_str()], "{all}");
+    // timeoutSeconds 0 looks once.
+    let look = subagents(&mut c, json!({"action": "wait", "childSessionKeys": [forever], "timeoutSeconds": 0}));
+    assert_eq!(look["status"], "timeout", "{look}");
+    subagents(&mut c, json!({"action": "cancel", "childSessionKey": forever}));
+    c.close();
+}
+
+#[test]
+fn a_hundred_concurrent_waits_on_one_server_all_return_the_outcome() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let child = spawn(&mut c, "slow shared");
+    let ids: Vec<u64> = (0..100)
+        .map(|_| {
+            c.start_call("subagents", json!({"action": "wait", "childSessionKeys": [child], "timeoutSeconds": 60}))
+        })
+        .collect();
+    for id in ids {
+        let w = c.finish_call("subagents", id);
+        assert_eq!(w["status"], "ok", "{w}");
+        assert!(w["finished"][0]["outcome"].as_str().unwrap().starts_with("Status: completed successfully"), "{w}");
+    }
+    c.close();
+}
+
+#[test]
+fn a_wait_over_http_returns_the_outcome_and_a_dropped_wait_consumes_nothing() {
+    use common::http_client::Mcp;
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let token = TOKEN;
+    let mut first = Mcp::legacy(server.port, token);
+    let r = first.call("sessions_spawn", json!({"task": "slow over http"}));
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    // A wait whose client goes away before the child finishes.
+    let body = json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
+                      "params": {"name": "subagents", "arguments": {"action": "wait", "timeoutSeconds": 60}}});
+    common::http_client::abandon_request(
+        server.port,
+        token,
+        first.session.as_deref(),
+        &body,
+        Duration::from_millis(300),
+    );
+    // The child finishes while no one waits any more…
+    wait_until(Duration::from_secs(20), "the child to be announced", || {
+        let l = first.call("subagents", json!({"action": "list"}));
+        (l["children"][0]["runState"] == "completed" && l["children"][0]["announce"] != "pending").then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // …and the client reconnects (a new MCP session) and waits: the outcome is still there.
+    let mut second = Mcp::legacy(server.port, token);
+    let w = second.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
+    assert_eq!(keys(&w, "finished", "childSessionKey"), [child.as_str()], "{w}");
+    assert!(w["finished"][0]["outcome"].as_str().unwrap().contains("Result: RESULT: slow over http"), "{w}");
+}
+
+// ---- cancel -------------------------------------------------------------------------------------
+
+#[test]
+fn cancel_with_cascade_stops_a_three_level_tree_leaving_no_process_and_every_level_cancelled() {
+    let env = env_with(json!({"maxSpawnDepth": 3}));
+    let mut c = env.serve(None);
+    let top = spawn(&mut c, "spawn spawn forever leaf");
+    let tree = wait_until(Duration::from_secs(30), "three levels, the leaf running", || {
+        let l = list(&mut c);
+        let rows = l["children"].as_array().unwrap().clone();
+        (rows.len() == 3 && rows.iter().any(|r| r["depth"] == 3 && r["runState"] == "running")).then_some(rows)
+    });
+    let run_ids: Vec<String> = tree.iter().map(|r| r["runId"].as_str().unwrap().to_string()).collect();
+    let by_depth = |d: i64| tree.iter().find(|r| r["depth"] == d).unwrap()["sessionKey"].as_str().unwrap().to_string();
+    assert_eq!(by_depth(1), top);
+    for d in [1, 2] {
+        assert_eq!(
+            tree.iter().find(|r| r["depth"] == d).unwrap()["runState"],
+            "waiting",
+            "an orchestrator waits: {tree:?}"
+        );
+    }
+
+    let x = subagents(&mut c, json!({"action": "cancel", "childSessionKey": top}));
+    assert_eq!(x["status"], "ok", "{x}");
+    assert_eq!(x["runState"], "cancelled", "{x}");
+    assert_eq!(x["alreadyEnded"], false);
+    assert_eq!(x["cancelled"].as_array().unwrap().len(), 3, "{x}");
+    assert_no_process_carries(&run_ids, Duration::from_secs(10));
+    let l = list(&mut c);
+    for r in l["children"].as_array().unwrap() {
+        assert_eq!(r["runState"], "cancelled", "every level: {l}");
+    }
+    assert_eq!(spawn_run(&env, &by_depth(3))["status"], "cancelled", "the running leaf's run");
+    assert_eq!(l["totals"]["unfinished"], 0, "{l}");
+    // Main hears of its own child only, as cancelled.
+    let w = subagents(&mut c, json!({"action": "wait", "childSessionKeys": [top]}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("Status: cancelled\n"), "{outcome}");
+    let h = c.call("sessions_history", json!({"sessionKey": "main"}));
+    let announces: Vec<&Value> = h["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["provenance"]["sourceTool"] == "subagent_announce")
+        .collect();
+    assert_eq!(announces.len(), 1, "{announces:?}");
+    // Cancelling again answers what it ended with.
+    let again = subagents(&mut c, json!({"action": "cancel", "childSessionKey": top}));
+    assert_eq!(again["alreadyEnded"], true, "{again}");
+    assert_eq!(again["runState"], "cancelled");
+    assert!(again["cancelled"].as_array().unwrap().is_empty());
+    env.wait_idle(Duration::from_secs(15));
+    c.close();
+}
+
+#[test]
+fn a_queued_child_cancelled_never_starts_and_a_running_one_stops() {
+    let env = env_with(json!({"maxConcurrent": 1}));
+    let mut c = env.serve(None);
+    let running = spawn(&mut c, "forever first");
+    let queued = spawn(&mut c, "quick second");
+    wait_until(Duration::from_secs(20), "the first to run", || {
+        (row(&list(&mut c), &running)["runState"] == "running").then_some(())
+    });
+    assert_eq!(row(&list(&mut c), &queued)["runState"], "queued");
+    let x = subagents(&mut c, json!({"action": "cancel", "childSessionKey": queued}));
+    assert_eq!(x["runState"], "cancelled", "{x}");
+    let run = spawn_run(&env, &queued);
+    assert_eq!(run["status"], "cancelled", "{run}");
+    assert!(run["startedAt"].is_null(), "it never started: {run}");
+    let x = subagents(&mut c, json!({"action": "cancel", "childSessionKey": running, "cascade": false}));
+    assert_eq!(x["runState"], "cancelled", "{x}");
+    assert_eq!(spawn_run(&env, &running)["status"], "cancelled");
+    let w = subagents(&mut c, json!({"action": "wait", "until": "all", "timeoutSeconds": 10}));
+    assert_eq!(w["status"], "ok", "{w}");
+    for f in w["finished"].as_array().unwrap() {
+        assert!(f["outcome"].as_str().unwrap().starts_with("Status: cancelled\n"), "{f}");
+    }
+    env.wait_idle(Duration::from_secs(15));
+    c.close();
+}
+
+#[test]
+fn a_key_outside_the_callers_tree_gets_the_same_bytes_as_one_that_does_not_exist() {
+    let other_child = "agent:main:subagent:0a1b2c3d-4e5f-4a6b-8c7d-8e9f0a1b2c3d";
+    let answers = |seeded: bool| -> Vec<String> {
+        let env = env_with(json!({}));
+        if seeded {
+            env.seed(json!({"sessions": [{"key": "agent:main:other"},
+                                         {"key": other_child, "spawnedBy": "agent:main:other"}]}));
+        }
+        let mut c = env.serve(None);
+        let out = [
+            json!({"action": "cancel", "childSessionKey": other_child}),
+            json!({"action": "wait", "childSessionKeys": [other_child]}),
+            json!({"action": "cancel", "childSessionKey": "main"}),
+        ]
+        .into_iter()
+        .map(|args| c.call_result("subagents", args)["content"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+        c.close();
+        out
+    };
+    let (seeded, absent) = (answers(true), answers(false));
+    assert_eq!(seeded, absent);
+    assert!(seeded[0].contains("\"status\":\"not_found\"") && seeded[0].contains("Sub-agent not found"), "{seeded:?}");
+}
+
+// ---- bad input ----------------------------------------------------------------------------------
+
+#[test]
+fn bad_input_is_refused_by_name_and_changes_nothing() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    for (args, says) in [
+        (json!({}), "action"),
+        (json!({"action": "stop"}), "action \"stop\" is not an action; allowed: list, wait, cancel"),
+        (json!({"action": "list", "childSessionKey": "x"}), "childSessionKey is not an argument of action \"list\""),
+        (json!({"action": "wait", "cascade": true}), "cascade is not an argument of action \"wait\""),
+        (json!({"action": "list", "cursor": "nope"}), "cursor is not a cursor"),
+        (json!({"action": "list", "limit": 0}), "limit must be at least 1"),
+        (json!({"action": "wait", "childSessionKeys": []}), "childSessionKeys is empty"),
+        (json!({"action": "wait", "until": "some"}), "until \"some\" is not allowed; allowed: any, all"),
+        (json!({"action": "wait", "timeoutSeconds": -1}), "timeoutSeconds must not be negative"),
+        (json!({"action": "cancel"}), "childSessionKey"),
+        (json!({"action": "list", "bogus": 1}), "unknown argument \"bogus\""),
+    ] {
+        let r = c.call("subagents", args.clone());
+        assert_eq!(r["status"], "invalid", "{args} → {r}");
+        assert!(r["error"].as_str().unwrap().contains(says), "{args} → {r}");
+    }
+    let clamped = subagents(&mut c, json!({"action": "list", "limit": 1000}));
+    assert_eq!(clamped["limitApplied"]["limit"], 100, "{clamped}");
+    assert_eq!(env.unfinished_runs(), 0);
+    c.close();
+}
+
+#[test]
+fn the_tool_is_listed_with_its_schemas_and_its_description_points_at_wait() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let tools = c.request("tools/list", json!({}));
+    let tool = tools["result"]["tools"].as_array().unwrap().iter().find(|t| t["name"] == "subagents").cloned();
+    let tool = tool.unwrap_or_else(|| panic!("subagents in {tools}"));
+    assert_eq!(tool["inputSchema"]["required"], json!(["action"]), "{tool}");
+    assert!(tool["outputSchema"].is_object(), "{tool}");
+    assert!(tool["description"].as_str().unwrap().contains("instead of polling"), "{tool}");
+    c.close();
+}
