@@ -84,6 +84,7 @@ pub enum SourceTool {
     SessionsSpawn,
     SubagentAnnounce,
     Inject,
+    Subagents,
 }
 
 impl SourceTool {
@@ -93,6 +94,7 @@ impl SourceTool {
             SourceTool::SessionsSpawn => "sessions_spawn",
             SourceTool::SubagentAnnounce => "subagent_announce",
             SourceTool::Inject => "inject",
+            SourceTool::Subagents => "subagents",
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod inject;
 pub mod scheduler;
 pub mod send;
 pub mod spawn;
+pub mod steer;
 mod steps;
 pub mod subagents;
 mod turn;

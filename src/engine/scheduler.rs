@@ -12,19 +12,19 @@
 
 pub mod link;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::Access;
 use crate::config::Config;
-use crate::runner::Runner;
+use crate::runner::{Runner, Steer};
 use crate::store::{CancelRequest, Caps, RunRow, Store, StoreError};
 
 /// How long a waiter sleeps between looks at a run row when no wake came.
@@ -77,6 +77,10 @@ pub struct Scheduler {
     active: Mutex<HashMap<String, CancellationToken>>,
     /// Streamed text of running runs, for waiters in this process.
     progress: Mutex<HashMap<String, broadcast::Sender<String>>>,
+    /// Where a running run of this process takes steers ([`crate::engine::steer`]).
+    pub(super) steers: Mutex<HashMap<String, mpsc::UnboundedSender<Steer>>>,
+    /// Steers offered to a running run and not settled yet.
+    pub(super) offered: Mutex<HashSet<i64>>,
     /// Stop claiming new runs (shutdown or hand-over).
     stop_claiming: CancellationToken,
     shutting_down: AtomicBool,
@@ -127,6 +131,8 @@ impl Scheduler {
             woken: watch::Sender::new(0),
             active: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
+            steers: Mutex::new(HashMap::new()),
+            offered: Mutex::new(HashSet::new()),
             stop_claiming: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),
             socket: Mutex::new(None),
@@ -263,6 +269,7 @@ impl Scheduler {
                 continue;
             } else if !self.stop_claiming.is_cancelled() {
                 self.stop_flagged();
+                crate::engine::steer::offer_pending(&self);
                 self.claim_all();
                 crate::engine::deliver_due(&self).await;
                 if last_renew.elapsed() > Duration::from_secs(5) {
@@ -336,8 +343,10 @@ impl Scheduler {
                     self.active.lock().expect("active").insert(run.run_id.clone(), token.clone());
                     let (tx, _) = broadcast::channel(256);
                     self.progress.lock().expect("progress").insert(run.run_id.clone(), tx);
+                    let (steer_tx, steers) = mpsc::unbounded_channel();
+                    self.steers.lock().expect("steers").insert(run.run_id.clone(), steer_tx);
                     self.wake();
-                    tokio::spawn(self.clone().execute(run, input_seq, token));
+                    tokio::spawn(self.clone().execute(run, input_seq, token, steers));
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -348,7 +357,13 @@ impl Scheduler {
         }
     }
 
-    async fn execute(self: Arc<Self>, run: RunRow, input_seq: i64, cancel: CancellationToken) {
+    async fn execute(
+        self: Arc<Self>,
+        run: RunRow,
+        input_seq: i64,
+        cancel: CancellationToken,
+        steers: mpsc::UnboundedReceiver<Steer>,
+    ) {
         let run_id = run.run_id.clone();
         let progress = self.progress.lock().expect("progress").get(&run_id).cloned();
         let on_delta = move |text: &str| {
@@ -356,9 +371,10 @@ impl Scheduler {
                 let _ = tx.send(text.to_string());
             }
         };
-        let finished = crate::engine::run_turn(&self, &run, input_seq, cancel, &on_delta).await;
+        let finished = crate::engine::run_turn(&self, &run, input_seq, cancel, &on_delta, steers).await;
         self.active.lock().expect("active").remove(&run_id);
         self.progress.lock().expect("progress").remove(&run_id);
+        self.steers.lock().expect("steers").remove(&run_id);
         match finished {
             Ok(outcome) => crate::engine::take_steps(&self, &run, &outcome),
             Err(e) => tracing::error!(run = %run_id, error = %e, "recording a run failed"),

@@ -447,6 +447,15 @@ fn child_result(rt: &Scheduler, child: &SessionRow, reply: Option<&str>) -> Resu
         .unwrap_or_default())
 }
 
+/// The reply to the child's task: its last steer turn's, else its spawn run's (a completion run
+/// that read a grandchild's result does not replace it).
+fn task_reply(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow) -> Result<Option<String>, StoreError> {
+    Ok(match rt.store.last_work_run(child.id)? {
+        Some(turn) if turn.mode == RunMode::Steer => turn.reply,
+        _ => spawn_run.reply.clone(),
+    })
+}
+
 /// After a run in a sub-agent session: announce when its work (and its children's) is done.
 pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     let store = &rt.store;
@@ -456,10 +465,13 @@ pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
     if child.cancelled_at.is_some() {
         return announce_cancelled(rt, &child, &spawn_run);
     }
+    if store.active_run_of(child.id)?.is_some() {
+        return Ok(()); // a later turn of the child (a steer, a completion) announces when it ends
+    }
     if run.mode == RunMode::Announce {
         // The Notes step ended: announce with its reply (ANNOUNCE_SKIP adds nothing).
         let notes = result.reply.as_deref().filter(|r| !is_skip(r));
-        let result_text = child_result(rt, &child, spawn_run.reply.as_deref())?;
+        let result_text = child_result(rt, &child, task_reply(rt, &child, &spawn_run)?.as_deref())?;
         return announce(rt, &child, &spawn_run, &result_text, notes);
     }
     let reply = if run.mode == RunMode::Spawn { spawn_run.reply.clone() } else { result.reply.clone() };
@@ -490,7 +502,7 @@ pub fn announce_cancelled(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow
     if child.announced_at.is_some() || rt.store.active_run_of(child.id)?.is_some() {
         return Ok(()); // announced already, or the run still stopping announces when it ends
     }
-    let result_text = child_result(rt, child, spawn_run.reply.as_deref())?;
+    let result_text = child_result(rt, child, task_reply(rt, child, spawn_run)?.as_deref())?;
     let status_run = RunRow { status: RunStatus::Cancelled, ..spawn_run.clone() };
     announce(rt, child, &status_run, &result_text, None)
 }

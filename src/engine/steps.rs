@@ -56,7 +56,7 @@ fn after_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), St
             spawn::after_child_run(rt, run, result)
         }
         RunMode::Announce => announce_delivery(rt, run, result),
-        RunMode::Spawn => spawn::after_child_run(rt, run, result),
+        RunMode::Spawn | RunMode::Steer => spawn::after_child_run(rt, run, result),
         RunMode::Completion => {
             spawn::completion_read(rt, run, result)?;
             completion_delivery(rt, run, result).and_then(|_| spawn::after_child_run(rt, run, result))

@@ -163,6 +163,7 @@ pub async fn run_turn(
     input_seq: i64,
     cancel: CancellationToken,
     on_delta: &(dyn Fn(&str) + Send + Sync),
+    steers: tokio::sync::mpsc::UnboundedReceiver<crate::runner::Steer>,
 ) -> Result<TurnResult, StoreError> {
     let store = &rt.store;
     let config = &rt.config;
@@ -266,6 +267,7 @@ pub async fn run_turn(
         let workdir = spec.workdir.clone();
         Launch { run_id: run.run_id.clone(), program: spec.command.clone(), args: argv, env, workdir, uid_gid: None }
     };
+    drop(steers);
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &Hooks { on_spawn: &on_spawn, on_delta }).await;
     let status = match outcome.status {
         RunStatus::Cancelled if rt.shutting_down() => RunStatus::Interrupted,

@@ -30,6 +30,13 @@ pub use spec::{RunnerSpec, resolve_runner};
 
 use adapters::Decoder;
 
+/// A message for the running turn; `taken` answers whether it was written into the turn (true)
+/// or the agent cannot take one now (false: not declared, stdin closed, after final, run ending).
+pub struct Steer {
+    pub text: String,
+    pub taken: tokio::sync::oneshot::Sender<bool>,
+}
+
 /// What one run produced.
 #[derive(Debug, Clone)]
 pub struct Outcome {

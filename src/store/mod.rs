@@ -17,6 +17,7 @@ mod schema;
 mod seed;
 mod sessions;
 mod spawn;
+mod steer;
 mod subagents;
 mod tokens;
 mod tx;
@@ -37,6 +38,7 @@ pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, RunMode, RunRow, RunSt
 pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub use spawn::SpawnCounts;
+pub use steer::{NewSteer, SteerRow, SteerState};
 pub use subagents::{AnnounceRow, SubtreeCancel, TreeTotals};
 pub use tokens::{TokenRow, sha256_hex};
 pub use tx::{AttachmentReceipt, Tx};

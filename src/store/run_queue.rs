@@ -87,6 +87,8 @@ pub enum RunMode {
     Spawn,
     Completion,
     Inject,
+    /// A steer that the child's running turn could not take: the child's next turn.
+    Steer,
 }
 
 impl RunMode {
@@ -98,11 +100,12 @@ impl RunMode {
             Self::Spawn => "spawn",
             Self::Completion => "completion",
             Self::Inject => "inject",
+            Self::Steer => "steer",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Send, Self::Reply, Self::Announce, Self::Spawn, Self::Completion, Self::Inject]
+        [Self::Send, Self::Reply, Self::Announce, Self::Spawn, Self::Completion, Self::Inject, Self::Steer]
             .into_iter()
             .find(|m| m.as_str() == s)
     }

@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -254,4 +254,23 @@ ALTER TABLE sessions ADD COLUMN cli_usage_total TEXT;
 const V4: &str = r#"
 ALTER TABLE deliveries ADD COLUMN read_at INTEGER;
 ALTER TABLE sessions ADD COLUMN cancelled_at INTEGER;
+"#;
+
+/// Version 5: steering a running child (`subagents` steer). A steer is offered to the child's
+/// running run first; its owner decides whether the agent took it (`steered`: the message is in
+/// the transcript) or not (`queued`: it became the child's next turn), once.
+const V5: &str = r#"
+CREATE TABLE steers (
+    id          INTEGER PRIMARY KEY,
+    session     INTEGER NOT NULL REFERENCES sessions (id),
+    run_id      TEXT,
+    requester   TEXT NOT NULL,
+    text        TEXT NOT NULL,
+    provenance  TEXT,
+    state       TEXT NOT NULL CHECK (state IN ('pending', 'steered', 'queued')),
+    queued_run  TEXT,
+    created_at  INTEGER NOT NULL,
+    decided_at  INTEGER
+);
+CREATE INDEX steers_pending ON steers (run_id) WHERE state = 'pending';
 "#;

@@ -136,10 +136,10 @@ impl Store {
         self.newest_run_where(session, "r.status IN ('queued', 'running')", "r.status = 'running' DESC, r.created_at")
     }
 
-    /// A child's last run of its own work (its spawn run, or a completion run that read its
-    /// children's results): its status is the one the announce carries.
+    /// A child's last run of its own work (its spawn run, a completion run that read its
+    /// children's results, a steer turn): its status is the one the announce carries.
     pub fn last_work_run(&self, session: i64) -> Result<Option<RunRow>> {
-        self.newest_run_where(session, "r.mode IN ('spawn', 'completion')", "r.created_at DESC, r.rowid DESC")
+        self.newest_run_where(session, "r.mode IN ('spawn', 'completion', 'steer')", "r.created_at DESC, r.rowid DESC")
     }
 
     fn newest_run_where(&self, session: i64, filter: &str, order: &str) -> Result<Option<RunRow>> {

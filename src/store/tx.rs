@@ -51,6 +51,16 @@ impl Tx<'_> {
         Ok(super::ledger::add_delivery(self.tx, d, None)?)
     }
 
+    /// Records a steer; returns its id.
+    pub fn add_steer(&self, s: &super::NewSteer) -> Result<i64> {
+        Ok(super::steer::add_steer(self.tx, s)?)
+    }
+
+    /// Settles a pending steer (`steered`, or `queued` as `queued_run`): false when it was already.
+    pub fn settle_steer(&self, id: i64, state: super::SteerState, queued_run: Option<&str>) -> Result<bool> {
+        Ok(super::steer::settle_steer(self.tx, id, state, queued_run)?)
+    }
+
     /// Records a child's announce with the text it carried (`subagents` wait returns it), once.
     pub fn add_announce(&self, d: &NewDelivery, text: &str) -> Result<bool> {
         Ok(super::ledger::add_delivery(self.tx, d, Some(text))?)

@@ -60,6 +60,12 @@ impl ArgReader {
         self.args.remove(name).filter(|v| !v.is_null())
     }
 
+    /// The arguments not read yet, under their camelCase names (what an idempotency key
+    /// fingerprints, read before the first field).
+    pub fn raw(&self) -> Value {
+        Value::Object(self.args.clone())
+    }
+
     /// Whether the caller passed `name` at all (before it is read).
     pub fn has(&self, name: &str) -> bool {
         self.args.get(name).is_some_and(|v| !v.is_null())

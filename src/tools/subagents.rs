@@ -7,6 +7,8 @@
 //!   finished child's outcome inline (the announce's Status / Result / Notes / Stats), which
 //!   marks that announce `read`; on timeout `status: "timeout"` with what still runs.
 //! - `cancel`: stops a child's work (and with `cascade` its descendants'), answers how it ended.
+//! - `steer`: a message for a running child: into its running turn when its agent can take it,
+//!   else as its next turn (`targetDisposition: "steered" | "queued"`).
 //!
 //! The tool resolves every key among the caller's descendants (`Access::subagent`): any other key
 //! is answered exactly as one that does not exist.
@@ -22,6 +24,7 @@ use serde_json::{Map, Value};
 use super::args::{ArgReader, Bounds};
 use super::{Ctx, Output, ToolError, ToolSpec};
 use crate::access::{AnnounceState, Child, RunState, SessionRow};
+use crate::engine::steer::{Disposition, SteerRequest};
 use crate::engine::subagents::{CancelOutcome, Until, WaitOutcome};
 use crate::policy::ToolName;
 use crate::sanitize::json_len;
@@ -39,7 +42,7 @@ const ACTIVITY_CHARS: usize = 160;
 #[serde(rename_all = "camelCase")]
 #[allow(dead_code)]
 pub struct Params {
-    /// list | wait | cancel (required).
+    /// list | wait | cancel | steer (required).
     action: Action,
     /// list: rows per page (1-100, default 20; larger values are clamped and reported in limitApplied).
     #[schemars(range(min = 1))]
@@ -53,10 +56,14 @@ pub struct Params {
     /// wait: how long to wait, in seconds (default 30, 0 = look once and return, at most 600).
     #[schemars(range(min = 0))]
     timeout_seconds: Option<f64>,
-    /// cancel: the sub-agent to cancel (its session key).
+    /// cancel, steer: the sub-agent (its session key).
     child_session_key: Option<String>,
     /// cancel: also cancel its own sub-agents (default true).
     cascade: Option<bool>,
+    /// steer: what to tell the running sub-agent (non-empty, at most 64 KiB).
+    message: Option<String>,
+    /// steer: pass the same key again to get the first steer's answer instead of steering twice.
+    idempotency_key: Option<String>,
 }
 
 #[derive(JsonSchema)]
@@ -66,6 +73,7 @@ enum Action {
     List,
     Wait,
     Cancel,
+    Steer,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
@@ -76,10 +84,11 @@ pub enum WaitUntil {
 }
 
 /// Which arguments each action takes; any other is refused naming the action.
-const ARGS: [(&str, &[&str]); 3] = [
+const ARGS: [(&str, &[&str]); 4] = [
     ("list", &["limit", "cursor"]),
     ("wait", &["childSessionKeys", "until", "timeoutSeconds"]),
     ("cancel", &["childSessionKey", "cascade"]),
+    ("steer", &["childSessionKey", "message", "idempotencyKey"]),
 ];
 
 /// A `subagents` answer: one shape per action.
@@ -89,6 +98,7 @@ pub enum SubagentsOk {
     List(ListOk),
     Wait(WaitOk),
     Cancel(CancelOk),
+    Steer(SteerOk),
 }
 
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
@@ -107,6 +117,12 @@ pub enum WaitAction {
 #[serde(rename_all = "lowercase")]
 pub enum CancelAction {
     Cancel,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SteerAction {
+    Steer,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
@@ -254,6 +270,29 @@ pub struct CancelOk {
     pub note: String,
 }
 
+/// Where a steer went (the reference's `targetDisposition`).
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetDisposition {
+    /// Into the running turn: the agent acts on it now; the message is in its transcript.
+    Steered,
+    /// Its agent cannot take it mid-turn (or nothing runs): it is the child's next turn.
+    Queued,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SteerOk {
+    pub status: ListStatus,
+    pub action: SteerAction,
+    pub child_session_key: String,
+    pub target_disposition: TargetDisposition,
+    /// The run that took it, or the run it became.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    pub note: String,
+}
+
 pub fn spec() -> ToolSpec {
     ToolSpec::of::<Params, SubagentsOk>(
         ToolName::Subagents,
@@ -262,7 +301,8 @@ pub fn spec() -> ToolSpec {
          child's runState, announce state, runtime, tokens and cost. action \"wait\": block until \
          one (until \"any\") or all of your children finished and get their outcomes \
          (Status/Result/Notes) inline — use this instead of polling sessions_history. action \
-         \"cancel\": stop a child (cascade: its sub-agents too).",
+         \"cancel\": stop a child (cascade: its sub-agents too). action \"steer\": add instructions \
+         to a running child (into its current turn when its agent supports it, else its next turn).",
         false,
     )
 }
@@ -275,7 +315,9 @@ async fn act(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<Subagent
     let mut a = super::reader(ToolName::Subagents, args)?;
     let action = a.req_string("action", 16)?;
     let Some((_, takes)) = ARGS.iter().find(|(name, _)| *name == action) else {
-        return Err(ToolError::invalid(format!("action {action:?} is not an action; allowed: list, wait, cancel")));
+        return Err(ToolError::invalid(format!(
+            "action {action:?} is not an action; allowed: list, wait, cancel, steer"
+        )));
     };
     if let Some(other) = ARGS.iter().flat_map(|(_, names)| names.iter()).find(|n| a.has(n) && !takes.contains(n)) {
         return Err(ToolError::invalid(format!(
@@ -286,7 +328,8 @@ async fn act(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<Subagent
     match action.as_str() {
         "list" => list(ctx, a).map(SubagentsOk::List),
         "wait" => wait(ctx, a).await.map(SubagentsOk::Wait),
-        _ => cancel(ctx, a).await.map(SubagentsOk::Cancel),
+        "cancel" => cancel(ctx, a).await.map(SubagentsOk::Cancel),
+        _ => steer(ctx, a).await.map(SubagentsOk::Steer),
     }
 }
 
@@ -524,4 +567,46 @@ fn cancel_answer(ctx: &Ctx, outcome: CancelOutcome) -> CancelOk {
         already_ended: outcome.already_ended,
         note: note.into(),
     }
+}
+
+// ---- steer --------------------------------------------------------------------------------------
+
+async fn steer(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<SteerOk, ToolError> {
+    let raw = a.raw();
+    let key = a.req_key("childSessionKey", 512)?;
+    let message = a.req_string("message", super::sessions_spawn::MAX_TASK_BYTES)?;
+    let idempotency_key = a.opt_string("idempotencyKey", 256)?;
+    a.finish()?;
+    let row = ctx.access.subagent(ctx.caller, "childSessionKey", &key)?;
+    let child = ctx.access.child(row)?;
+    let display = ctx.access.scope(ctx.caller).display(&child.row.key);
+    // A retry of a steer that was made re-attaches to it whatever the child did since.
+    let retry = match &idempotency_key {
+        Some(k) => ctx.access.idempotency(&ctx.caller.key, k)?.is_some(),
+        None => false,
+    };
+    if child.state.is_finished() && !retry {
+        let state = serde_json::to_value(child.state).unwrap_or_default();
+        return Err(ToolError::invalid(format!(
+            "childSessionKey {display} has ended ({}); steer reaches only unfinished sub-agents — send it a message with sessions_send, or spawn a new one",
+            state.as_str().unwrap_or_default()
+        )));
+    }
+    let request = SteerRequest { text: &message, idempotency_key: idempotency_key.as_deref(), raw: &raw };
+    let steered = ctx.engine().steer_subagent(ctx.caller, &child, &request, &ctx.cancel).await?;
+    let (target_disposition, note) = match steered.disposition {
+        Disposition::Steered => (TargetDisposition::Steered, "Delivered into its running turn; it acts on it now."),
+        Disposition::Queued => (
+            TargetDisposition::Queued,
+            "Its agent cannot take a message mid-turn (or no turn runs): it is the child's next turn, and the child announces after it.",
+        ),
+    };
+    Ok(SteerOk {
+        status: ListStatus::Ok,
+        action: SteerAction::Steer,
+        child_session_key: display,
+        target_disposition,
+        run_id: steered.run_id,
+        note: note.into(),
+    })
 }

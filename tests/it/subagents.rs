@@ -357,6 +357,50 @@ fn a_key_outside_the_callers_tree_gets_the_same_bytes_as_one_that_does_not_exist
     assert!(seeded[0].contains("\"status\":\"not_found\"") && seeded[0].contains("Sub-agent not found"), "{seeded:?}");
 }
 
+// ---- steer --------------------------------------------------------------------------------------
+
+#[test]
+fn a_steer_an_agent_cannot_take_mid_turn_becomes_the_childs_next_turn_and_its_result() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let child = spawn(&mut c, "slow first part");
+    wait_until(Duration::from_secs(20), "the child to run", || {
+        (row(&list(&mut c), &child)["runState"] == "running").then_some(())
+    });
+    let s = subagents(
+        &mut c,
+        json!({"action": "steer", "childSessionKey": child, "message": "second part",
+                                     "idempotencyKey": "steer-1"}),
+    );
+    assert_eq!(s["status"], "ok", "{s}");
+    assert_eq!(s["targetDisposition"], "queued", "the scripted agent declares no steer: {s}");
+    // A retry with the same key steers nothing twice.
+    let again = subagents(
+        &mut c,
+        json!({"action": "steer", "childSessionKey": child, "message": "second part",
+                                         "idempotencyKey": "steer-1"}),
+    );
+    assert_eq!(again["runId"], s["runId"], "{again}");
+    let w = subagents(&mut c, json!({"action": "wait", "timeoutSeconds": 60}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap();
+    assert!(
+        outcome.starts_with("Status: completed successfully\nResult: RESULT: second part\n"),
+        "after its last turn: {outcome}"
+    );
+    let show = env.show(&child);
+    let turns = runs_of(&show, Some("steer"));
+    assert_eq!(turns.len(), 1, "one steer turn: {}", show["runs"]);
+    let steer_msg = show["messages"].as_array().unwrap().iter().find(|m| m["provenance"]["sourceTool"] == "subagents");
+    let steer_msg = steer_msg.unwrap_or_else(|| panic!("the steer in the transcript: {}", show["messages"]));
+    assert_eq!(steer_msg["provenance"]["kind"], "inter_session", "{steer_msg}");
+    assert_eq!(steer_msg["provenance"]["sourceSessionKey"], "agent:main:main", "{steer_msg}");
+    // An ended child takes no steer.
+    let ended = subagents(&mut c, json!({"action": "steer", "childSessionKey": child, "message": "more"}));
+    assert_eq!(ended["status"], "invalid", "{ended}");
+    assert!(ended["error"].as_str().unwrap().contains("has ended (completed)"), "{ended}");
+    c.close();
+}
+
 // ---- bad input ----------------------------------------------------------------------------------
 
 #[test]
@@ -365,7 +409,9 @@ fn bad_input_is_refused_by_name_and_changes_nothing() {
     let mut c = env.serve(None);
     for (args, says) in [
         (json!({}), "action"),
-        (json!({"action": "stop"}), "action \"stop\" is not an action; allowed: list, wait, cancel"),
+        (json!({"action": "stop"}), "action \"stop\" is not an action; allowed: list, wait, cancel, steer"),
+        (json!({"action": "steer", "childSessionKey": "x"}), "message"),
+        (json!({"action": "cancel", "message": "x"}), "message is not an argument of action \"cancel\""),
         (json!({"action": "list", "childSessionKey": "x"}), "childSessionKey is not an argument of action \"list\""),
         (json!({"action": "wait", "cascade": true}), "cascade is not an argument of action \"wait\""),
         (json!({"action": "list", "cursor": "nope"}), "cursor is not a cursor"),

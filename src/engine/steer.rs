@@ -1,0 +1,232 @@
+//! Steering a child (`subagents` steer): a message from an ancestor for the child's work now.
+//!
+//! Any process records the steer. When the child has a running run, the steer is `pending` for
+//! that run, and the owner — the one process that runs it — offers it to the turn
+//! ([`crate::runner::Steer`]): an agent that declared it can take steers gets it on stdin and the
+//! message joins the transcript (`steered`); otherwise it becomes the child's next turn
+//! (`queued`, a run of mode `steer`). Without a running run it is queued at once. Settling is a
+//! compare-and-set on `pending`, so a requester that waited in vain for the owner and queues it
+//! itself can never race the owner into both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::chain::{Provenance, SourceTool};
+use super::scheduler::Scheduler;
+use super::{Engine, step_id};
+use crate::access::caller::Caller;
+use crate::access::{Child, RunStatus, ToolError};
+use crate::runner::Steer;
+use crate::store::{NewMessage, NewRun, NewSteer, RunMode, RunRow, SteerRow, SteerState, StoreError};
+
+/// How long a steer call waits for the owner to say whether the running turn took it.
+const DECISION_WAIT: Duration = Duration::from_secs(5);
+
+/// What became of a steer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Written into the running turn; the message is in the child's transcript.
+    Steered,
+    /// The child's next turn.
+    Queued,
+}
+
+/// A steer the engine recorded, or the earlier one its idempotency key names.
+#[derive(Debug)]
+pub struct Steered {
+    pub disposition: Disposition,
+    /// The child's run that took it, or the run it became.
+    pub run_id: Option<String>,
+}
+
+/// What a caller asks to steer (validated by the tool).
+pub struct SteerRequest<'a> {
+    pub text: &'a str,
+    pub idempotency_key: Option<&'a str>,
+    /// The arguments as given: a key re-attaches only to the same ones.
+    pub raw: &'a Value,
+}
+
+impl Engine<'_> {
+    /// Steers `child` (an unfinished descendant the façade resolved): offered to its running
+    /// turn, else queued as its next turn. Waits a bounded time for the owner's decision.
+    pub async fn steer_subagent(
+        &self,
+        caller: &Caller,
+        child: &Child,
+        req: &SteerRequest<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Steered, ToolError> {
+        let access = self.access;
+        access.check_can_act(caller)?;
+        let rt = self.runtime("subagents")?;
+        let args_hash = crate::store::sha256_hex(&req.raw.to_string());
+        let id = match super::chain::replay(access, caller, req.idempotency_key, &args_hash, "steer")? {
+            Some(hit) => hit.result.as_ref().and_then(|r| r["steerId"].as_i64()).ok_or_else(|| {
+                ToolError::invalid("idempotencyKey names an earlier call that was not a steer; use a new key")
+            })?,
+            None => record(rt, caller, child, req, &args_hash)?,
+        };
+        rt.wake();
+        let decided = rt
+            .wait_for(DECISION_WAIT, cancel, || -> Result<Option<SteerRow>, StoreError> {
+                Ok(rt.store.steer(id)?.filter(|s| s.state != SteerState::Pending))
+            })
+            .await?;
+        let steer = match decided {
+            super::scheduler::Waited::Finished(steer) => steer,
+            // No owner decided in time (none runs, or it is busy): the requester queues it.
+            _ => {
+                let pending = rt.store.steer(id)?.ok_or_else(|| ToolError::error("the steer vanished"))?;
+                settle(rt, &pending, false)?;
+                rt.store.steer(id)?.ok_or_else(|| ToolError::error("the steer vanished"))?
+            }
+        };
+        Ok(match steer.state {
+            SteerState::Steered => Steered { disposition: Disposition::Steered, run_id: steer.run_id },
+            _ => Steered { disposition: Disposition::Queued, run_id: steer.queued_run },
+        })
+    }
+}
+
+/// Records the steer: pending for the child's running run, or queued as its next turn.
+fn record(
+    rt: &Scheduler,
+    caller: &Caller,
+    child: &Child,
+    req: &SteerRequest,
+    args_hash: &str,
+) -> Result<i64, ToolError> {
+    let running = rt.store.active_run_of(child.row.id)?.filter(|r| r.status == RunStatus::Running);
+    let chain = child.spawn_run.as_ref().and_then(|r| r.chain_id.clone());
+    let channel = if caller.external { "webchat".to_string() } else { super::channel_of_row(&caller.key, None, rt) };
+    let provenance = Provenance::from_session(&caller.key, channel, SourceTool::Subagents, chain.as_deref()).to_json();
+    let id = rt.store.write(|tx| -> Result<i64, StoreError> {
+        let mut steer = NewSteer {
+            session: child.row.id,
+            run_id: running.as_ref().map(|r| r.run_id.as_str()),
+            requester: &caller.key,
+            text: req.text,
+            provenance: &provenance,
+            state: SteerState::Pending,
+            queued_run: None,
+        };
+        let id = match &running {
+            Some(_) => tx.add_steer(&steer)?,
+            None => {
+                steer.state = SteerState::Queued;
+                let id = tx.add_steer(&steer)?;
+                let turn = next_turn(child.row.id, child.spawn_run.as_ref(), id, req.text, &provenance);
+                tx.enqueue(&turn)?;
+                tx.settle_steer(id, SteerState::Queued, Some(&turn.run_id))?;
+                id
+            }
+        };
+        if let Some(key) = req.idempotency_key {
+            let result = json!({"steerId": id});
+            tx.remember_key(
+                &caller.key,
+                key,
+                "subagents",
+                args_hash,
+                running.as_ref().map_or("", |r| &r.run_id),
+                &result,
+            )?;
+        }
+        Ok(id)
+    })?;
+    Ok(id)
+}
+
+/// The child's next turn carrying a steer: it runs with the child's sub-agent context and, when
+/// it ends, the child announces as after any of its turns.
+fn next_turn(session: i64, spawn: Option<&RunRow>, steer_id: i64, text: &str, provenance: &Value) -> NewRun {
+    NewRun {
+        run_id: step_id(&format!("steer/{steer_id}"), "turn"),
+        session,
+        mode: RunMode::Steer,
+        input: json!({"role": "user", "content": text}),
+        provenance: Some(provenance.clone()),
+        requester_key: spawn.and_then(|r| r.requester_key.clone()),
+        chain_id: spawn.and_then(|r| r.chain_id.clone()),
+        hop: spawn.map_or(0, |r| r.hop),
+        announce_kind: None,
+        model: spawn.and_then(|r| r.model.clone()),
+        thinking: spawn.and_then(|r| r.thinking.clone()),
+        timeout_ms: spawn.and_then(|r| r.timeout_ms),
+        extra: spawn.and_then(|r| r.extra.clone()),
+    }
+}
+
+/// Settles a pending steer once: `taken` appends the message to the child's transcript, else it
+/// becomes the child's next turn.
+fn settle(rt: &Scheduler, steer: &SteerRow, taken: bool) -> Result<(), StoreError> {
+    let child = rt.store.session_by_key(&steer.child)?;
+    let spawn_run = match child.as_ref().and_then(|c| c.spawn_run.as_deref()) {
+        Some(id) => rt.store.run(id)?,
+        None => None,
+    };
+    let provenance = steer.provenance.clone().unwrap_or(Value::Null);
+    rt.store.write(|tx| -> Result<(), StoreError> {
+        if taken {
+            if tx.settle_steer(steer.id, SteerState::Steered, None)? {
+                let message = NewMessage {
+                    role: "user".into(),
+                    content: json!([{"type": "text", "text": steer.text}]),
+                    run_id: steer.run_id.clone(),
+                    provenance: Some(provenance.clone()),
+                    chain_id: spawn_run.as_ref().and_then(|r| r.chain_id.clone()),
+                    ..Default::default()
+                };
+                tx.append_message(steer.session, &message)?;
+            }
+            return Ok(());
+        }
+        let turn = next_turn(steer.session, spawn_run.as_ref(), steer.id, &steer.text, &provenance);
+        if tx.settle_steer(steer.id, SteerState::Queued, Some(&turn.run_id))? {
+            tx.enqueue(&turn)?;
+        }
+        Ok(())
+    })?;
+    rt.wake();
+    Ok(())
+}
+
+/// The owner offers the pending steers of its running runs to their turns (each once), and
+/// queues those whose run ended before it could.
+pub fn offer_pending(rt: &Arc<Scheduler>) {
+    if !rt.is_owner() {
+        return;
+    }
+    let pending = rt.store.pending_steers(&rt.owner_id).unwrap_or_default();
+    for steer in pending {
+        if !rt.offered.lock().expect("offered").insert(steer.id) {
+            continue;
+        }
+        let (taken, answer) = tokio::sync::oneshot::channel();
+        let sent = rt
+            .steers
+            .lock()
+            .expect("steers")
+            .get(steer.run_id.as_deref().unwrap_or_default())
+            .map(|tx| tx.send(Steer { text: steer.text.clone(), taken }).is_ok());
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            let took = sent == Some(true) && answer.await.unwrap_or(false);
+            if let Err(e) = settle(&rt, &steer, took) {
+                tracing::error!(steer = steer.id, error = %e, "settling a steer failed");
+            }
+            rt.offered.lock().expect("offered").remove(&steer.id);
+        });
+    }
+    for steer in rt.store.stranded_steers().unwrap_or_default() {
+        if !rt.offered.lock().expect("offered").contains(&steer.id)
+            && let Err(e) = settle(rt, &steer, false)
+        {
+            tracing::error!(steer = steer.id, error = %e, "queueing a stranded steer failed");
+        }
+    }
+}
