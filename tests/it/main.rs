@@ -28,6 +28,7 @@ mod runs;
 mod sandbox;
 mod send_stdio;
 mod spawn_stdio;
+mod steering;
 mod tasks;
 mod text_agent;
 mod tools_stdio;
