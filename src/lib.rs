@@ -45,8 +45,9 @@
 //!    `engine::Engine::send` / `spawn` do the admission (idempotency replay, send policy, chain
 //!    limits, the spawn caps) and commit the run in one `store::Tx`; the scheduler claims and runs
 //!    it (`engine::scheduler`, `engine::turn`), and its steps (`engine::steps`) carry the reply
-//!    back. `Engine::await_reply` waits for it when the caller asked to; `subagents` waits for
-//!    and cancels children through `Engine::wait_subagents` / `cancel_subagent`.
+//!    back. `Engine::await_reply` waits for it when the caller asked to; `subagents` waits for,
+//!    cancels and steers children through `Engine::wait_subagents` / `cancel_subagent` /
+//!    `steer_subagent`.
 //! 6. When the client declared the Tasks extension, `sessions_send` (with a wait) and
 //!    `sessions_spawn` answer with a task instead (`server::tasks`): the task is the run, and
 //!    `tasks/get` reads the run's row until it ends.

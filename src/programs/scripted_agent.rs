@@ -11,7 +11,10 @@
 //! texts emitted as `message` events before the final), `toolCalls` (`[{name, arguments, result}]`
 //! emitted as `tool_call` + `tool_result`), `usage`, `sleepMs`, `deltas` (emit the reply as
 //! `text_delta`s), `error` (`{code, message}`), `exitCode`, `ignoreCancel`, `noFinal`,
-//! `invalidJson`, `floodBytes`.
+//! `invalidJson`, `floodBytes`, `call` (a session tool called back through the run socket),
+//! `steer` (declare `"steer": true` in `start`, so the runner writes steer lines), `awaitSteerMs`
+//! (after `sleepMs`, wait up to N ms for a steer line; a cancel line still ends the turn) and
+//! `{steer}` in `reply` (the texts of the steer lines read so far, one per line; empty if none).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -76,6 +79,11 @@ pub struct Actions {
     /// Calls a session tool back through the server as this run's session (the result is
     /// emitted as tool_call + tool_result; `{result}` in `reply` is its structured content).
     pub call: Option<Call>,
+    /// Declares in `start` that the agent takes steer lines.
+    #[serde(default)]
+    pub steer: bool,
+    /// Waits up to this long for a steer line before going on (cancel lines still end the turn).
+    pub await_steer_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -220,9 +228,13 @@ pub fn run(script: Option<&Path>) -> ExitCode {
     let input = strip_marker(&content_text(req.get("input").and_then(|i| i.get("content")).unwrap_or(&Value::Null)));
     let a = script.actions_for(&req, &input);
     let fill = script.fill_for(&req, &input);
-    let cancelled = watch_for_cancel(a.ignore_cancel);
+    let mut control = Control::watch(a.ignore_cancel);
     let mut out = std::io::stdout().lock();
-    emit(&mut out, json!({"type": "start", "model": req.get("model")}));
+    let mut start = json!({"type": "start", "model": req.get("model")});
+    if a.steer {
+        start["steer"] = true.into();
+    }
+    emit(&mut out, start);
     if a.invalid_json {
         let _ = writeln!(out, "this is not json");
         let _ = out.flush();
@@ -237,14 +249,11 @@ pub fn run(script: Option<&Path>) -> ExitCode {
             sent += chunk.len() as u64 + 1;
         }
     }
-    if let Some(ms) = a.sleep_ms {
-        let deadline = std::time::Instant::now() + Duration::from_millis(ms);
-        while std::time::Instant::now() < deadline {
-            if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
-                emit(&mut out, json!({"type": "final", "text": "", "stopReason": "cancelled"}));
-                return ExitCode::SUCCESS;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    for (ms, until) in [(a.sleep_ms, Until::Elapsed), (a.await_steer_ms, Until::Steered)] {
+        let Some(ms) = ms else { continue };
+        if !control.wait(Duration::from_millis(ms), until) {
+            emit(&mut out, json!({"type": "final", "text": "", "stopReason": "cancelled"}));
+            return ExitCode::SUCCESS;
         }
     }
     for (i, call) in a.tool_calls.iter().enumerate() {
@@ -275,7 +284,10 @@ pub fn run(script: Option<&Path>) -> ExitCode {
     for m in &a.messages {
         emit(&mut out, json!({"type": "message", "role": "assistant", "content": m}));
     }
-    let reply = fill.apply(a.reply.as_deref().unwrap_or("")).replace("{result}", &call_result.to_string());
+    let reply = fill
+        .apply(a.reply.as_deref().unwrap_or(""))
+        .replace("{result}", &call_result.to_string())
+        .replace("{steer}", &control.steer_text());
     if a.deltas {
         for chunk in reply.as_bytes().chunks(8) {
             emit(&mut out, json!({"type": "text_delta", "text": String::from_utf8_lossy(chunk)}));
@@ -306,21 +318,67 @@ fn call_back(tool: &str, arguments: &Value) -> Result<Value, String> {
     rt.block_on(client.call_tool(tool, arguments)).map_err(|e| e.to_string())
 }
 
-/// Watches stdin for a `cancel` control line (unless told to ignore it).
-fn watch_for_cancel(ignore: bool) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
-    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    if !ignore {
-        let f = flag.clone();
+/// What a wait waits for, besides a cancel line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// All of its time.
+    Elapsed,
+    /// A steer line (or its time).
+    Steered,
+}
+
+/// The control lines on stdin after the request, read by one thread: `cancel` sets a flag
+/// (unless told to ignore it), each `steer` queues its text.
+struct Control {
+    cancelled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    steers: std::sync::mpsc::Receiver<String>,
+    steered: Vec<String>,
+}
+
+impl Control {
+    fn watch(ignore_cancel: bool) -> Self {
+        let cancelled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, steers) = std::sync::mpsc::channel();
+        let flag = cancelled.clone();
         std::thread::spawn(move || {
             for line in std::io::stdin().lock().lines() {
                 let Ok(line) = line else { break };
-                if line.contains("\"cancel\"") {
-                    f.store(true, std::sync::atomic::Ordering::Relaxed);
+                let control: Value = serde_json::from_str(&line).unwrap_or_default();
+                match control.get("type").and_then(Value::as_str) {
+                    Some("cancel") if !ignore_cancel => flag.store(true, std::sync::atomic::Ordering::Relaxed),
+                    Some("steer") => {
+                        let _ = tx.send(control.get("text").and_then(Value::as_str).unwrap_or("").to_string());
+                    }
+                    _ => {}
                 }
             }
         });
+        Control { cancelled, steers, steered: Vec::new() }
     }
-    flag
+
+    /// Waits up to `limit` (less once a steer came, with [`Until::Steered`]), keeping the steers
+    /// that arrive; false when a cancel line came first.
+    fn wait(&mut self, limit: Duration, until: Until) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                return false;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || (until == Until::Steered && !self.steered.is_empty()) {
+                return true;
+            }
+            if let Ok(text) = self.steers.recv_timeout(left.min(Duration::from_millis(20))) {
+                self.steered.push(text);
+            }
+        }
+    }
+
+    /// The texts of every steer line read so far, one per line.
+    fn steer_text(&mut self) -> String {
+        self.steered.extend(self.steers.try_iter());
+        self.steered.join("\n")
+    }
 }
 
 #[cfg(test)]

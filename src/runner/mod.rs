@@ -1,9 +1,10 @@
 //! The runner: one agent turn as a supervised subprocess (docs/RUNNER-PROTOCOL.md).
 //! [`Runner::execute`] starts `sessions-mcp supervise -- <agent>`, writes its [`Input`] (a `jsonl/1`
 //! request line, or a CLI's prompt), reads stdout through the agent kind's [`adapters`] decoder as
-//! `jsonl/1` events under the line, byte, idle and run-time limits, forwards `text_delta`s, handles
-//! cancellation (cancel line or signal, grace, then the supervisor's group kill) and returns an
-//! [`Outcome`]: the status, the reply, the messages to persist, usage and errors.
+//! `jsonl/1` events under the line, byte, idle and run-time limits, forwards `text_delta`s, writes
+//! [`Steer`]s into a turn whose agent takes them (`stdin`), handles cancellation (cancel line or
+//! signal, grace, then the supervisor's group kill) and returns an [`Outcome`]: the status, the
+//! reply, the messages to persist, usage and errors.
 //! It never touches the store: the runtime persists the outcome.
 
 pub mod adapters;
@@ -11,6 +12,7 @@ pub mod mcp_config;
 pub mod protocol;
 pub mod sandbox;
 mod spec;
+mod stdin;
 pub mod supervise;
 pub mod template;
 
@@ -19,7 +21,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
-use tokio::io::AsyncWriteExt;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +30,7 @@ pub use crate::store::RunStatus;
 pub use spec::{RunnerSpec, resolve_runner};
 
 use adapters::Decoder;
+use stdin::AgentStdin;
 
 /// A message for the running turn; `taken` answers whether it was written into the turn (true)
 /// or the agent cannot take one now (false: not declared, stdin closed, after final, run ending).
@@ -186,7 +188,9 @@ pub struct Launch {
 pub enum Input {
     /// `jsonl/1`: one request line; stdin stays open for control lines (`cancel`).
     Request(Value),
-    /// CLI adapters: the rendered prompt, then EOF; cancellation is by signal only.
+    /// CLI adapters: the rendered prompt, then EOF; cancellation is by signal only. Claude Code
+    /// started with `--input-format stream-json` gets it as a user message instead, and stdin
+    /// stays open for steers until its first result.
     Prompt(String),
 }
 
@@ -239,6 +243,8 @@ impl Collected {
     }
 
     /// Takes the events of one line in order; true once `final` came (the rest is ignored).
+    /// Reading goes on past a `final` only for a CLI that ran a steer as a further turn: a later
+    /// `final` or `error` then replaces the earlier result, so the run ends as its last turn did.
     fn take(&mut self, events: Vec<Value>, on_delta: &(dyn Fn(&str) + Send + Sync)) -> bool {
         for event in events {
             let s = |k: &str| event.get(k).and_then(Value::as_str).map(String::from);
@@ -249,8 +255,12 @@ impl Collected {
                 }
                 Some("text_delta") => on_delta(event.get("text").and_then(Value::as_str).unwrap_or("")),
                 Some("usage") => self.usage = Some(event),
-                Some("error") => self.error_event = Some(event),
+                Some("error") => {
+                    self.supersede_result();
+                    self.error_event = Some(event);
+                }
                 Some("final") => {
+                    self.supersede_result();
                     self.external_session_id = s("externalSessionId").or(self.external_session_id.take());
                     self.final_event = Some(event);
                     return true;
@@ -259,6 +269,13 @@ impl Collected {
             }
         }
         false
+    }
+
+    /// Forgets an earlier turn's result (a `final`, and an `error` before it) when another comes.
+    fn supersede_result(&mut self) {
+        if self.final_event.take().is_some() {
+            self.error_event = None;
+        }
     }
 
     fn outcome(mut self, stop: Option<Stop>, limits: Limits, exit_status: Option<i32>, stderr_tail: String) -> Outcome {
@@ -328,7 +345,9 @@ impl Runner {
     }
 
     /// Executes one turn: `launch` says what to start (the agent, or bwrap around it); `spec`
-    /// gives the limits and the kind of agent; `cancel` ends the run early.
+    /// gives the limits and the kind of agent; `cancel` ends the run early; `steers` brings
+    /// messages for the running turn, each answered on its `taken` (false for any left when the
+    /// turn can take no more).
     pub async fn execute(
         &self,
         spec: &RunnerSpec,
@@ -336,51 +355,41 @@ impl Runner {
         input: &Input,
         cancel: CancellationToken,
         hooks: &Hooks<'_>,
+        mut steers: Option<tokio::sync::mpsc::UnboundedReceiver<Steer>>,
     ) -> Outcome {
         let mut child = match self.supervised(spec, launch).spawn() {
             Ok(c) => c,
-            Err(e) => return Outcome::failed(format!("cannot start the supervisor: {e}")),
+            Err(e) => {
+                if let Some(rx) = steers.as_mut() {
+                    stdin::refuse(rx);
+                }
+                return Outcome::failed(format!("cannot start the supervisor: {e}"));
+            }
         };
         let pid = child.id().map(|p| p as i32);
         if let Some(p) = pid {
             (hooks.on_spawn)(p);
         }
-        let mut stdin = child.stdin.take();
+        let mut stdin = AgentStdin::new(spec.kind, &launch.args, input, child.stdin.take(), steers);
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr_cutoff = CancellationToken::new();
         let mut stderr_task =
             tokio::spawn(read_tail(child.stderr.take().expect("piped stderr"), stderr_cutoff.clone()));
-        let bytes = match input {
-            Input::Request(request) => request.to_string() + "\n",
-            Input::Prompt(prompt) => prompt.clone(),
-        };
         let deadline = tokio::time::Instant::now() + spec.timeout;
-        // An agent that never reads stdin fills the pipe: the write is bounded by the run's deadline.
-        let written = match stdin.as_mut() {
-            Some(pipe) => tokio::time::timeout_at(deadline, write_line(pipe, bytes.as_bytes())).await.is_ok(),
-            None => true,
-        };
-        if matches!(input, Input::Prompt(_)) {
-            // The CLI reads its prompt up to EOF.
-            stdin = None;
-        }
+        let written = stdin.write_input(input, deadline).await;
 
         let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(spec.max_line_bytes));
         let mut decoder = adapters::decoder(spec.kind);
         let mut collected = Collected::new(&launch.run_id);
         let stop = if written {
-            read_events(spec, deadline, &mut lines, decoder.as_mut(), &mut collected, &cancel, hooks).await
+            let mut reading = Reading { spec, deadline, cancel: &cancel, hooks, stdin: &mut stdin };
+            reading.events(&mut lines, decoder.as_mut(), &mut collected).await
         } else {
             Some(Stop::Timeout)
         };
+        stdin.refuse_steers();
         if matches!(stop, Some(Stop::Cancelled | Stop::Timeout)) {
-            match stdin.as_mut() {
-                Some(pipe) => {
-                    let cancel_line = b"{\"type\":\"cancel\",\"reason\":\"timeout\"}\n";
-                    let _ = tokio::time::timeout(spec.cancel_grace, write_line(pipe, cancel_line)).await;
-                }
-                None => terminate(pid),
-            }
+            stdin.cancel(pid, spec.cancel_grace).await;
             // A final with stopReason "cancelled" within the grace is kept as the partial result.
             let grace = tokio::time::sleep(spec.cancel_grace);
             tokio::pin!(grace);
@@ -446,59 +455,93 @@ impl Runner {
     }
 }
 
-/// Reads stdout until `final`, EOF (then the decoder's end events) or a stop condition.
-async fn read_events(
-    spec: &RunnerSpec,
+/// What reading a run's stdout needs besides the stream: its limits, its stop signals, the
+/// callbacks, and its stdin (for steers, and for what the events say about stdin).
+struct Reading<'r, 'h> {
+    spec: &'r RunnerSpec,
     deadline: tokio::time::Instant,
-    lines: &mut FramedRead<tokio::process::ChildStdout, LinesCodec>,
-    decoder: &mut dyn Decoder,
-    collected: &mut Collected,
-    cancel: &CancellationToken,
-    hooks: &Hooks<'_>,
-) -> Option<Stop> {
-    let (mut line_no, mut total_bytes) = (0usize, 0usize);
-    loop {
+    cancel: &'r CancellationToken,
+    hooks: &'r Hooks<'h>,
+    stdin: &'r mut AgentStdin,
+}
+
+/// What woke the reading loop.
+enum Wake {
+    Line(Option<Result<String, LinesCodecError>>),
+    Steer(Steer),
+    Stopped(Stop),
+}
+
+impl Reading<'_, '_> {
+    /// Reads stdout until `final` (past it, to EOF, for a CLI that ran a steer as a further
+    /// turn), EOF (then the decoder's end events) or a stop condition, writing steers meanwhile.
+    async fn events(
+        &mut self,
+        lines: &mut FramedRead<tokio::process::ChildStdout, LinesCodec>,
+        decoder: &mut dyn Decoder,
+        collected: &mut Collected,
+    ) -> Option<Stop> {
+        let (mut line_no, mut total_bytes) = (0usize, 0usize);
+        let mut idle_at = self.spec.idle_timeout.map(|d| tokio::time::Instant::now() + d);
+        loop {
+            let text = match self.wake(lines, idle_at).await {
+                Wake::Stopped(stop) => return Some(stop),
+                Wake::Steer(steer) => {
+                    self.stdin.write_steer(steer, self.cancel, self.deadline).await;
+                    continue;
+                }
+                Wake::Line(None) => {
+                    collected.take(decoder.end(), self.hooks.on_delta);
+                    return None;
+                }
+                Wake::Line(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => {
+                    return Some(Stop::Protocol(format!(
+                        "protocol: line {} is longer than maxLineBytes ({})",
+                        line_no + 1,
+                        self.spec.max_line_bytes
+                    )));
+                }
+                Wake::Line(Some(Err(e))) => return Some(Stop::Protocol(format!("protocol: reading stdout: {e}"))),
+                Wake::Line(Some(Ok(t))) => t,
+            };
+            idle_at = self.spec.idle_timeout.map(|d| tokio::time::Instant::now() + d);
+            line_no += 1;
+            total_bytes += text.len() + 1;
+            if total_bytes > self.spec.max_stdout_bytes {
+                return Some(Stop::Protocol(format!(
+                    "protocol: stdout exceeded maxStdoutBytes ({})",
+                    self.spec.max_stdout_bytes
+                )));
+            }
+            let Ok(events) = decoder.line(&text) else {
+                return Some(Stop::Protocol(format!("protocol: line {line_no} is not JSON")));
+            };
+            self.stdin.observe(&events);
+            if collected.take(events, self.hooks.on_delta) && !self.stdin.reads_past_final() {
+                return None;
+            }
+        }
+    }
+
+    /// Waits for the next stdout line, a steer, or a reason to stop (cancel first).
+    async fn wake(
+        &mut self,
+        lines: &mut FramedRead<tokio::process::ChildStdout, LinesCodec>,
+        idle_at: Option<tokio::time::Instant>,
+    ) -> Wake {
         let idle = async {
-            match spec.idle_timeout {
-                Some(d) => tokio::time::sleep(d).await,
+            match idle_at {
+                Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
-        let next = tokio::select! {
+        tokio::select! {
             biased;
-            _ = cancel.cancelled() => return Some(Stop::Cancelled),
-            _ = tokio::time::sleep_until(deadline) => return Some(Stop::Timeout),
-            _ = idle => return Some(Stop::Idle),
-            next = lines.next() => next,
-        };
-        let text = match next {
-            None => {
-                collected.take(decoder.end(), hooks.on_delta);
-                return None;
-            }
-            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                return Some(Stop::Protocol(format!(
-                    "protocol: line {} is longer than maxLineBytes ({})",
-                    line_no + 1,
-                    spec.max_line_bytes
-                )));
-            }
-            Some(Err(e)) => return Some(Stop::Protocol(format!("protocol: reading stdout: {e}"))),
-            Some(Ok(t)) => t,
-        };
-        line_no += 1;
-        total_bytes += text.len() + 1;
-        if total_bytes > spec.max_stdout_bytes {
-            return Some(Stop::Protocol(format!(
-                "protocol: stdout exceeded maxStdoutBytes ({})",
-                spec.max_stdout_bytes
-            )));
-        }
-        let Ok(events) = decoder.line(&text) else {
-            return Some(Stop::Protocol(format!("protocol: line {line_no} is not JSON")));
-        };
-        if collected.take(events, hooks.on_delta) {
-            return None;
+            _ = self.cancel.cancelled() => Wake::Stopped(Stop::Cancelled),
+            _ = tokio::time::sleep_until(self.deadline) => Wake::Stopped(Stop::Timeout),
+            _ = idle => Wake::Stopped(Stop::Idle),
+            next = lines.next() => Wake::Line(next),
+            steer = self.stdin.next_steer() => Wake::Steer(steer),
         }
     }
 }
@@ -557,11 +600,6 @@ fn end_orphaned_group(pgid: Option<i32>, supervisor: Option<&std::process::ExitS
     crate::runner::supervise::kill_processes_of_run(run_id);
 }
 
-async fn write_line(pipe: &mut tokio::process::ChildStdin, bytes: &[u8]) {
-    let _ = pipe.write_all(bytes).await;
-    let _ = pipe.flush().await;
-}
-
 /// Drains stderr, keeping its last 64 KiB.
 /// Stops early, with what it has, when `cutoff` is cancelled.
 async fn read_tail(mut stderr: tokio::process::ChildStderr, cutoff: CancellationToken) -> String {
@@ -604,6 +642,32 @@ mod tests {
         assert!(messages.iter().all(|m| !m.content.to_string().contains("secret")), "{messages:?}");
         let (_, reply) = decode_stdout(crate::config::RunnerKind::Text, "r", "plain\ntext\n");
         assert_eq!(reply.as_deref(), Some("plain\ntext"));
+    }
+
+    #[test]
+    fn a_later_result_replaces_the_earlier_one_and_an_error_before_a_final_is_kept() {
+        let ignore = |_: &str| {};
+        let mut c = Collected::new("r");
+        assert!(c.take(vec![json!({"type": "final", "text": "first"})], &ignore));
+        assert!(c.take(vec![json!({"type": "final", "text": "second"})], &ignore));
+        let outcome = c.outcome(None, Limits::default(), Some(0), String::new());
+        assert_eq!((outcome.status, outcome.reply.as_deref()), (RunStatus::Ok, Some("second")));
+
+        let mut c = Collected::new("r");
+        c.take(vec![json!({"type": "final", "text": "first"})], &ignore);
+        c.take(vec![json!({"type": "error", "code": "overloaded", "message": "later turn"})], &ignore);
+        let outcome = c.outcome(None, Limits::default(), Some(0), String::new());
+        assert_eq!(outcome.status, RunStatus::Error, "the last turn failed: {outcome:?}");
+        assert_eq!(outcome.error.as_deref(), Some("overloaded: later turn"));
+
+        let mut c = Collected::new("r");
+        c.take(vec![json!({"type": "error", "code": "warn", "message": "m"}), json!({"type": "final"})], &ignore);
+        let outcome = c.outcome(None, Limits::default(), Some(1), String::new());
+        assert_eq!(
+            outcome.error.as_deref(),
+            Some("warn: m"),
+            "a jsonl agent's error before its final names the failure"
+        );
     }
 
     #[test]

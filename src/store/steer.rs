@@ -142,3 +142,42 @@ impl Store {
         self.read(|c| c.prepare_cached(&sql)?.query_map([param], from_row)?.collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{AgentId, SessionKind};
+    use crate::store::NewSession;
+
+    #[test]
+    fn a_steer_is_settled_once_whoever_comes_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let key = SessionKey::from_canonical("agent:main:subagent:x");
+        let requester = SessionKey::from_canonical("agent:main:main");
+        let provenance = serde_json::json!({"kind": "inter_session"});
+        let id = store
+            .write(|tx| -> Result<i64> {
+                tx.insert_session(&NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false))?;
+                let session = tx.session_id(&key)?;
+                let steer = NewSteer {
+                    session,
+                    run_id: Some("run-1"),
+                    requester: &requester,
+                    text: "plan B",
+                    provenance: &provenance,
+                    state: SteerState::Pending,
+                    queued_run: None,
+                };
+                tx.add_steer(&steer)
+            })
+            .unwrap();
+        let pending = store.steer(id).unwrap().unwrap();
+        assert_eq!((pending.state, pending.child.clone()), (SteerState::Pending, key));
+        assert!(store.write(|tx| tx.settle_steer(id, SteerState::Steered, None)).unwrap());
+        assert!(!store.write(|tx| tx.settle_steer(id, SteerState::Queued, Some("turn"))).unwrap(), "settled already");
+        let settled = store.steer(id).unwrap().unwrap();
+        assert_eq!((settled.state, settled.queued_run), (SteerState::Steered, None));
+        assert!(store.stranded_steers().unwrap().is_empty(), "a settled steer is never stranded");
+    }
+}

@@ -23,7 +23,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-TOOLS = {"agents_list", "sessions_history", "sessions_list", "sessions_send", "sessions_spawn"}
+TOOLS = {"agents_list", "sessions_history", "sessions_list", "sessions_send", "sessions_spawn", "subagents"}
 
 
 @asynccontextmanager
@@ -92,6 +92,14 @@ async def exercise(me, kind, args):
                 await session.call_tool("sessions_send", {"sessionKey": child, "message": "again?", "timeoutSeconds": 20})
             )
             assert send["status"] == "ok" and send["reply"] == "ECHO: again?", send
+
+            # The SDK validates structuredContent against the output schema it was given.
+            waited = structured(
+                await session.call_tool("subagents", {"action": "wait", "childSessionKeys": [child]})
+            )
+            assert waited["finished"][0]["outcome"].startswith("Status: completed successfully"), waited
+            tree = structured(await session.call_tool("subagents", {"action": "list"}))
+            assert tree["children"][0]["sessionKey"] == child and tree["children"][0]["announce"] == "read", tree
     print(f"ok {kind}", flush=True)
 
 

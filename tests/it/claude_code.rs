@@ -5,7 +5,12 @@
 //! `--mcp-config` file (`sessions-mcp connect` with the run token) and answers with its result.
 //! Then Claude Code as a spawned sub-agent: its reply, usage and cost land in the child session and
 //! the announce reaches the requester; and a child allowed `sessions_list`
-//! (`tools.subagents.tools.allow`) lists its own tree through this server.
+//! (`tools.subagents.tools.allow`) lists its own tree through this server. The send test runs
+//! Claude Code with `--input-format stream-json` (the prompt as a user message), the others with
+//! the prompt as plain stdin. Last, steering at the runner level (`Runner::execute` with a steer
+//! channel): a steer written while Claude Code runs a tool reaches its model in the same turn,
+//! beside the tool result; one written while the model's answer is on its way runs as a second
+//! turn of the same process, whose result is the run's.
 //!
 //! The CLI is `SESSIONS_MCP_CLAUDE`, else `claude` on PATH (`.ci/run --extended` installs npm
 //! `@anthropic-ai/claude-code`). Without it the test prints why and passes — except in CI's
@@ -19,43 +24,75 @@ use std::path::PathBuf;
 
 use common::{TestEnv, agents_config, text_of};
 use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedSender;
 
 const KEY: &str = "agent:claude:main";
 
+/// What the steering tests steer with; a request that carries it anywhere is answered "Steered".
+const STEER: &str = "Also say PINEAPPLE";
+
 /// A fake Anthropic Messages API: streams one deterministic message per request, from the last
 /// user turn: a tool result → "done: <its text>"; text with LIST → a `sessions_list` call through
-/// MCP; text with SYSTEM? → whether the system prompt carries our sub-agent context; the announce step → ANNOUNCE_SKIP; anything else → "Hello from the fake API (<n> messages)".
+/// MCP; text with SYSTEM? → whether the system prompt carries our sub-agent context; the announce
+/// step → ANNOUNCE_SKIP; anything else → "Hello from the fake API (<n> messages)". For steering:
+/// [`STEER`] anywhere in the messages → "Steered: PINEAPPLE (<n> messages)"; text with SLEEP → a
+/// Bash call that touches `tool-started` in its working directory and sleeps 3 s; text with WAIT →
+/// the answer after a 4 s wait.
 fn fake_api() -> u16 {
+    fake_api_reporting(None)
+}
+
+/// [`fake_api`], sending each request's body to `seen` as it arrives.
+fn fake_api_reporting(seen: Option<UnboundedSender<Value>>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || answer(stream));
+            let seen = seen.clone();
+            std::thread::spawn(move || answer(stream, seen));
         }
     });
     port
 }
 
-fn answer(stream: TcpStream) {
+fn answer(stream: TcpStream, seen: Option<UnboundedSender<Value>>) {
     let Some((_, body)) = common::read_http_request(&stream) else { return };
     let request: Value = serde_json::from_slice(&body).unwrap_or_default();
+    if let Some(seen) = seen {
+        let _ = seen.send(request.clone());
+    }
+    if last_user_text(&request).contains("WAIT") {
+        std::thread::sleep(std::time::Duration::from_secs(4));
+    }
     let mut out = stream;
     let _ = out.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n");
     let _ = out.write_all(reply_events(&request).as_bytes());
 }
 
+/// The blocks of the request's last user message.
+fn last_user_blocks(request: &Value) -> Vec<Value> {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    match messages.iter().rev().find(|m| m["role"] == "user").map(|m| m["content"].clone()) {
+        Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
+        Some(Value::Array(b)) => b,
+        _ => vec![],
+    }
+}
+
+/// The text blocks of the request's last user message.
+fn last_user_text(request: &Value) -> String {
+    last_user_blocks(request).iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(" ")
+}
+
 fn reply_events(request: &Value) -> String {
     let messages = request["messages"].as_array().cloned().unwrap_or_default();
-    let last = messages.iter().rev().find(|m| m["role"] == "user").map(|m| m["content"].clone()).unwrap_or_default();
-    let blocks = match last {
-        Value::String(s) => vec![json!({"type": "text", "text": s})],
-        Value::Array(b) => b,
-        _ => vec![],
-    };
+    let blocks = last_user_blocks(request);
     let result = blocks.iter().find(|b| b["type"] == "tool_result");
-    let text = blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(" ");
+    let text = last_user_text(request);
     let (block, stop) = if let Some(next) = paging_step(&messages) {
         next
+    } else if request["messages"].to_string().contains(STEER) {
+        (json!({"type": "text", "text": format!("Steered: PINEAPPLE ({} messages)", messages.len())}), "end_turn")
     } else if let Some(r) = result {
         let output = match &r["content"] {
             Value::String(s) => s.clone(),
@@ -70,6 +107,9 @@ fn reply_events(request: &Value) -> String {
         let system = request["system"].to_string();
         let seen = system.contains("Sub-agent context.") && system.contains("Requester session:");
         (json!({"type": "text", "text": format!("sub-agent context in the system prompt: {seen}")}), "end_turn")
+    } else if text.contains("SLEEP") {
+        let command = "touch tool-started && sleep 3 && echo slept";
+        (json!({"type": "tool_use", "id": "toolu_sleep", "name": "Bash", "input": {"command": command}}), "tool_use")
     } else if text.contains("LIST") {
         (
             json!({"type": "tool_use", "id": "toolu_list", "name": "mcp__sessions__sessions_list", "input": {}}),
@@ -149,9 +189,17 @@ fn cli_or_skip() -> Option<PathBuf> {
     common::real_cli_or_skip("SESSIONS_MCP_CLAUDE", "claude", "Claude Code")
 }
 
+/// How the runs get their prompt: Claude Code's `--input-format stream-json` (a user message on
+/// stdin, as the README recommends), or plain stdin up to EOF.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prompt {
+    StreamJson,
+    Plain,
+}
+
 /// An env with agents `main` (the caller, may spawn `claude` children) and `claude` (the real CLI
 /// against a fake API), plus `extra` config keys; and the variables `serve` needs for the CLI.
-fn claude_env(claude: &PathBuf, extra: Value) -> (TestEnv, Vec<(&'static str, String)>) {
+fn claude_env(claude: &PathBuf, prompt: Prompt, extra: Value) -> (TestEnv, Vec<(&'static str, String)>) {
     let port = fake_api();
     let mut env = TestEnv::new();
     let passthrough = [
@@ -161,12 +209,27 @@ fn claude_env(claude: &PathBuf, extra: Value) -> (TestEnv, Vec<(&'static str, St
         "DISABLE_AUTOUPDATER",
         "DISABLE_TELEMETRY",
     ];
+    // Only our MCP tools, allowed without a prompt (never the permission bypass).
+    let mut args = json!([
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--model",
+        "claude-sonnet-4-5",
+        "--tools",
+        "",
+        "--strict-mcp-config",
+        "--allowedTools",
+        "mcp__sessions"
+    ]);
+    if prompt == Prompt::StreamJson {
+        args.as_array_mut().unwrap().extend([json!("--input-format"), json!("stream-json")]);
+    }
     let runner = json!({
         "kind": "claude-stream-json",
         "command": claude,
-        // Only our MCP tools, allowed without a prompt (never the permission bypass).
-        "args": ["-p", "--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5",
-                 "--tools", "", "--strict-mcp-config", "--allowedTools", "mcp__sessions"],
+        "args": args,
         "sessionArgs": ["--resume", "{externalSessionId}"],
         "systemPromptArg": "--append-system-prompt",
         "env": {"passthrough": passthrough},
@@ -206,7 +269,7 @@ fn spawn_and_wait(c: &mut common::Client, task: &str) -> (String, String) {
 #[test]
 fn claude_code_as_a_spawned_child_replies_with_usage_and_cost_and_is_announced() {
     let Some(claude) = cli_or_skip() else { return };
-    let (env, vars) = claude_env(&claude, json!({}));
+    let (env, vars) = claude_env(&claude, Prompt::Plain, json!({}));
     let mut c = serve(&env, &vars);
     let (child, announce) = spawn_and_wait(&mut c, "Say hello");
     assert!(announce.starts_with("Status: completed successfully"), "{announce}");
@@ -223,7 +286,7 @@ fn claude_code_as_a_spawned_child_replies_with_usage_and_cost_and_is_announced()
 #[test]
 fn a_claude_child_gets_the_sub_agent_context_in_its_system_prompt() {
     let Some(claude) = cli_or_skip() else { return };
-    let (env, vars) = claude_env(&claude, json!({}));
+    let (env, vars) = claude_env(&claude, Prompt::Plain, json!({}));
     let mut c = serve(&env, &vars);
     let (_, announce) = spawn_and_wait(&mut c, "SYSTEM?");
     assert!(announce.contains("Result: sub-agent context in the system prompt: true"), "{announce}");
@@ -234,7 +297,7 @@ fn a_claude_child_allowed_sessions_list_lists_its_own_tree_through_this_server()
     let Some(claude) = cli_or_skip() else { return };
     // visibility `tree` (the default): a child sees itself and its own children
     let allow = json!({"tools": {"subagents": {"tools": {"allow": ["sessions_list"]}}}});
-    let (env, vars) = claude_env(&claude, allow);
+    let (env, vars) = claude_env(&claude, Prompt::Plain, allow);
     let mut c = serve(&env, &vars);
     let (child, announce) = spawn_and_wait(&mut c, "LIST the sessions");
     assert!(announce.starts_with("Status: completed successfully"), "{announce}");
@@ -252,7 +315,7 @@ fn a_claude_child_allowed_sessions_list_lists_its_own_tree_through_this_server()
 #[test]
 fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
     let Some(claude) = cli_or_skip() else { return };
-    let (env, vars) = claude_env(&claude, json!({}));
+    let (env, vars) = claude_env(&claude, Prompt::StreamJson, json!({}));
     let mut c = serve(&env, &vars);
     let mut send = |message: &str| {
         let r = c.call("sessions_send", json!({"sessionKey": KEY, "message": message, "timeoutSeconds": 120}));
@@ -288,7 +351,7 @@ fn claude_code_replies_resumes_its_session_and_calls_our_tools_through_mcp() {
 #[test]
 fn claude_code_hands_every_page_to_its_model_whole_and_paging_reads_every_message_once() {
     let Some(claude) = cli_or_skip() else { return };
-    let (env, vars) = claude_env(&claude, json!({}));
+    let (env, vars) = claude_env(&claude, Prompt::Plain, json!({}));
     let long: Vec<Value> =
         (0..60).map(|i| json!({"role": "user", "content": format!("{i} {}", "z".repeat(800))})).collect();
     // In the tree of the child's session, so the default visibility lets it read the transcript.
@@ -305,4 +368,134 @@ fn claude_code_hands_every_page_to_its_model_whole_and_paging_reads_every_messag
     assert_eq!(report["whole"], results, "every answer reached the model as whole JSON: {report}");
     assert!(report["largest"].as_u64().unwrap() <= 10_000, "{report}");
     assert_eq!(report["seqs"], json!((1..=60).collect::<Vec<i64>>()), "every message exactly once");
+}
+
+/// A Claude Code run at the runner level, steerable: `--input-format stream-json`, Bash allowed,
+/// against a fake API that reports each request; the steer sender, the API's requests, the run
+/// and its workdir.
+struct SteeredRun {
+    steers: UnboundedSender<sessions_mcp::runner::Steer>,
+    requests: tokio::sync::mpsc::UnboundedReceiver<Value>,
+    run: tokio::task::JoinHandle<sessions_mcp::runner::Outcome>,
+    workdir: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SteeredRun {
+    fn start(claude: &PathBuf, prompt: &str) -> Self {
+        let (seen, requests) = tokio::sync::mpsc::unbounded_channel();
+        let port = fake_api_reporting(Some(seen));
+        let dir = tempfile::tempdir().unwrap();
+        let (workdir, home) = (dir.path().join("work"), dir.path().join("home"));
+        std::fs::create_dir_all(&workdir).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        let runner = json!({
+            "kind": "claude-stream-json",
+            "command": claude,
+            "args": ["-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
+                     "--model", "claude-sonnet-4-5", "--tools", "Bash", "--allowedTools", "Bash"],
+            "timeoutSeconds": 120,
+        });
+        let config = json!({"agents": {"list": [{"id": "claude", "workspace": workdir, "runner": runner}]}});
+        let spec = common::runner::spec(&config, "claude");
+        let env = [
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("HOME", home.display().to_string()),
+            ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}")),
+            ("ANTHROPIC_API_KEY", "sk-fake".to_string()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
+            ("DISABLE_AUTOUPDATER", "1".to_string()),
+            ("DISABLE_TELEMETRY", "1".to_string()),
+        ];
+        let env = env.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let (steers, rx) = tokio::sync::mpsc::unbounded_channel();
+        let input = sessions_mcp::runner::Input::Prompt(prompt.to_string());
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let run = tokio::spawn(async move { common::runner::execute(&spec, input, env, rx, cancel).await });
+        SteeredRun { steers, requests, run, workdir, _dir: dir }
+    }
+
+    /// The run's outcome, and every request the API got.
+    async fn finish(mut self) -> (sessions_mcp::runner::Outcome, Vec<Value>) {
+        let outcome = self.run.await.unwrap();
+        let mut requests = Vec::new();
+        while let Ok(r) = self.requests.try_recv() {
+            requests.push(r);
+        }
+        (outcome, requests)
+    }
+}
+
+/// The request that carried the steer (there must be exactly one) and its last message.
+fn steered_request(requests: &[Value]) -> (&Value, &Value) {
+    let carrying: Vec<&Value> = requests.iter().filter(|r| r["messages"].to_string().contains(STEER)).collect();
+    assert_eq!(carrying.len(), 1, "one request carried the steer: {requests:?}");
+    (carrying[0], carrying[0]["messages"].as_array().unwrap().last().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_steer_written_while_claude_code_runs_a_tool_reaches_its_model_in_the_same_turn() {
+    let Some(claude) = cli_or_skip() else { return };
+    let run = SteeredRun::start(&claude, "SLEEP first, then answer");
+    let started = run.workdir.join("tool-started");
+    common::wait_until(std::time::Duration::from_secs(60), "the Bash tool to start", || started.exists().then_some(()));
+    assert!(common::runner::steer(&run.steers, STEER).await, "the steer went in");
+    let (outcome, requests) = run.finish().await;
+    assert_eq!(outcome.status, sessions_mcp::runner::RunStatus::Ok, "{outcome:?}");
+    assert_eq!(outcome.reply.as_deref(), Some("Steered: PINEAPPLE (3 messages)"));
+    // Claude Code hands the steer to its model beside the tool's result, within the turn.
+    let (request, last) = steered_request(&requests);
+    assert_eq!(request["messages"].as_array().unwrap().len(), 3, "{request}");
+    let result = &last["content"][0];
+    assert_eq!(result["type"], "tool_result", "{last}");
+    let output = result["content"].as_str().map_or_else(|| text_of(&result["content"]), String::from);
+    assert!(output.starts_with("slept") && output.contains(STEER), "{output}");
+    let assistant: Vec<String> =
+        outcome.messages.iter().filter(|m| m.role == "assistant").map(|m| m.content.to_string()).collect();
+    assert!(assistant.iter().all(|t| !t.contains("Hello from the fake API")), "one turn only: {assistant:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_steer_written_while_the_answer_is_on_its_way_runs_as_a_second_turn_whose_result_is_the_runs() {
+    let Some(claude) = cli_or_skip() else { return };
+    let mut run = SteeredRun::start(&claude, "WAIT, then say hello");
+    let first = tokio::time::timeout(std::time::Duration::from_secs(60), run.requests.recv()).await;
+    assert!(first.is_ok_and(|r| r.is_some()), "the first request reached the fake API");
+    // The fake holds its answer for 4 s: the steer arrives while the first turn is under way.
+    assert!(common::runner::steer(&run.steers, STEER).await, "the steer went in");
+    let (outcome, requests) = run.finish().await;
+    assert_eq!(outcome.status, sessions_mcp::runner::RunStatus::Ok, "{outcome:?}");
+    assert_eq!(outcome.reply.as_deref(), Some("Steered: PINEAPPLE (3 messages)"));
+    let replies: Vec<String> = outcome.messages.iter().map(|m| text_of(&m.content)).collect();
+    assert_eq!(replies, ["Hello from the fake API (1 messages)", "Steered: PINEAPPLE (3 messages)"]);
+    // The steer is the second turn's user message, after the first turn's answer.
+    let (_, last) = steered_request(&requests);
+    assert_eq!(last["role"], "user");
+    assert!(text_of(&last["content"]).contains(STEER), "{last}");
+    let usage = outcome.usage.expect("usage");
+    assert_eq!(usage["outputTokens"], 12, "both turns' tokens: {usage}");
+}
+
+/// Through the tool, end to end: a running Claude Code child steered with `subagents` takes the
+/// steer within its run and announces the steered answer.
+#[test]
+fn a_claude_child_steered_with_subagents_announces_the_steered_answer() {
+    let Some(claude) = cli_or_skip() else { return };
+    let (env, vars) = claude_env(&claude, Prompt::StreamJson, json!({}));
+    let mut c = serve(&env, &vars);
+    let r = c.call("sessions_spawn", json!({"task": "WAIT, then say hello", "agentId": "claude"}));
+    let child = r["childSessionKey"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+    common::wait_until(std::time::Duration::from_secs(60), "the child to run", || {
+        let l = c.call("subagents", json!({"action": "list"}));
+        (l["children"][0]["runState"] == "running").then_some(())
+    });
+    let s = c.call("subagents", json!({"action": "steer", "childSessionKey": child, "message": STEER}));
+    assert_eq!(s["targetDisposition"], "steered", "{s}");
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 150}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(outcome.starts_with("Status: completed successfully\nResult: Steered: PINEAPPLE"), "{outcome}");
+    let show = env.show(&child);
+    assert!(common::runs_of(&show, Some("steer")).is_empty(), "taken within the run: {}", show["runs"]);
+    let steer = show["messages"].as_array().unwrap().iter().find(|m| m["provenance"]["sourceTool"] == "subagents");
+    assert!(steer.is_some_and(|m| text_of(&m["content"]) == STEER), "{}", show["messages"]);
 }

@@ -28,6 +28,7 @@ mod runs;
 mod sandbox;
 mod send_stdio;
 mod spawn_stdio;
+mod steering;
 mod subagents;
 mod tasks;
 mod text_agent;

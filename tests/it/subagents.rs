@@ -12,7 +12,8 @@ use common::{Client, TestEnv, assert_no_process_carries, runs_of, scripted_agent
 use serde_json::{Value, json};
 
 /// Children answer `RESULT: <task>` (after 1.5 s for a task with "slow", after two minutes for
-/// one with "forever"); a task `spawn <rest>` spawns a child with task `<rest>` and ends at once;
+/// one with "forever"); one with "steerable" declares steering and answers `GOT: <steers>` once
+/// a steer came; a task `spawn <rest>` spawns a child with task `<rest>` and ends at once;
 /// the Notes step writes `NOTES: done`.
 fn script() -> Value {
     json!({"rules": [
@@ -20,6 +21,7 @@ fn script() -> Value {
         {"match": {"mode": "completion"}, "reply": "noted"},
         {"match": {"mode": "spawn", "inputRegex": "^spawn (.*)$"},
          "call": {"tool": "sessions_spawn", "arguments": {"task": "{1}"}}, "reply": "spawned: {result}"},
+        {"match": {"input": "steerable"}, "steer": true, "awaitSteerMs": 30_000, "reply": "GOT: {steer}"},
         {"match": {"input": "forever"}, "sleepMs": 120_000, "reply": "RESULT: {input}"},
         {"match": {"input": "slow"}, "sleepMs": 1_500, "reply": "RESULT: {input}"}
     ], "default": {"reply": "RESULT: {input}"}})
@@ -358,6 +360,31 @@ fn a_key_outside_the_callers_tree_gets_the_same_bytes_as_one_that_does_not_exist
 }
 
 // ---- steer --------------------------------------------------------------------------------------
+
+#[test]
+fn a_steer_reaches_a_running_jsonl_turn_that_acts_on_it_in_the_same_turn() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let child = spawn(&mut c, "steerable task");
+    wait_until(Duration::from_secs(20), "the child to run", || {
+        (row(&list(&mut c), &child)["runState"] == "running").then_some(())
+    });
+    let s = subagents(&mut c, json!({"action": "steer", "childSessionKey": child, "message": "use plan B"}));
+    assert_eq!(s["targetDisposition"], "steered", "{s}");
+    let w = subagents(&mut c, json!({"action": "wait", "timeoutSeconds": 60}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("Status: completed successfully\nResult: GOT: use plan B\n"), "{outcome}");
+    let show = env.show(&child);
+    assert_eq!(runs_of(&show, Some("steer")).len(), 0, "no extra turn: {}", show["runs"]);
+    let spawn_run_id = spawn_run(&env, &child)["runId"].clone();
+    let messages = show["messages"].as_array().unwrap();
+    let at = |f: &dyn Fn(&Value) -> bool| messages.iter().position(f).unwrap_or_else(|| panic!("{messages:?}"));
+    let steer_at = at(&|m| m["provenance"]["sourceTool"] == "subagents");
+    assert_eq!(messages[steer_at]["runId"], spawn_run_id, "it belongs to the turn it steered");
+    assert!(at(&|m| m["role"] == "user" && m["provenance"]["sourceTool"] == "sessions_spawn") < steer_at);
+    assert!(steer_at < at(&|m| m["role"] == "assistant"), "before the turn's answer: {messages:?}");
+    c.close();
+}
 
 #[test]
 fn a_steer_an_agent_cannot_take_mid_turn_becomes_the_childs_next_turn_and_its_result() {

@@ -4,6 +4,11 @@
 //! blocks → `tool_call`; `user` `tool_result` blocks → `tool_result`; `result` → `usage` plus
 //! `final`, or `error` when `is_error` (an API error or an interrupted turn: Claude Code exits 0
 //! after SIGINT, so the error is what makes such a run fail).
+//!
+//! With `--input-format stream-json` one process can run more than one turn (a steer queued
+//! behind the turn under way runs as a turn of its own), each ending in a `result`: its `usage`
+//! counts that turn only, its `total_cost_usd` the whole process. So the tokens add up over the
+//! results and the cost is the last one's.
 
 use std::collections::HashMap;
 
@@ -12,10 +17,42 @@ use serde_json::Value;
 use super::event::{self, Usage};
 use super::{Decoder, NotJson, parse, text_of};
 
-/// Remembers tool names by id: Claude's `tool_result` blocks carry only the id.
+/// Remembers tool names by id (Claude's `tool_result` blocks carry only the id) and the tokens of
+/// the results so far.
 #[derive(Default)]
 pub struct Claude {
     tools: HashMap<String, String>,
+    tokens: Tokens,
+}
+
+/// The token counts of a `result`'s `usage`.
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+struct Tokens {
+    input: i64,
+    output: i64,
+    cache_read: i64,
+    cache_write: i64,
+}
+
+impl Tokens {
+    fn of(result: &Value) -> Self {
+        let n = |k: &str| result.pointer(&format!("/usage/{k}")).and_then(Value::as_i64).unwrap_or(0);
+        Tokens {
+            input: n("input_tokens"),
+            output: n("output_tokens"),
+            cache_read: n("cache_read_input_tokens"),
+            cache_write: n("cache_creation_input_tokens"),
+        }
+    }
+
+    fn plus(self, other: Tokens) -> Self {
+        Tokens {
+            input: self.input + other.input,
+            output: self.output + other.output,
+            cache_read: self.cache_read + other.cache_read,
+            cache_write: self.cache_write + other.cache_write,
+        }
+    }
 }
 
 impl Decoder for Claude {
@@ -31,7 +68,7 @@ impl Decoder for Claude {
             ("stream_event", _) => text_delta(&v).into_iter().collect(),
             ("assistant", _) => self.assistant(&v),
             ("user", _) => self.tool_results(&v),
-            ("result", _) => result(&v),
+            ("result", _) => self.result(&v),
             _ => Vec::new(),
         })
     }
@@ -74,20 +111,25 @@ impl Claude {
             })
             .collect()
     }
+
+    /// A turn's summary: the usage and cost of the run so far, then the final reply or the error.
+    fn result(&mut self, v: &Value) -> Vec<Value> {
+        self.tokens = self.tokens.plus(Tokens::of(v));
+        let usage = event::usage(Usage {
+            input: self.tokens.input,
+            output: self.tokens.output,
+            cache_read: self.tokens.cache_read,
+            cache_write: self.tokens.cache_write,
+            cost_usd: v.get("total_cost_usd").and_then(Value::as_f64),
+        });
+        vec![usage, ending(v)]
+    }
 }
 
-/// The run's summary: cumulative usage and cost, then the final reply or the error.
-fn result(v: &Value) -> Vec<Value> {
-    let n = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_i64).unwrap_or(0);
-    let usage = event::usage(Usage {
-        input: n("input_tokens"),
-        output: n("output_tokens"),
-        cache_read: n("cache_read_input_tokens"),
-        cache_write: n("cache_creation_input_tokens"),
-        cost_usd: v.get("total_cost_usd").and_then(Value::as_f64),
-    });
+/// The reply a `result` ends its turn with, or the error it reports.
+fn ending(v: &Value) -> Value {
     let session = v.get("session_id").and_then(Value::as_str);
-    let last = if v.get("is_error").and_then(Value::as_bool).unwrap_or(false) {
+    if v.get("is_error").and_then(Value::as_bool).unwrap_or(false) {
         let code = v.get("api_error_type").and_then(Value::as_str).unwrap_or(text_of(v, "subtype"));
         let message = match v.get("result").and_then(Value::as_str) {
             Some(r) => r.to_string(),
@@ -99,8 +141,7 @@ fn result(v: &Value) -> Vec<Value> {
     } else {
         let stop = v.get("stop_reason").and_then(Value::as_str).unwrap_or("end_turn");
         event::final_(text_of(v, "result"), stop, session)
-    };
-    vec![usage, last]
+    }
 }
 
 #[cfg(test)]
@@ -140,6 +181,18 @@ mod tests {
         assert_eq!((events[2]["id"].clone(), events[2]["name"].clone()), (events[1]["id"].clone(), "Bash".into()));
         assert_eq!((events[2]["content"].as_str(), events[2]["isError"].as_bool()), (Some("tool-ran"), Some(false)));
         assert_eq!(events[5]["text"], "done: tool-ran");
+    }
+
+    #[test]
+    fn a_steer_run_as_a_second_turn_ends_in_a_second_result_with_the_tokens_of_both() {
+        let events = decode_fixture(ClaudeStreamJson, "claude-steered.jsonl");
+        let finals: Vec<&str> = of_type(&events, "final").iter().map(|e| e["text"].as_str().unwrap()).collect();
+        assert_eq!(finals, ["Hello from the fake API (1 messages)", "Steered (3 messages)"]);
+        let usage = of_type(&events, "usage");
+        let last = usage.last().unwrap();
+        assert_eq!((last["inputTokens"].as_i64(), last["outputTokens"].as_i64()), (Some(40), Some(12)));
+        assert_eq!(last["costUsd"].as_f64(), Some(0.00030000000000000003), "total_cost_usd is the process's total");
+        assert_eq!(usage[0]["inputTokens"], 10);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod http_client;
 pub mod inproc;
+pub mod runner;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
