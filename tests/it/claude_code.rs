@@ -91,6 +91,8 @@ fn reply_events(request: &Value) -> String {
     let text = last_user_text(request);
     let (block, stop) = if let Some(next) = paging_step(&messages) {
         next
+    } else if let Some(next) = spawn_wait_step(&messages) {
+        next
     } else if request["messages"].to_string().contains(STEER) {
         (json!({"type": "text", "text": format!("Steered: PINEAPPLE ({} messages)", messages.len())}), "end_turn")
     } else if let Some(r) = result {
@@ -182,6 +184,32 @@ fn paging_step(messages: &[Value]) -> Option<(Value, &'static str)> {
             Some((json!({"type": "text", "text": format!("paged: {report}")}), "end_turn"))
         }
     }
+}
+
+/// A model that delegates: after a turn that says DELEGATE, it spawns a `claude` child, then
+/// calls `subagents` wait, then reports the wait's answer as it reached it (`waited: <text>`).
+fn spawn_wait_step(messages: &[Value]) -> Option<(Value, &'static str)> {
+    if !messages.first().is_some_and(|m| text_of(&m["content"]).contains("DELEGATE")) {
+        return None;
+    }
+    let results: Vec<String> = messages
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| b["content"].as_str().map_or_else(|| text_of(&b["content"]), String::from))
+        .collect();
+    let call = |name: &str, input: Value| {
+        let id = format!("toolu_delegate_{}", results.len());
+        (json!({"type": "tool_use", "id": id, "name": name, "input": input}), "tool_use")
+    };
+    Some(match results.len() {
+        0 => call("mcp__sessions__sessions_spawn", json!({"task": "Say hello", "agentId": "claude"})),
+        1 => call("mcp__sessions__subagents", json!({"action": "wait", "timeoutSeconds": 120})),
+        _ => {
+            let seen = results[1].split("<system-reminder>").next().unwrap_or("").trim().to_string();
+            (json!({"type": "text", "text": format!("waited: {seen}")}), "end_turn")
+        }
+    })
 }
 
 /// The CLI, or None after saying why the test is skipped (a failure in CI's extended tier).
@@ -498,4 +526,21 @@ fn a_claude_child_steered_with_subagents_announces_the_steered_answer() {
     assert!(common::runs_of(&show, Some("steer")).is_empty(), "taken within the run: {}", show["runs"]);
     let steer = show["messages"].as_array().unwrap().iter().find(|m| m["provenance"]["sourceTool"] == "subagents");
     assert!(steer.is_some_and(|m| text_of(&m["content"]) == STEER), "{}", show["messages"]);
+}
+
+/// Claude Code as the host of `subagents`: its model spawns a child and waits for it with one
+/// call, and the wait's answer — the child's outcome inline — reaches the model whole.
+#[test]
+fn claude_code_hands_a_subagents_wait_with_the_childs_outcome_to_its_model_whole() {
+    let Some(claude) = cli_or_skip() else { return };
+    let (env, vars) = claude_env(&claude, Prompt::StreamJson, json!({}));
+    let mut c = serve(&env, &vars);
+    let r = c.call("sessions_send", json!({"sessionKey": KEY, "message": "DELEGATE", "timeoutSeconds": 240}));
+    assert_eq!(r["status"], "ok", "{r}");
+    let reply = r["reply"].as_str().unwrap_or_default();
+    let seen = reply.strip_prefix("waited: ").unwrap_or_else(|| panic!("{reply}"));
+    let answer: Value = serde_json::from_str(seen).unwrap_or_else(|e| panic!("the model got whole JSON ({e}): {seen}"));
+    assert_eq!(answer["status"], "ok", "{answer}");
+    let outcome = answer["finished"][0]["outcome"].as_str().unwrap_or_default();
+    assert!(outcome.starts_with("Status: completed successfully\nResult: Hello from the fake API"), "{answer}");
 }

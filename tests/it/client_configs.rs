@@ -226,7 +226,10 @@ fn the_mcp_inspector_starts_the_server_from_mcp_json_and_lists_the_tools() {
     let mut names: Vec<&str> =
         listed["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
     names.sort();
-    assert_eq!(names, ["agents_list", "sessions_history", "sessions_list", "sessions_send", "sessions_spawn", "subagents"]);
+    assert_eq!(
+        names,
+        ["agents_list", "sessions_history", "sessions_list", "sessions_send", "sessions_spawn", "subagents"]
+    );
 }
 
 /// The binary a user installs has no benchmark harness: `bench` is a cargo feature.
