@@ -630,8 +630,11 @@ fn finish(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow) -> Result<(), 
     if delete {
         remove_attachments(rt, spawn_run);
     }
-    // A parent waiting for its last child hears of it through the completion run queued above.
-    rt.store.mark_announced(child.id, delete, archive_after)
+    // A parent waiting for its last child hears of it through the completion run queued above;
+    // a `subagents` wait counts a child finished from here, so it is woken now.
+    rt.store.mark_announced(child.id, delete, archive_after)?;
+    rt.wake();
+    Ok(())
 }
 
 /// Removes a child's attachment directory (at delete or archive); the receipts stay on the run.
