@@ -23,7 +23,9 @@ use crate::policy::{
 use crate::store::{SendPolicyOverride, SessionState, Store};
 
 /// The store's rows as the layers above read them: they reach them only through this façade.
-pub use crate::store::{HistoryPage, MessageRow, PendingInput, RunMode, RunRow, RunStatus, SessionRow};
+pub use crate::store::{
+    AnsweredVia, AskDecision, AskRow, HistoryPage, MessageRow, PendingInput, RunMode, RunRow, RunStatus, SessionRow,
+};
 pub use error::{ErrorStatus, ToolError};
 pub use list::{ListPage, ListRequest, Transcript, transcript};
 pub use reads::HistoryFrom;

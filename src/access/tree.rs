@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{Access, ToolError};
 use crate::access::caller::Caller;
 use crate::keys::SessionRef;
-use crate::store::{AnnounceRow, DeliveryStatus, RunRow, RunStatus, SessionRow, TreeTotals, now_ms};
+use crate::store::{AnnounceRow, AskRow, DeliveryStatus, RunRow, RunStatus, SessionRow, TreeTotals, now_ms};
 
 /// Where a child's work is. Kept apart from where its announce is ([`AnnounceState`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
@@ -20,7 +20,7 @@ pub enum RunState {
     Queued,
     /// A run of the child is running (its task, a completion of its own child, its Notes step).
     Running,
-    /// Its own run ended; it waits for its children before it announces.
+    /// It waits: for its children before it announces, or for the answer to a question it asked.
     Waiting,
     Completed,
     Failed,
@@ -76,6 +76,8 @@ pub struct Child {
     pub state: RunState,
     pub announce: AnnounceState,
     pub announce_row: Option<AnnounceRow>,
+    /// Its questions and approvals no one has answered yet.
+    pub open_asks: Vec<AskRow>,
 }
 
 impl Child {
@@ -176,9 +178,32 @@ impl Access {
             Some(id) => store.announce_of(id)?,
             None => None,
         };
-        let state = run_state(&row, spawn_run.as_ref(), active.as_ref(), last_work.as_ref());
+        let open_asks = store.open_asks_of(row.id)?;
+        let mut state = run_state(&row, spawn_run.as_ref(), active.as_ref(), last_work.as_ref());
+        if state == RunState::Running && !open_asks.is_empty() {
+            state = RunState::Waiting; // on an answer
+        }
         let announce = announce_state(&row, announce_row.as_ref());
-        Ok(Child { row, spawn_run, last_work, state, announce, announce_row })
+        Ok(Child { row, spawn_run, last_work, state, announce, announce_row, open_asks })
+    }
+
+    /// Resolves a request id to an ask of one of the caller's descendants; any other id — another
+    /// tree's, or none at all — gets the same `not_found`.
+    pub fn ask_in_tree(&self, caller: &Caller, id: &str) -> Result<AskRow, ToolError> {
+        let ask = self.store.ask(id)?;
+        match ask {
+            Some(a) if a.child != caller.key && self.store.is_ancestor(&caller.key, &a.child)? => Ok(a),
+            _ => Err(ToolError::not_found(format!(
+                "Input request not found: {id} (subagents {{\"action\": \"list\"}} shows your sub-agents' open requests)"
+            ))),
+        }
+    }
+
+    /// Open asks in the caller's tree put to the caller (what makes a `wait` return early).
+    pub fn asks_for(&self, caller: &Caller) -> Result<Vec<AskRow>, ToolError> {
+        let mut open = self.store.open_asks_below(&caller.key)?;
+        open.retain(|a| a.target == caller.key);
+        Ok(open)
     }
 
     /// A descendant read again (after a wait's wake, or a cancel).

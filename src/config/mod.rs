@@ -26,6 +26,7 @@ pub mod defaults {
     pub const SUBAGENT_RUN_TIMEOUT_SECONDS: u64 = 0;
     pub const ARCHIVE_AFTER_MINUTES: f64 = 60.0;
     pub const SWEEP_INTERVAL_SECONDS: u64 = 60;
+    pub const APPROVAL_TIMEOUT_SECONDS: u64 = 600;
     pub const ANNOUNCE_STEP: bool = true;
     pub const MAIN_KEY: &str = crate::keys::DEFAULT_MAIN_KEY;
     pub const MAX_PING_PONG_TURNS: u32 = 5;
@@ -113,6 +114,49 @@ pub struct SubagentDefaults {
     pub announce_step: bool,
     pub model: Option<String>,
     pub thinking: Option<String>,
+    /// Questions and approvals a run asks (`input_request`): how long they wait, and rules that
+    /// decide without asking.
+    pub approvals: Approvals,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Approvals {
+    /// How long a request waits for an answer (at least 1).
+    pub timeout_seconds: u64,
+    /// What an unanswered request gets: deny (default) or allow.
+    pub on_timeout: ApprovalDecision,
+    /// Approvals decided without asking, first match wins: `{decision, tool?, agent?}` with globs
+    /// (`*`) over the requested tool's name and the asking agent's id; a rule without `tool`
+    /// matches every approval of its agents. Questions are always asked.
+    pub rules: Vec<ApprovalRule>,
+}
+
+impl Default for Approvals {
+    fn default() -> Self {
+        Self {
+            timeout_seconds: defaults::APPROVAL_TIMEOUT_SECONDS,
+            on_timeout: ApprovalDecision::Deny,
+            rules: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalDecision {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalRule {
+    pub decision: ApprovalDecision,
+    /// A glob over the tool's name (e.g. `Read`, `mcp__*__list*`).
+    pub tool: Option<String>,
+    /// A glob over the asking agent's id.
+    pub agent: Option<String>,
 }
 
 impl Default for SubagentDefaults {
@@ -128,6 +172,7 @@ impl Default for SubagentDefaults {
             announce_step: defaults::ANNOUNCE_STEP,
             model: None,
             thinking: None,
+            approvals: Approvals::default(),
         }
     }
 }
@@ -731,6 +776,12 @@ impl Config {
         let sub = &self.agents.defaults.subagents;
         if !(1..=5).contains(&sub.max_spawn_depth) {
             return Err(format!("agents.defaults.subagents.maxSpawnDepth must be 1-5, got {}", sub.max_spawn_depth));
+        }
+        if sub.approvals.timeout_seconds == 0 {
+            return Err(
+                "agents.defaults.subagents.approvals.timeoutSeconds must be at least 1 (a request always has a deadline)"
+                    .into(),
+            );
         }
         if self.session.agent_to_agent.max_ping_pong_turns > 5 {
             return Err(format!(

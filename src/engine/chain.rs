@@ -85,6 +85,8 @@ pub enum SourceTool {
     SubagentAnnounce,
     Inject,
     Subagents,
+    /// A question or approval a run asked, and its answer when no session gave it.
+    InputRequest,
 }
 
 impl SourceTool {
@@ -95,6 +97,7 @@ impl SourceTool {
             SourceTool::SubagentAnnounce => "subagent_announce",
             SourceTool::Inject => "inject",
             SourceTool::Subagents => "subagents",
+            SourceTool::InputRequest => "input_request",
         }
     }
 }

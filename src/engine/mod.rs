@@ -3,6 +3,7 @@
 //! a run (reply-back, announce, deliveries) are queued runs and ledger rows; send, spawn and inject
 //! start runs.
 
+pub mod ask;
 pub mod attachments;
 pub mod chain;
 pub mod context;

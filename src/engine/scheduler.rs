@@ -19,12 +19,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, broadcast, mpsc, watch};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::Access;
 use crate::config::Config;
-use crate::runner::{Runner, Steer};
+use crate::runner::{InputAnswer, Runner, Steer};
 use crate::store::{CancelRequest, Caps, RunRow, Store, StoreError};
 
 /// How long a waiter sleeps between looks at a run row when no wake came.
@@ -81,6 +81,8 @@ pub struct Scheduler {
     pub(super) steers: Mutex<HashMap<String, mpsc::UnboundedSender<Steer>>>,
     /// Steers offered to a running run and not settled yet.
     pub(super) offered: Mutex<HashSet<i64>>,
+    /// Open asks of this process's running turns: where their answer goes ([`crate::engine::ask`]).
+    pub(super) asks: Mutex<HashMap<String, oneshot::Sender<InputAnswer>>>,
     /// Stop claiming new runs (shutdown or hand-over).
     stop_claiming: CancellationToken,
     shutting_down: AtomicBool,
@@ -133,6 +135,7 @@ impl Scheduler {
             progress: Mutex::new(HashMap::new()),
             steers: Mutex::new(HashMap::new()),
             offered: Mutex::new(HashSet::new()),
+            asks: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),
             socket: Mutex::new(None),
@@ -270,6 +273,7 @@ impl Scheduler {
             } else if !self.stop_claiming.is_cancelled() {
                 self.stop_flagged();
                 crate::engine::steer::offer_pending(&self);
+                crate::engine::ask::deliver_answers(&self);
                 self.claim_all();
                 crate::engine::deliver_due(&self).await;
                 if last_renew.elapsed() > Duration::from_secs(5) {
@@ -371,7 +375,9 @@ impl Scheduler {
                 let _ = tx.send(text.to_string());
             }
         };
-        let finished = crate::engine::run_turn(&self, &run, input_seq, cancel, &on_delta, steers).await;
+        let (asks, asked) = mpsc::unbounded_channel();
+        tokio::spawn(crate::engine::ask::serve_asks(self.clone(), run.clone(), asked));
+        let finished = crate::engine::run_turn(&self, &run, input_seq, cancel, &on_delta, steers, asks).await;
         self.active.lock().expect("active").remove(&run_id);
         self.progress.lock().expect("progress").remove(&run_id);
         self.steers.lock().expect("steers").remove(&run_id);

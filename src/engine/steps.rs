@@ -56,7 +56,8 @@ fn after_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), St
             spawn::after_child_run(rt, run, result)
         }
         RunMode::Announce => announce_delivery(rt, run, result),
-        RunMode::Spawn | RunMode::Steer => spawn::after_child_run(rt, run, result),
+        // An ask turn answers through the tool; its reply goes nowhere of its own.
+        RunMode::Spawn | RunMode::Steer | RunMode::Ask => spawn::after_child_run(rt, run, result),
         RunMode::Completion => {
             spawn::completion_read(rt, run, result)?;
             completion_delivery(rt, run, result).and_then(|_| spawn::after_child_run(rt, run, result))

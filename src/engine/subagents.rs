@@ -14,7 +14,7 @@ use super::{Engine, TurnResult, spawn, take_steps};
 use crate::access::caller::Caller;
 use crate::access::{Child, RunStatus, ToolError};
 use crate::keys::SessionKey;
-use crate::store::SessionRow;
+use crate::store::{AskRow, SessionRow};
 
 /// When a wait over several children returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,8 @@ pub enum Until {
 pub struct WaitOutcome {
     pub finished: Vec<Child>,
     pub unfinished: Vec<Child>,
+    /// Questions and approvals from the caller's tree put to the caller: they end a wait at once.
+    pub attention: Vec<AskRow>,
     /// The timeout passed before the condition held.
     pub timed_out: bool,
 }
@@ -54,6 +56,7 @@ impl Engine<'_> {
     /// client cancelled the request or left): nothing was consumed.
     pub async fn wait_subagents(
         &self,
+        caller: &Caller,
         children: &[SessionRow],
         until: Until,
         timeout: Duration,
@@ -68,11 +71,15 @@ impl Engine<'_> {
                 .collect::<Result<Vec<Child>, ToolError>>()?
                 .into_iter()
                 .partition(|c: &Child| c.state.is_finished() && c.row.announced_at.is_some());
-            Ok(WaitOutcome { finished, unfinished, timed_out: false })
+            let attention = access.asks_for(caller)?;
+            Ok(WaitOutcome { finished, unfinished, attention, timed_out: false })
         };
-        let holds = |w: &WaitOutcome| match until {
-            Until::Any => !w.finished.is_empty() || w.unfinished.is_empty(),
-            Until::All => w.unfinished.is_empty(),
+        let holds = |w: &WaitOutcome| {
+            !w.attention.is_empty()
+                || match until {
+                    Until::Any => !w.finished.is_empty() || w.unfinished.is_empty(),
+                    Until::All => w.unfinished.is_empty(),
+                }
         };
         let waited = rt
             .wait_for(timeout, cancel, || -> Result<Option<WaitOutcome>, ToolError> {

@@ -164,6 +164,7 @@ pub async fn run_turn(
     cancel: CancellationToken,
     on_delta: &(dyn Fn(&str) + Send + Sync),
     steers: tokio::sync::mpsc::UnboundedReceiver<crate::runner::Steer>,
+    asks: tokio::sync::mpsc::UnboundedSender<crate::runner::InputRequest>,
 ) -> Result<TurnResult, StoreError> {
     let store = &rt.store;
     let config = &rt.config;
@@ -267,6 +268,7 @@ pub async fn run_turn(
         let workdir = spec.workdir.clone();
         Launch { run_id: run.run_id.clone(), program: spec.command.clone(), args: argv, env, workdir, uid_gid: None }
     };
+    drop(asks);
     let hooks = Hooks { on_spawn: &on_spawn, on_delta };
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &hooks, Some(steers)).await;
     let status = match outcome.status {

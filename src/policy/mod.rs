@@ -1,11 +1,13 @@
-//! Pure decisions from facts: visibility, agent-to-agent, send policy, and which tools a caller
-//! gets. No I/O here: `access/` loads the facts from the store and config and asks these
+//! Pure decisions from facts: visibility, agent-to-agent, send policy, which tools a caller
+//! gets, and approvals decided by rule. No I/O here: `access/` loads the facts from the store and config and asks these
 //! functions, so every tool gets the same answer for the same facts.
 
+mod approvals;
 mod send_policy;
 mod tool_set;
 mod visibility;
 
+pub use approvals::approval_by_rule;
 pub use send_policy::{SendDecision, SendPolicySource, SendTarget, resolve_send_policy};
 pub use tool_set::{CallerRole, ToolName, spawnable, tools_for};
 pub use visibility::{

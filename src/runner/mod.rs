@@ -32,6 +32,34 @@ pub use spec::{RunnerSpec, resolve_runner};
 use adapters::Decoder;
 use stdin::AgentStdin;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    Approval,
+    Question,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone)]
+pub struct InputAnswer {
+    pub decision: Decision,
+    pub text: Option<String>,
+}
+
+/// A question or approval the running turn asks; answer it on `answer` (dropping it withdraws nothing: the run ends anyway).
+pub struct InputRequest {
+    pub id: String,
+    pub kind: InputKind,
+    pub text: String,
+    pub options: Option<serde_json::Value>,
+    pub details: Option<serde_json::Value>,
+    pub answer: tokio::sync::oneshot::Sender<InputAnswer>,
+}
+
 /// A message for the running turn; `taken` answers whether it was written into the turn (true)
 /// or the agent cannot take one now (false: not declared, stdin closed, after final, run ending).
 pub struct Steer {

@@ -6,6 +6,7 @@
 //! transactions. Schema changes are embedded, versioned migrations; a backup is taken before an
 //! existing store is migrated, and a store written by a newer version is refused.
 
+mod asks;
 mod cancel;
 mod import;
 mod ledger;
@@ -29,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
+pub use asks::{Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk};
 pub use cancel::CancelRequest;
 pub use import::{ImportedSession, Merged, SessionExtras};
 pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};

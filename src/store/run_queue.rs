@@ -89,6 +89,8 @@ pub enum RunMode {
     Inject,
     /// A steer that the child's running turn could not take: the child's next turn.
     Steer,
+    /// A question or approval of a sub-agent, put to its driven parent.
+    Ask,
 }
 
 impl RunMode {
@@ -101,11 +103,12 @@ impl RunMode {
             Self::Completion => "completion",
             Self::Inject => "inject",
             Self::Steer => "steer",
+            Self::Ask => "ask",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Send, Self::Reply, Self::Announce, Self::Spawn, Self::Completion, Self::Inject, Self::Steer]
+        [Self::Send, Self::Reply, Self::Announce, Self::Spawn, Self::Completion, Self::Inject, Self::Steer, Self::Ask]
             .into_iter()
             .find(|m| m.as_str() == s)
     }

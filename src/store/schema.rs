@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -273,4 +273,32 @@ CREATE TABLE steers (
     decided_at  INTEGER
 );
 CREATE INDEX steers_pending ON steers (run_id) WHERE state = 'pending';
+"#;
+
+/// Version 6: questions and approvals a run asks (`input_request`), each answered once by whoever
+/// may (an ancestor with `subagents` respond, the operator, a rule, the timeout) or withdrawn when
+/// its run ends first.
+const V6: &str = r#"
+CREATE TABLE asks (
+    id               TEXT PRIMARY KEY,
+    run_id           TEXT NOT NULL,
+    session          INTEGER NOT NULL REFERENCES sessions (id),
+    agent_request_id TEXT NOT NULL,
+    kind             TEXT NOT NULL CHECK (kind IN ('approval', 'question')),
+    text             TEXT NOT NULL,
+    options          TEXT,
+    details          TEXT,
+    target_key       TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN ('open', 'answered', 'expired', 'withdrawn')),
+    decision         TEXT CHECK (decision IN ('allow', 'deny')),
+    answer_text      TEXT,
+    answered_by      TEXT,
+    answered_via     TEXT,
+    created_at       INTEGER NOT NULL,
+    deadline_at      INTEGER NOT NULL,
+    answered_at      INTEGER
+);
+CREATE INDEX asks_open ON asks (deadline_at) WHERE state = 'open';
+CREATE INDEX asks_run ON asks (run_id);
+CREATE INDEX asks_target_open ON asks (target_key) WHERE state = 'open';
 "#;

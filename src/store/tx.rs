@@ -51,6 +51,28 @@ impl Tx<'_> {
         Ok(super::ledger::add_delivery(self.tx, d, None)?)
     }
 
+    /// Ends a queued run `cancelled` with its steps taken (there are none to take): a step that
+    /// became moot before it started. Nothing when it started already.
+    pub fn withdraw_queued_run(&self, run_id: &str, why: &str) -> Result<()> {
+        let now = super::now_ms();
+        super::cancel::dequeue(self.tx, run_id, now, why)?;
+        self.tx.execute(
+            "UPDATE runs SET steps_done_at = ?2 WHERE run_id = ?1 AND status = 'cancelled' AND steps_done_at IS NULL",
+            params![run_id, now],
+        )?;
+        Ok(())
+    }
+
+    /// Records an open ask.
+    pub fn add_ask(&self, a: &super::NewAsk) -> Result<()> {
+        Ok(super::asks::add_ask(self.tx, a)?)
+    }
+
+    /// Closes an open ask as `state` with `answer`: false when it was closed already.
+    pub fn close_ask(&self, id: &str, state: super::AskState, answer: &super::Answer) -> Result<bool> {
+        Ok(super::asks::close_ask(self.tx, id, state, answer)?)
+    }
+
     /// Records a steer; returns its id.
     pub fn add_steer(&self, s: &super::NewSteer) -> Result<i64> {
         Ok(super::steer::add_steer(self.tx, s)?)

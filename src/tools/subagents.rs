@@ -23,7 +23,8 @@ use serde_json::{Map, Value};
 
 use super::args::{ArgReader, Bounds};
 use super::{Ctx, Output, ToolError, ToolSpec};
-use crate::access::{AnnounceState, Child, RunState, SessionRow};
+use crate::access::{AnnounceState, AnsweredVia, AskDecision, AskRow, Child, RunState, SessionRow};
+use crate::engine::ask::Responded;
 use crate::engine::steer::{Disposition, SteerRequest};
 use crate::engine::subagents::{CancelOutcome, Until, WaitOutcome};
 use crate::policy::ToolName;
@@ -42,7 +43,7 @@ const ACTIVITY_CHARS: usize = 160;
 #[serde(rename_all = "camelCase")]
 #[allow(dead_code)]
 pub struct Params {
-    /// list | wait | cancel | steer (required).
+    /// list | wait | cancel | steer | respond (required).
     action: Action,
     /// list: rows per page (1-100, default 20; larger values are clamped and reported in limitApplied).
     #[schemars(range(min = 1))]
@@ -64,6 +65,20 @@ pub struct Params {
     message: Option<String>,
     /// steer: pass the same key again to get the first steer's answer instead of steering twice.
     idempotency_key: Option<String>,
+    /// respond: the requestId of a sub-agent's open question or approval (from list, wait or your session).
+    request_id: Option<String>,
+    /// respond: allow | deny.
+    decision: Option<RespondDecision>,
+    /// respond: your answer in words (a question's answer; why you deny).
+    text: Option<String>,
+}
+
+#[derive(JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum RespondDecision {
+    Allow,
+    Deny,
 }
 
 #[derive(JsonSchema)]
@@ -74,6 +89,7 @@ enum Action {
     Wait,
     Cancel,
     Steer,
+    Respond,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
@@ -84,11 +100,12 @@ pub enum WaitUntil {
 }
 
 /// Which arguments each action takes; any other is refused naming the action.
-const ARGS: [(&str, &[&str]); 4] = [
+const ARGS: [(&str, &[&str]); 5] = [
     ("list", &["limit", "cursor"]),
     ("wait", &["childSessionKeys", "until", "timeoutSeconds"]),
     ("cancel", &["childSessionKey", "cascade"]),
     ("steer", &["childSessionKey", "message", "idempotencyKey"]),
+    ("respond", &["requestId", "decision", "text"]),
 ];
 
 /// A `subagents` answer: one shape per action.
@@ -99,6 +116,7 @@ pub enum SubagentsOk {
     Wait(WaitOk),
     Cancel(CancelOk),
     Steer(SteerOk),
+    Respond(RespondOk),
 }
 
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
@@ -123,6 +141,43 @@ pub enum CancelAction {
 #[serde(rename_all = "lowercase")]
 pub enum SteerAction {
     Steer,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RespondAction {
+    Respond,
+}
+
+/// A sub-agent's open question or approval.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    /// Pass it to subagents {action: "respond"}.
+    pub request_id: String,
+    pub child_session_key: String,
+    /// approval | question.
+    pub kind: String,
+    pub text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<Value>,
+    /// What it is about (for an approval: the tool and its input).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
+    /// When it is answered by agents.defaults.subagents.approvals.onTimeout, ms since the epoch.
+    pub expires_at: i64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RespondOk {
+    pub status: ListStatus,
+    pub action: RespondAction,
+    pub request_id: String,
+    pub child_session_key: String,
+    /// allow | deny.
+    pub decision: String,
+    pub note: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
@@ -184,6 +239,9 @@ pub struct ChildRow {
     /// The start of its last message (redacted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_activity: Option<String>,
+    /// Its questions and approvals waiting for an answer (answer with action "respond").
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pending_requests: Vec<Request>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -212,6 +270,8 @@ pub enum WaitStatus {
     Ok,
     /// The timeout passed first (not an error): `unfinished` still runs.
     Timeout,
+    /// A sub-agent asks you something: answer `requests` with action "respond", then wait again.
+    Attention,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -224,6 +284,9 @@ pub struct WaitOk {
     pub finished: Vec<Finished>,
     /// The children still at work.
     pub unfinished: Vec<Unfinished>,
+    /// Questions and approvals from your tree that wait for your answer.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<Request>,
     pub waited_ms: u64,
     pub note: String,
 }
@@ -316,7 +379,7 @@ async fn act(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<Subagent
     let action = a.req_string("action", 16)?;
     let Some((_, takes)) = ARGS.iter().find(|(name, _)| *name == action) else {
         return Err(ToolError::invalid(format!(
-            "action {action:?} is not an action; allowed: list, wait, cancel, steer"
+            "action {action:?} is not an action; allowed: list, wait, cancel, steer, respond"
         )));
     };
     if let Some(other) = ARGS.iter().flat_map(|(_, names)| names.iter()).find(|n| a.has(n) && !takes.contains(n)) {
@@ -329,7 +392,8 @@ async fn act(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<Subagent
         "list" => list(ctx, a).map(SubagentsOk::List),
         "wait" => wait(ctx, a).await.map(SubagentsOk::Wait),
         "cancel" => cancel(ctx, a).await.map(SubagentsOk::Cancel),
-        _ => steer(ctx, a).await.map(SubagentsOk::Steer),
+        "steer" => steer(ctx, a).await.map(SubagentsOk::Steer),
+        _ => respond(ctx, a).map(SubagentsOk::Respond),
     }
 }
 
@@ -392,6 +456,19 @@ fn child_row(ctx: &Ctx, c: &Child, last: Option<&Value>) -> ChildRow {
         tokens: Tokens { input: row.tokens_in, output: row.tokens_out, total: row.tokens_in + row.tokens_out },
         cost: row.cost,
         last_activity: last.map(|m| crate::sanitize::redact(&crate::sanitize::preview(m, ACTIVITY_CHARS)).0),
+        pending_requests: c.open_asks.iter().map(|a| request(ctx, a)).collect(),
+    }
+}
+
+fn request(ctx: &Ctx, a: &AskRow) -> Request {
+    Request {
+        request_id: a.id.clone(),
+        child_session_key: ctx.access.scope(ctx.caller).display(&a.child),
+        kind: a.kind.as_str().into(),
+        text: a.text.clone(),
+        options: a.options.clone(),
+        details: a.details.clone(),
+        expires_at: a.deadline_at,
     }
 }
 
@@ -426,13 +503,14 @@ async fn wait(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<WaitOk, ToolError> {
         Some(keys) => dedup_rows(keys.iter().map(|k| access.subagent(ctx.caller, "childSessionKeys", k)))?,
         None => access.unconsumed_children(ctx.caller)?.into_iter().map(|c| c.row).collect(),
     };
-    if rows.is_empty() {
+    if rows.is_empty() && access.asks_for(ctx.caller)?.is_empty() {
         return Ok(WaitOk {
             status: WaitStatus::Ok,
             action: WaitAction::Wait,
             until,
             finished: Vec::new(),
             unfinished: Vec::new(),
+            requests: Vec::new(),
             waited_ms: 0,
             note:
                 "You have no children whose outcome you have not read; subagents {\"action\": \"list\"} shows them all."
@@ -445,7 +523,8 @@ async fn wait(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<WaitOk, ToolError> {
         WaitUntil::Any => Until::Any,
         WaitUntil::All => Until::All,
     };
-    let Some(outcome) = ctx.engine().wait_subagents(&rows, engine_until, timeout, &ctx.cancel).await? else {
+    let Some(outcome) = ctx.engine().wait_subagents(ctx.caller, &rows, engine_until, timeout, &ctx.cancel).await?
+    else {
         return Err(ToolError::error("the wait was cancelled before it returned; no outcome was consumed"));
     };
     Ok(wait_answer(ctx, until, outcome, started.elapsed()))
@@ -488,17 +567,27 @@ fn wait_answer(ctx: &Ctx, until: WaitUntil, outcome: WaitOutcome, waited: Durati
             runtime_ms: c.runtime_ms(),
         })
         .collect();
+    let requests: Vec<Request> = outcome.attention.iter().map(|a| request(ctx, a)).collect();
     let note = match (outcome.timed_out, unfinished.is_empty()) {
+        _ if !requests.is_empty() => {
+            "A sub-agent asks you something: answer each of `requests` with subagents {\"action\": \"respond\", \"requestId\", \"decision\"}, then wait again."
+        }
         (true, _) => "Timed out with children still at work; wait again, or cancel the ones you no longer need.",
         (false, true) => "Every child you waited for has finished.",
         (false, false) => "Some children are still at work; wait again for the rest.",
     };
+    let status = match (requests.is_empty(), outcome.timed_out) {
+        (false, _) => WaitStatus::Attention,
+        (true, true) => WaitStatus::Timeout,
+        (true, false) => WaitStatus::Ok,
+    };
     let mut ok = WaitOk {
-        status: if outcome.timed_out { WaitStatus::Timeout } else { WaitStatus::Ok },
+        status,
         action: WaitAction::Wait,
         until,
         finished,
         unfinished,
+        requests,
         waited_ms: waited.as_millis() as u64,
         note: note.into(),
     };
@@ -609,4 +698,35 @@ async fn steer(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<SteerOk, ToolError> {
         run_id: steered.run_id,
         note: note.into(),
     })
+}
+
+// ---- respond ------------------------------------------------------------------------------------
+
+fn respond(ctx: &Ctx, mut a: ArgReader) -> Result<RespondOk, ToolError> {
+    let id = a.req_string("requestId", 64)?;
+    let decision = match a.req_string("decision", 16)?.to_ascii_lowercase().as_str() {
+        "allow" => AskDecision::Allow,
+        "deny" => AskDecision::Deny,
+        other => return Err(ToolError::invalid(format!("decision {other:?} is not allowed; allowed: allow, deny"))),
+    };
+    let text = a.opt_string("text", super::sessions_spawn::MAX_TASK_BYTES)?;
+    a.finish()?;
+    let ask = ctx.access.ask_in_tree(ctx.caller, &id)?;
+    let scope = ctx.access.scope(ctx.caller);
+    match ctx.engine().respond(ctx.caller, &ask, decision, text.as_deref())? {
+        Responded::Answered(ask) => Ok(RespondOk {
+            status: ListStatus::Ok,
+            action: RespondAction::Respond,
+            request_id: ask.id.clone(),
+            child_session_key: scope.display(&ask.child),
+            decision: decision.as_str().into(),
+            note: "Answered; the sub-agent continues with it.".into(),
+        }),
+        Responded::AlreadyAnswered(ask) => Err(ToolError::invalid(format!(
+            "requestId {id} was already answered ({}) by {} via {}; your answer was not used",
+            ask.decision.map_or("withdrawn", AskDecision::as_str),
+            ask.answered_by.as_deref().unwrap_or("nobody"),
+            ask.answered_via.map_or("its run's end", AnsweredVia::as_str),
+        ))),
+    }
 }

@@ -1,0 +1,250 @@
+//! Asks: a question or an approval a running turn put to someone above it (`input_request`).
+//! The owner of the run records it `open` with whom it asked; any process may answer it, once (a
+//! compare-and-set on `open`); the owner hands the answer to the turn. An ask whose run ended
+//! first is withdrawn.
+
+use rusqlite::{OptionalExtension, Transaction, params};
+use serde_json::Value;
+
+use super::{Result, Store, now_ms};
+use crate::keys::SessionKey;
+
+/// What is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskKind {
+    /// May I (run this tool, write that file)?
+    Approval,
+    /// A question that needs an answer in words.
+    Question,
+}
+
+/// Where an ask is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskState {
+    Open,
+    Answered,
+    /// No one answered in time: `agents.defaults.subagents.approvals.onTimeout` decided.
+    Expired,
+    /// Its run ended before an answer came (it finished, was cancelled, or its owner died).
+    Withdrawn,
+}
+
+/// The answer's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskDecision {
+    Allow,
+    Deny,
+}
+
+/// Who answered, by which path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnsweredVia {
+    /// `subagents {action: "respond"}` by an ancestor (a person at a host, or a driven parent's run).
+    Subagents,
+    /// `sessions-mcp respond`.
+    Operator,
+    /// An MCP elicitation answered at the host.
+    Elicitation,
+    /// `approvals.rules` decided without asking.
+    Rule,
+    /// `approvals.timeoutSeconds` passed.
+    Timeout,
+}
+
+macro_rules! text_enum {
+    ($t:ty { $($v:ident => $s:literal),+ $(,)? }) => {
+        impl $t {
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$v => $s),+ }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($s => Some(Self::$v),)+ _ => None }
+            }
+        }
+    };
+}
+
+text_enum!(AskKind { Approval => "approval", Question => "question" });
+text_enum!(AskState { Open => "open", Answered => "answered", Expired => "expired", Withdrawn => "withdrawn" });
+text_enum!(AskDecision { Allow => "allow", Deny => "deny" });
+text_enum!(AnsweredVia {
+    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Rule => "rule", Timeout => "timeout",
+});
+
+/// An ask to record.
+#[derive(Debug, Clone)]
+pub struct NewAsk<'a> {
+    pub id: &'a str,
+    pub run_id: &'a str,
+    pub session: i64,
+    /// The agent's own id for it (the runner answers by it).
+    pub agent_request_id: &'a str,
+    pub kind: AskKind,
+    pub text: &'a str,
+    pub options: Option<&'a Value>,
+    pub details: Option<&'a Value>,
+    /// Whom it was put to.
+    pub target: &'a SessionKey,
+    pub deadline_at: i64,
+}
+
+/// An answer to record.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    pub decision: AskDecision,
+    pub text: Option<&'a str>,
+    /// The answering session, or "operator".
+    pub by: &'a str,
+    pub via: AnsweredVia,
+}
+
+/// A stored ask.
+#[derive(Debug, Clone)]
+pub struct AskRow {
+    pub id: String,
+    pub run_id: String,
+    pub session: i64,
+    /// The asking session's key.
+    pub child: SessionKey,
+    pub agent_request_id: String,
+    pub kind: AskKind,
+    pub text: String,
+    pub options: Option<Value>,
+    pub details: Option<Value>,
+    pub target: SessionKey,
+    pub state: AskState,
+    pub decision: Option<AskDecision>,
+    pub answer_text: Option<String>,
+    pub answered_by: Option<String>,
+    pub answered_via: Option<AnsweredVia>,
+    pub created_at: i64,
+    pub deadline_at: i64,
+}
+
+const SELECT: &str = "SELECT a.id, a.run_id, a.session, c.key, a.agent_request_id, a.kind, a.text, a.options,
+         a.details, a.target_key, a.state, a.decision, a.answer_text, a.answered_by, a.answered_via, a.created_at,
+         a.deadline_at
+     FROM asks a JOIN sessions c ON c.id = a.session";
+
+fn from_row(r: &rusqlite::Row) -> rusqlite::Result<AskRow> {
+    let json = |i: usize| -> rusqlite::Result<Option<Value>> {
+        Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
+    };
+    let text = |i: usize| -> rusqlite::Result<Option<String>> { r.get(i) };
+    Ok(AskRow {
+        id: r.get(0)?,
+        run_id: r.get(1)?,
+        session: r.get(2)?,
+        child: SessionKey::from_canonical(r.get::<_, String>(3)?),
+        agent_request_id: r.get(4)?,
+        kind: AskKind::parse(&r.get::<_, String>(5)?).unwrap_or(AskKind::Question),
+        text: r.get(6)?,
+        options: json(7)?,
+        details: json(8)?,
+        target: SessionKey::from_canonical(r.get::<_, String>(9)?),
+        state: AskState::parse(&r.get::<_, String>(10)?).unwrap_or(AskState::Open),
+        decision: text(11)?.as_deref().and_then(AskDecision::parse),
+        answer_text: text(12)?,
+        answered_by: text(13)?,
+        answered_via: text(14)?.as_deref().and_then(AnsweredVia::parse),
+        created_at: r.get(15)?,
+        deadline_at: r.get(16)?,
+    })
+}
+
+pub(super) fn add_ask(tx: &Transaction, a: &NewAsk) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO asks (id, run_id, session, agent_request_id, kind, text, options, details, target_key, state,
+                           created_at, deadline_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'open', ?10, ?11)",
+    )?
+    .execute(params![
+        a.id,
+        a.run_id,
+        a.session,
+        a.agent_request_id,
+        a.kind.as_str(),
+        a.text,
+        a.options.map(Value::to_string),
+        a.details.map(Value::to_string),
+        a.target.as_str(),
+        now_ms(),
+        a.deadline_at
+    ])?;
+    Ok(())
+}
+
+/// Closes an open ask as `state` with `answer`; false when it was closed already.
+pub(super) fn close_ask(tx: &Transaction, id: &str, state: AskState, answer: &Answer) -> rusqlite::Result<bool> {
+    let changed = tx
+        .prepare_cached(
+            "UPDATE asks SET state = ?2, decision = ?3, answer_text = ?4, answered_by = ?5, answered_via = ?6,
+                 answered_at = ?7
+             WHERE id = ?1 AND state = 'open'",
+        )?
+        .execute(params![
+            id,
+            state.as_str(),
+            answer.decision.as_str(),
+            answer.text,
+            answer.by,
+            answer.via.as_str(),
+            now_ms()
+        ])?;
+    Ok(changed == 1)
+}
+
+impl Store {
+    pub fn ask(&self, id: &str) -> Result<Option<AskRow>> {
+        let sql = format!("{SELECT} WHERE a.id = ?1");
+        self.read(|c| c.prepare_cached(&sql)?.query_row([id], from_row).optional())
+    }
+
+    /// The open asks of these runs (a run's owner holds their turns).
+    pub fn asks_of_runs(&self, run_ids: &[String]) -> Result<Vec<AskRow>> {
+        let sql = format!("{SELECT} WHERE a.run_id = ?1 ORDER BY a.created_at");
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&sql)?;
+            let mut out = Vec::new();
+            for run in run_ids {
+                out.extend(stmt.query_map([run], from_row)?.collect::<rusqlite::Result<Vec<_>>>()?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Open asks of the sessions in `ancestor`'s tree, oldest first.
+    pub fn open_asks_below(&self, ancestor: &SessionKey) -> Result<Vec<AskRow>> {
+        let sql = format!(
+            "{SELECT} WHERE a.state = 'open' AND a.session IN (SELECT t.session FROM session_tree t
+                 WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1)) ORDER BY a.created_at"
+        );
+        self.read(|c| c.prepare_cached(&sql)?.query_map([ancestor.as_str()], from_row)?.collect())
+    }
+
+    /// The open asks of one session, oldest first.
+    pub fn open_asks_of(&self, session: i64) -> Result<Vec<AskRow>> {
+        let sql = format!("{SELECT} WHERE a.state = 'open' AND a.session = ?1 ORDER BY a.created_at");
+        self.read(|c| c.prepare_cached(&sql)?.query_map([session], from_row)?.collect())
+    }
+
+    /// Every open ask, oldest first (the operator's `ls --pending`).
+    pub fn open_asks(&self) -> Result<Vec<AskRow>> {
+        let sql = format!("{SELECT} WHERE a.state = 'open' ORDER BY a.created_at");
+        self.read(|c| c.prepare_cached(&sql)?.query_map([], from_row)?.collect())
+    }
+
+    /// Open asks whose deadline has passed.
+    pub fn asks_due(&self, now: i64) -> Result<Vec<AskRow>> {
+        let sql = format!("{SELECT} WHERE a.state = 'open' AND a.deadline_at <= ?1 ORDER BY a.deadline_at");
+        self.read(|c| c.prepare_cached(&sql)?.query_map([now], from_row)?.collect())
+    }
+
+    /// Open asks whose run is no longer running (it ended, or its owner died).
+    pub fn stranded_asks(&self) -> Result<Vec<AskRow>> {
+        let sql =
+            format!("{SELECT} JOIN runs r ON r.run_id = a.run_id WHERE a.state = 'open' AND r.status <> 'running'");
+        self.read(|c| c.prepare_cached(&sql)?.query_map([], from_row)?.collect())
+    }
+}
