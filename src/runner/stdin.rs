@@ -1,10 +1,12 @@
-//! The agent's stdin after the run started (docs/RUNNER-PROTOCOL.md, Steering): what the input
-//! is written as, which [`Steer`]s go in and as what line, when stdin closes, and how a cancel
-//! reaches the agent (a control line, or a signal once stdin is closed).
+//! The agent's stdin after the run started (docs/RUNNER-PROTOCOL.md, Steering and Asking): what
+//! the input is written as, which [`Steer`]s go in and as what line, how the answers to input
+//! requests go in, when stdin closes, and how a cancel reaches the agent (a control line, or a
+//! signal once stdin is closed).
 //!
 //! - `jsonl/1`: the request line; stdin stays open for control lines. Steers go in as
 //!   `{"type":"steer","text":…}` once the agent's first event, its `start`, said `"steer": true`;
 //!   until that event they wait in their channel, and an agent that did not declare it gets none.
+//!   Answers go in as `{"type":"input_response","id":…,"decision":…,"text":…}`.
 //! - Claude Code started with `--input-format stream-json`: the prompt and each steer as a
 //!   stream-json user message. Claude Code takes a message that arrives while it works into the
 //!   running turn (beside the next tool result) or, when the model's answer was already on its
@@ -20,7 +22,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{Input, Steer, terminate};
+use super::{Decision, Input, InputAnswer, Steer, terminate};
 use crate::config::RunnerKind;
 
 /// What the agent reads on stdin, fixed when the run starts.
@@ -122,15 +124,34 @@ impl AgentStdin {
         }
     }
 
-    /// Writes one steer into the turn and answers it. A write the cancel or the deadline cut
-    /// short (the agent stopped reading stdin), or one the agent refused (its stdin closed),
-    /// leaves stdin unusable: it is closed and steers are refused from then on.
+    /// Writes one steer into the turn and answers it.
     pub(super) async fn write_steer(&mut self, steer: Steer, cancel: &CancellationToken, deadline: Instant) {
         let line = match self.channel {
             Channel::ClaudeStream => user_message(&steer.text),
             _ => format!("{}\n", json!({"type": "steer", "text": steer.text})),
         };
-        let taken = match self.pipe.as_mut() {
+        let taken = self.write_control(&line, cancel, deadline).await;
+        let _ = steer.taken.send(taken);
+        self.took_a_steer |= taken;
+    }
+
+    /// Writes the answer to the agent's input request `id` into the turn; an agent whose stdin
+    /// is already closed does not get it.
+    pub(super) async fn write_answer(
+        &mut self,
+        id: &str,
+        answer: &InputAnswer,
+        cancel: &CancellationToken,
+        deadline: Instant,
+    ) {
+        self.write_control(&input_response(id, answer), cancel, deadline).await;
+    }
+
+    /// Writes one line after the input; whether it went in. A write the cancel or the deadline
+    /// cut short (the agent stopped reading stdin), or one the agent refused (its stdin closed),
+    /// leaves stdin unusable: it is closed and steers are refused from then on.
+    async fn write_control(&mut self, line: &str, cancel: &CancellationToken, deadline: Instant) -> bool {
+        let written = match self.pipe.as_mut() {
             Some(pipe) => tokio::select! {
                 biased;
                 written = write(pipe, line.as_bytes()) => written.is_ok(),
@@ -139,12 +160,11 @@ impl AgentStdin {
             },
             None => false,
         };
-        let _ = steer.taken.send(taken);
-        self.took_a_steer |= taken;
-        if !taken {
+        if !written {
             self.pipe = None;
             self.refuse_steers();
         }
+        written
     }
 
     /// What the events of one stdout line say about stdin: a `jsonl/1` agent's first event
@@ -208,6 +228,19 @@ pub(super) fn refuse(steers: &mut UnboundedReceiver<Steer>) {
     }
 }
 
+/// One `jsonl/1` `input_response` line: the answer to the agent's request `id`.
+fn input_response(id: &str, answer: &InputAnswer) -> String {
+    let decision = match answer.decision {
+        Decision::Allow => "allow",
+        Decision::Deny => "deny",
+    };
+    let mut line = json!({"type": "input_response", "id": id, "decision": decision});
+    if let Some(text) = &answer.text {
+        line["text"] = text.as_str().into();
+    }
+    format!("{line}\n")
+}
+
 /// One Claude Code stream-json input line: a user message with `text` as its one text block.
 fn user_message(text: &str) -> String {
     let message = json!({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]}});
@@ -249,6 +282,18 @@ mod tests {
             v,
             json!({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": "say \"hi\"\nthen stop"}]}})
         );
+    }
+
+    #[test]
+    fn an_input_response_is_one_line_with_the_request_id_and_its_text_only_when_there_is_one() {
+        let allow = InputAnswer { decision: Decision::Allow, text: Some("yes\nreally".into()) };
+        let line = input_response("q1", &allow);
+        assert_eq!(line.matches('\n').count(), 1, "{line}");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v, json!({"type": "input_response", "id": "q1", "decision": "allow", "text": "yes\nreally"}));
+        let v: Value =
+            serde_json::from_str(&input_response("q2", &InputAnswer { decision: Decision::Deny, text: None })).unwrap();
+        assert_eq!(v, json!({"type": "input_response", "id": "q2", "decision": "deny"}));
     }
 
     fn steer(text: &str) -> (Steer, tokio::sync::oneshot::Receiver<bool>) {
