@@ -12,7 +12,9 @@
 //!   running turn (beside the next tool result) or, when the model's answer was already on its
 //!   way, runs it as one more turn of the same process, with its own `result`; it reads stdin to
 //!   EOF and exits after the last queued message. So stdin closes at the first result, and a run
-//!   that took a steer reads on to EOF: its last result is the run's.
+//!   that took a steer reads on to EOF: its last result is the run's. The answer to a permission
+//!   prompt (`--permission-prompt-tool stdio`) goes in as the `control_response` to its
+//!   `control_request`.
 //! - Any other CLI: the prompt, then EOF; no steers.
 
 use serde_json::{Value, json};
@@ -144,7 +146,11 @@ impl AgentStdin {
         cancel: &CancellationToken,
         deadline: Instant,
     ) {
-        self.write_control(&input_response(id, answer), cancel, deadline).await;
+        let line = match self.channel {
+            Channel::ClaudeStream => permission_response(id, answer),
+            _ => input_response(id, answer),
+        };
+        self.write_control(&line, cancel, deadline).await;
     }
 
     /// Writes one line after the input; whether it went in. A write the cancel or the deadline
@@ -241,6 +247,22 @@ fn input_response(id: &str, answer: &InputAnswer) -> String {
     format!("{line}\n")
 }
 
+/// Claude Code's `control_response` to its `can_use_tool` request `id`: allow (it runs the tool
+/// with the input it asked about), or deny with the answer's text as the message its model gets
+/// as the tool's result.
+fn permission_response(id: &str, answer: &InputAnswer) -> String {
+    let verdict = match answer.decision {
+        Decision::Allow => json!({"behavior": "allow"}),
+        Decision::Deny => json!({"behavior": "deny", "message": answer.text.as_deref().unwrap_or(PERMISSION_DENIED)}),
+    };
+    let line = json!({"type": "control_response",
+                      "response": {"subtype": "success", "request_id": id, "response": verdict}});
+    format!("{line}\n")
+}
+
+/// What Claude Code's model reads for a permission denied without a text.
+const PERMISSION_DENIED: &str = "Permission denied: the tool was not run.";
+
 /// One Claude Code stream-json input line: a user message with `text` as its one text block.
 fn user_message(text: &str) -> String {
     let message = json!({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]}});
@@ -294,6 +316,23 @@ mod tests {
         let v: Value =
             serde_json::from_str(&input_response("q2", &InputAnswer { decision: Decision::Deny, text: None })).unwrap();
         assert_eq!(v, json!({"type": "input_response", "id": "q2", "decision": "deny"}));
+    }
+
+    #[test]
+    fn a_permission_answer_is_claude_codes_control_response_with_the_denial_as_its_message() {
+        let allow = InputAnswer { decision: Decision::Allow, text: Some("fine".into()) };
+        let v: Value = serde_json::from_str(&permission_response("r1", &allow)).unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "control_response",
+                   "response": {"subtype": "success", "request_id": "r1", "response": {"behavior": "allow"}}})
+        );
+        let deny = InputAnswer { decision: Decision::Deny, text: Some("not now".into()) };
+        let v: Value = serde_json::from_str(&permission_response("r2", &deny)).unwrap();
+        assert_eq!(v["response"]["response"], json!({"behavior": "deny", "message": "not now"}));
+        let bare = InputAnswer { decision: Decision::Deny, text: None };
+        let v: Value = serde_json::from_str(&permission_response("r3", &bare)).unwrap();
+        assert_eq!(v["response"]["response"]["message"], PERMISSION_DENIED);
     }
 
     fn steer(text: &str) -> (Steer, tokio::sync::oneshot::Receiver<bool>) {
