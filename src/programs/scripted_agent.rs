@@ -13,15 +13,20 @@
 //! `text_delta`s), `error` (`{code, message}`), `exitCode`, `ignoreCancel`, `noFinal`,
 //! `invalidJson`, `floodBytes`, `call` (a session tool called back through the run socket),
 //! `steer` (declare `"steer": true` in `start`, so the runner writes steer lines), `awaitSteerMs`
-//! (after `sleepMs`, wait up to N ms for a steer line; a cancel line still ends the turn) and
-//! `{steer}` in `reply` (the texts of the steer lines read so far, one per line; empty if none).
+//! (wait up to N ms for a steer line; a cancel line still ends the turn), `{steer}` in `reply`
+//! (the texts of the steer lines read so far, one per line; empty if none), `ask` (one
+//! `{kind, text, options?, details?, id?}` or a list: after `sleepMs`, emit each as an
+//! `input_request` — `id` defaults to `ask<N>`, `{input}` in `text` is replaced — then wait for
+//! every matching `input_response`, steer lines still read and a cancel line still ending the
+//! turn; before `awaitSteerMs`), and `{answer}` / `{decision}` in `reply` (the responses' texts /
+//! decisions, in the order asked, one per line).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
 
 use crate::runner::protocol::{ANNOUNCE_SKIP, content_text};
@@ -84,6 +89,37 @@ pub struct Actions {
     pub steer: bool,
     /// Waits up to this long for a steer line before going on (cancel lines still end the turn).
     pub await_steer_ms: Option<u64>,
+    /// Input requests emitted after `sleepMs`; the turn waits for all their answers.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub ask: Vec<Ask>,
+}
+
+/// One input request the turn makes (docs/RUNNER-PROTOCOL.md, Asking). `kind` is any string, so
+/// that a script can make a malformed request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Ask {
+    /// `ask<N>` (its 1-based place in `ask`) when absent.
+    pub id: Option<String>,
+    pub kind: String,
+    #[serde(default)]
+    pub text: String,
+    pub options: Option<Value>,
+    pub details: Option<Value>,
+}
+
+/// `ask` as one request or a list of them.
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Ask>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(Box<Ask>),
+        Many(Vec<Ask>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(ask) => vec![*ask],
+        OneOrMany::Many(asks) => asks,
+    })
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -249,12 +285,9 @@ pub fn run(script: Option<&Path>) -> ExitCode {
             sent += chunk.len() as u64 + 1;
         }
     }
-    for (ms, until) in [(a.sleep_ms, Until::Elapsed), (a.await_steer_ms, Until::Steered)] {
-        let Some(ms) = ms else { continue };
-        if !control.wait(Duration::from_millis(ms), until) {
-            emit(&mut out, json!({"type": "final", "text": "", "stopReason": "cancelled"}));
-            return ExitCode::SUCCESS;
-        }
+    if !pause(&a, &fill, &mut control, &mut out) {
+        emit(&mut out, json!({"type": "final", "text": "", "stopReason": "cancelled"}));
+        return ExitCode::SUCCESS;
     }
     for (i, call) in a.tool_calls.iter().enumerate() {
         let id = format!("call{}", i + 1);
@@ -287,7 +320,9 @@ pub fn run(script: Option<&Path>) -> ExitCode {
     let reply = fill
         .apply(a.reply.as_deref().unwrap_or(""))
         .replace("{result}", &call_result.to_string())
-        .replace("{steer}", &control.steer_text());
+        .replace("{steer}", &control.steer_text())
+        .replace("{answer}", &control.answered(|a| &a.text))
+        .replace("{decision}", &control.answered(|a| &a.decision));
     if a.deltas {
         for chunk in reply.as_bytes().chunks(8) {
             emit(&mut out, json!({"type": "text_delta", "text": String::from_utf8_lossy(chunk)}));
@@ -309,6 +344,32 @@ pub fn run(script: Option<&Path>) -> ExitCode {
     ExitCode::from(a.exit_code.unwrap_or(if a.error.is_some() { 1 } else { 0 }))
 }
 
+/// Sleeps, asks and waits for a steer as the actions say, in that order; false when a cancel
+/// line came first.
+fn pause(a: &Actions, fill: &Fill, control: &mut Control, out: &mut impl Write) -> bool {
+    let ms = |ms: u64| Some(Duration::from_millis(ms));
+    if let Some(sleep) = a.sleep_ms
+        && !control.wait(ms(sleep), Until::Elapsed)
+    {
+        return false;
+    }
+    for (n, ask) in a.ask.iter().enumerate() {
+        let id = ask.id.clone().unwrap_or_else(|| format!("ask{}", n + 1));
+        let mut request = json!({"type": "input_request", "id": id, "kind": ask.kind, "text": fill.apply(&ask.text)});
+        for (key, value) in [("options", &ask.options), ("details", &ask.details)] {
+            if let Some(value) = value {
+                request[key] = value.clone();
+            }
+        }
+        emit(out, request);
+        control.asked.push(id);
+    }
+    if !control.asked.is_empty() && !control.wait(None, Until::Answered) {
+        return false;
+    }
+    a.await_steer_ms.is_none_or(|wait| control.wait(ms(wait), Until::Steered))
+}
+
 /// Calls a session tool through the owner's socket with this run's token.
 fn call_back(tool: &str, arguments: &Value) -> Result<Value, String> {
     let socket = std::env::var("SESSIONS_MCP_SOCKET").map_err(|_| "SESSIONS_MCP_SOCKET is not set".to_string())?;
@@ -325,59 +386,125 @@ enum Until {
     Elapsed,
     /// A steer line (or its time).
     Steered,
+    /// An answer to every request asked (no time limit: the run's own limits apply).
+    Answered,
+}
+
+/// A control line the agent acts on.
+#[derive(Debug, PartialEq)]
+enum ControlLine {
+    Cancel,
+    Steer(String),
+    Answer { id: String, answer: Answer },
+}
+
+/// An `input_response`'s decision and text (`""` when it has none).
+#[derive(Debug, PartialEq)]
+struct Answer {
+    decision: String,
+    text: String,
+}
+
+/// Reads one stdin line after the request; None for what the agent ignores.
+fn control_line(line: &str) -> Option<ControlLine> {
+    let control: Value = serde_json::from_str(line).ok()?;
+    let s = |k: &str| control.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    match control.get("type").and_then(Value::as_str)? {
+        "cancel" => Some(ControlLine::Cancel),
+        "steer" => Some(ControlLine::Steer(s("text"))),
+        "input_response" => {
+            Some(ControlLine::Answer { id: s("id"), answer: Answer { decision: s("decision"), text: s("text") } })
+        }
+        _ => None,
+    }
 }
 
 /// The control lines on stdin after the request, read by one thread: `cancel` sets a flag
-/// (unless told to ignore it), each `steer` queues its text.
+/// (unless told to ignore it), each `steer` and `input_response` is queued for the turn.
 struct Control {
     cancelled: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    steers: std::sync::mpsc::Receiver<String>,
+    lines: std::sync::mpsc::Receiver<ControlLine>,
     steered: Vec<String>,
+    /// The ids of the turn's input requests, in the order asked.
+    asked: Vec<String>,
+    answers: std::collections::HashMap<String, Answer>,
 }
 
 impl Control {
     fn watch(ignore_cancel: bool) -> Self {
         let cancelled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (tx, steers) = std::sync::mpsc::channel();
+        let (tx, lines) = std::sync::mpsc::channel();
         let flag = cancelled.clone();
         std::thread::spawn(move || {
             for line in std::io::stdin().lock().lines() {
                 let Ok(line) = line else { break };
-                let control: Value = serde_json::from_str(&line).unwrap_or_default();
-                match control.get("type").and_then(Value::as_str) {
-                    Some("cancel") if !ignore_cancel => flag.store(true, std::sync::atomic::Ordering::Relaxed),
-                    Some("steer") => {
-                        let _ = tx.send(control.get("text").and_then(Value::as_str).unwrap_or("").to_string());
+                match control_line(&line) {
+                    Some(ControlLine::Cancel) if !ignore_cancel => {
+                        flag.store(true, std::sync::atomic::Ordering::Relaxed)
                     }
-                    _ => {}
+                    Some(ControlLine::Cancel) | None => {}
+                    Some(queued) => {
+                        let _ = tx.send(queued);
+                    }
                 }
             }
         });
-        Control { cancelled, steers, steered: Vec::new() }
+        Control { cancelled, lines, steered: Vec::new(), asked: Vec::new(), answers: Default::default() }
     }
 
-    /// Waits up to `limit` (less once a steer came, with [`Until::Steered`]), keeping the steers
-    /// that arrive; false when a cancel line came first.
-    fn wait(&mut self, limit: Duration, until: Until) -> bool {
-        let deadline = std::time::Instant::now() + limit;
+    /// Waits up to `limit` (None: no limit), less once `until` is reached, keeping the steers
+    /// and answers that arrive; false when a cancel line came first. Once stdin has closed no
+    /// answer can come: a wait for answers ends then.
+    fn wait(&mut self, limit: Option<Duration>, until: Until) -> bool {
+        let deadline = limit.map(|l| std::time::Instant::now() + l);
         loop {
             if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
                 return false;
             }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() || (until == Until::Steered && !self.steered.is_empty()) {
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) || self.reached(until) {
                 return true;
             }
-            if let Ok(text) = self.steers.recv_timeout(left.min(Duration::from_millis(20))) {
-                self.steered.push(text);
+            let step = left.map_or(Duration::from_millis(20), |l| l.min(Duration::from_millis(20)));
+            match self.lines.recv_timeout(step) {
+                Ok(line) => self.keep(line),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) if until == Until::Answered => return true,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(step),
             }
+        }
+    }
+
+    fn reached(&self, until: Until) -> bool {
+        match until {
+            Until::Elapsed => false,
+            Until::Steered => !self.steered.is_empty(),
+            Until::Answered => self.asked.iter().all(|id| self.answers.contains_key(id)),
+        }
+    }
+
+    fn keep(&mut self, line: ControlLine) {
+        match line {
+            ControlLine::Steer(text) => self.steered.push(text),
+            ControlLine::Answer { id, answer } => {
+                self.answers.insert(id, answer);
+            }
+            ControlLine::Cancel => {}
         }
     }
 
     /// The texts of every steer line read so far, one per line.
     fn steer_text(&mut self) -> String {
-        self.steered.extend(self.steers.try_iter());
+        while let Ok(line) = self.lines.try_recv() {
+            self.keep(line);
+        }
         self.steered.join("\n")
+    }
+
+    /// One field of each answer, in the order asked, one per line (empty for one not answered).
+    fn answered(&self, field: impl Fn(&Answer) -> &String) -> String {
+        let empty = String::new();
+        self.asked.iter().map(|id| self.answers.get(id).map_or(&empty, &field).as_str()).collect::<Vec<_>>().join("\n")
     }
 }
 
@@ -422,6 +549,38 @@ mod tests {
         let args = fill.apply_value(&json!({"sessionKey": "{1}", "message": ["n={2}"], "timeoutSeconds": 0}));
         assert_eq!(args, json!({"sessionKey": "agent:b:main", "message": ["n=42"], "timeoutSeconds": 0}));
         assert_eq!(s.fill_for(&req, "no match").apply("{1}|{input}"), "{1}|no match");
+    }
+
+    #[test]
+    fn ask_takes_one_request_or_a_list() {
+        let one = script(r#"{"default": {"ask": {"kind": "approval", "text": "May I?"}}}"#);
+        let asks = one.default.unwrap().ask;
+        assert_eq!((asks.len(), asks[0].kind.as_str(), asks[0].id.as_deref()), (1, "approval", None));
+        let many = script(r#"{"default": {"ask": [{"id": "a", "kind": "question"}, {"kind": "approval"}]}}"#);
+        assert_eq!(many.default.unwrap().ask.len(), 2);
+        assert!(serde_json::from_str::<Script>(r#"{"default": {"ask": {"text": "no kind"}}}"#).is_err());
+    }
+
+    #[test]
+    fn control_lines_are_cancel_steer_and_input_response_and_the_rest_is_ignored() {
+        assert_eq!(control_line(r#"{"type":"cancel","reason":"timeout"}"#), Some(ControlLine::Cancel));
+        assert_eq!(control_line(r#"{"type":"steer","text":"go"}"#), Some(ControlLine::Steer("go".into())));
+        assert_eq!(
+            control_line(r#"{"type":"input_response","id":"a","decision":"allow","text":"yes"}"#),
+            Some(ControlLine::Answer {
+                id: "a".into(),
+                answer: Answer { decision: "allow".into(), text: "yes".into() }
+            })
+        );
+        assert_eq!(
+            control_line(r#"{"type":"input_response","id":"b","decision":"deny"}"#),
+            Some(ControlLine::Answer {
+                id: "b".into(),
+                answer: Answer { decision: "deny".into(), text: String::new() }
+            })
+        );
+        assert_eq!(control_line(r#"{"type":"later"}"#), None);
+        assert_eq!(control_line("not json"), None);
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //! [`Runner::execute`] starts `sessions-mcp supervise -- <agent>`, writes its [`Input`] (a `jsonl/1`
 //! request line, or a CLI's prompt), reads stdout through the agent kind's [`adapters`] decoder as
 //! `jsonl/1` events under the line, byte, idle and run-time limits, forwards `text_delta`s, writes
-//! [`Steer`]s into a turn whose agent takes them (`stdin`), handles cancellation (cancel line or
+//! [`Steer`]s into a turn whose agent takes them (`stdin`), hands the turn's [`InputRequest`]s to
+//! the engine and writes its answers back (`asking`), handles cancellation (cancel line or
 //! signal, grace, then the supervisor's group kill) and returns an [`Outcome`]: the status, the
 //! reply, the messages to persist, usage and errors.
 //! It never touches the store: the runtime persists the outcome.
 
 pub mod adapters;
+mod asking;
 pub mod mcp_config;
 pub mod protocol;
 pub mod sandbox;
@@ -30,41 +32,49 @@ pub use crate::store::RunStatus;
 pub use spec::{RunnerSpec, resolve_runner};
 
 use adapters::Decoder;
+use asking::Asking;
 use stdin::AgentStdin;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InputKind {
-    Approval,
-    Question,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    Allow,
-    Deny,
-}
-
-#[derive(Debug, Clone)]
-pub struct InputAnswer {
-    pub decision: Decision,
-    pub text: Option<String>,
-}
-
-/// A question or approval the running turn asks; answer it on `answer` (dropping it withdraws nothing: the run ends anyway).
-pub struct InputRequest {
-    pub id: String,
-    pub kind: InputKind,
-    pub text: String,
-    pub options: Option<serde_json::Value>,
-    pub details: Option<serde_json::Value>,
-    pub answer: tokio::sync::oneshot::Sender<InputAnswer>,
-}
 
 /// A message for the running turn; `taken` answers whether it was written into the turn (true)
 /// or the agent cannot take one now (false: not declared, stdin closed, after final, run ending).
 pub struct Steer {
     pub text: String,
     pub taken: tokio::sync::oneshot::Sender<bool>,
+}
+
+/// What a running turn asks for: leave to go on (an approval) or an answer (a question).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    Approval,
+    Question,
+}
+
+/// The answer's verdict; a question answered with text is `Allow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+/// The answer to an [`InputRequest`], written into the turn as its `input_response`.
+#[derive(Debug, Clone)]
+pub struct InputAnswer {
+    pub decision: Decision,
+    pub text: Option<String>,
+}
+
+/// A question or approval the running turn asks; answer it on `answer`. Dropping `answer`
+/// unanswered answers the turn deny ("the request was dropped unanswered"), so it does not wait
+/// on it. The runner drops its side when the run ends with the request open, so a failed send on
+/// `answer` (or `answer.is_closed()`) means the turn no longer waits for it: it was withdrawn.
+pub struct InputRequest {
+    /// The agent's id for the request, unique among the run's open requests.
+    pub id: String,
+    pub kind: InputKind,
+    pub text: String,
+    pub options: Option<serde_json::Value>,
+    pub details: Option<serde_json::Value>,
+    pub answer: tokio::sync::oneshot::Sender<InputAnswer>,
 }
 
 /// What one run produced.
@@ -222,10 +232,12 @@ pub enum Input {
     Prompt(String),
 }
 
-/// Callbacks during a run: the supervisor's pid once started, and streamed text.
+/// Callbacks during a run: the supervisor's pid once started, streamed text, and where the
+/// turn's input requests go (None: every request is answered deny, "this run cannot ask").
 pub struct Hooks<'a> {
     pub on_spawn: &'a (dyn Fn(i32) + Send + Sync),
     pub on_delta: &'a (dyn Fn(&str) + Send + Sync),
+    pub on_input: Option<&'a tokio::sync::mpsc::UnboundedSender<InputRequest>>,
 }
 
 /// Runs agent turns. Cheap to clone.
@@ -375,7 +387,8 @@ impl Runner {
     /// Executes one turn: `launch` says what to start (the agent, or bwrap around it); `spec`
     /// gives the limits and the kind of agent; `cancel` ends the run early; `steers` brings
     /// messages for the running turn, each answered on its `taken` (false for any left when the
-    /// turn can take no more).
+    /// turn can take no more); the turn's input requests go to `hooks.on_input`, and those still
+    /// open when the turn ends are dropped.
     pub async fn execute(
         &self,
         spec: &RunnerSpec,
@@ -410,7 +423,8 @@ impl Runner {
         let mut decoder = adapters::decoder(spec.kind);
         let mut collected = Collected::new(&launch.run_id);
         let stop = if written {
-            let mut reading = Reading { spec, deadline, cancel: &cancel, hooks, stdin: &mut stdin };
+            let asking = Asking::new(hooks.on_input, &launch.run_id);
+            let mut reading = Reading { spec, deadline, cancel: &cancel, hooks, stdin: &mut stdin, asking };
             reading.events(&mut lines, decoder.as_mut(), &mut collected).await
         } else {
             Some(Stop::Timeout)
@@ -484,25 +498,30 @@ impl Runner {
 }
 
 /// What reading a run's stdout needs besides the stream: its limits, its stop signals, the
-/// callbacks, and its stdin (for steers, and for what the events say about stdin).
+/// callbacks, its stdin (for steers and answers, and for what the events say about stdin) and
+/// the turn's open input requests.
 struct Reading<'r, 'h> {
     spec: &'r RunnerSpec,
     deadline: tokio::time::Instant,
     cancel: &'r CancellationToken,
     hooks: &'r Hooks<'h>,
     stdin: &'r mut AgentStdin,
+    asking: Asking<'r>,
 }
 
 /// What woke the reading loop.
 enum Wake {
     Line(Option<Result<String, LinesCodecError>>),
     Steer(Steer),
+    Answer(String, InputAnswer),
     Stopped(Stop),
 }
 
 impl Reading<'_, '_> {
     /// Reads stdout until `final` (past it, to EOF, for a CLI that ran a steer as a further
-    /// turn), EOF (then the decoder's end events) or a stop condition, writing steers meanwhile.
+    /// turn), EOF (then the decoder's end events) or a stop condition, writing steers and the
+    /// answers to input requests meanwhile. The idle timer does not run while a request is open;
+    /// it starts afresh when the last one is answered.
     async fn events(
         &mut self,
         lines: &mut FramedRead<tokio::process::ChildStdout, LinesCodec>,
@@ -510,12 +529,21 @@ impl Reading<'_, '_> {
         collected: &mut Collected,
     ) -> Option<Stop> {
         let (mut line_no, mut total_bytes) = (0usize, 0usize);
-        let mut idle_at = self.spec.idle_timeout.map(|d| tokio::time::Instant::now() + d);
+        let idle = self.spec.idle_timeout;
+        let idle_from_now = || idle.map(|d| tokio::time::Instant::now() + d);
+        let mut idle_at = idle_from_now();
         loop {
-            let text = match self.wake(lines, idle_at).await {
+            let text = match self.wake(lines, idle_at.filter(|_| !self.asking.waiting())).await {
                 Wake::Stopped(stop) => return Some(stop),
                 Wake::Steer(steer) => {
                     self.stdin.write_steer(steer, self.cancel, self.deadline).await;
+                    continue;
+                }
+                Wake::Answer(id, answer) => {
+                    self.stdin.write_answer(&id, &answer, self.cancel, self.deadline).await;
+                    if !self.asking.waiting() {
+                        idle_at = idle_from_now();
+                    }
                     continue;
                 }
                 Wake::Line(None) => {
@@ -532,7 +560,7 @@ impl Reading<'_, '_> {
                 Wake::Line(Some(Err(e))) => return Some(Stop::Protocol(format!("protocol: reading stdout: {e}"))),
                 Wake::Line(Some(Ok(t))) => t,
             };
-            idle_at = self.spec.idle_timeout.map(|d| tokio::time::Instant::now() + d);
+            idle_at = idle_from_now();
             line_no += 1;
             total_bytes += text.len() + 1;
             if total_bytes > self.spec.max_stdout_bytes {
@@ -545,13 +573,18 @@ impl Reading<'_, '_> {
                 return Some(Stop::Protocol(format!("protocol: line {line_no} is not JSON")));
             };
             self.stdin.observe(&events);
+            for request in events.iter().filter(|e| e.get("type").and_then(Value::as_str) == Some("input_request")) {
+                if let Some((id, refusal)) = self.asking.ask(request) {
+                    self.stdin.write_answer(&id, &refusal, self.cancel, self.deadline).await;
+                }
+            }
             if collected.take(events, self.hooks.on_delta) && !self.stdin.reads_past_final() {
                 return None;
             }
         }
     }
 
-    /// Waits for the next stdout line, a steer, or a reason to stop (cancel first).
+    /// Waits for the next stdout line, a steer, an answer, or a reason to stop (cancel first).
     async fn wake(
         &mut self,
         lines: &mut FramedRead<tokio::process::ChildStdout, LinesCodec>,
@@ -570,6 +603,7 @@ impl Reading<'_, '_> {
             _ = idle => Wake::Stopped(Stop::Idle),
             next = lines.next() => Wake::Line(next),
             steer = self.stdin.next_steer() => Wake::Steer(steer),
+            (id, answer) = self.asking.next_answer() => Wake::Answer(id, answer),
         }
     }
 }

@@ -1,16 +1,20 @@
-//! The agent's stdin after the run started (docs/RUNNER-PROTOCOL.md, Steering): what the input
-//! is written as, which [`Steer`]s go in and as what line, when stdin closes, and how a cancel
-//! reaches the agent (a control line, or a signal once stdin is closed).
+//! The agent's stdin after the run started (docs/RUNNER-PROTOCOL.md, Steering and Asking): what
+//! the input is written as, which [`Steer`]s go in and as what line, how the answers to input
+//! requests go in, when stdin closes, and how a cancel reaches the agent (a control line, or a
+//! signal once stdin is closed).
 //!
 //! - `jsonl/1`: the request line; stdin stays open for control lines. Steers go in as
 //!   `{"type":"steer","text":…}` once the agent's first event, its `start`, said `"steer": true`;
 //!   until that event they wait in their channel, and an agent that did not declare it gets none.
+//!   Answers go in as `{"type":"input_response","id":…,"decision":…,"text":…}`.
 //! - Claude Code started with `--input-format stream-json`: the prompt and each steer as a
 //!   stream-json user message. Claude Code takes a message that arrives while it works into the
 //!   running turn (beside the next tool result) or, when the model's answer was already on its
 //!   way, runs it as one more turn of the same process, with its own `result`; it reads stdin to
 //!   EOF and exits after the last queued message. So stdin closes at the first result, and a run
-//!   that took a steer reads on to EOF: its last result is the run's.
+//!   that took a steer reads on to EOF: its last result is the run's. The answer to a permission
+//!   prompt (`--permission-prompt-tool stdio`) goes in as the `control_response` to its
+//!   `control_request`.
 //! - Any other CLI: the prompt, then EOF; no steers.
 
 use serde_json::{Value, json};
@@ -20,7 +24,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{Input, Steer, terminate};
+use super::{Decision, Input, InputAnswer, Steer, terminate};
 use crate::config::RunnerKind;
 
 /// What the agent reads on stdin, fixed when the run starts.
@@ -122,15 +126,38 @@ impl AgentStdin {
         }
     }
 
-    /// Writes one steer into the turn and answers it. A write the cancel or the deadline cut
-    /// short (the agent stopped reading stdin), or one the agent refused (its stdin closed),
-    /// leaves stdin unusable: it is closed and steers are refused from then on.
+    /// Writes one steer into the turn and answers it.
     pub(super) async fn write_steer(&mut self, steer: Steer, cancel: &CancellationToken, deadline: Instant) {
         let line = match self.channel {
             Channel::ClaudeStream => user_message(&steer.text),
             _ => format!("{}\n", json!({"type": "steer", "text": steer.text})),
         };
-        let taken = match self.pipe.as_mut() {
+        let taken = self.write_control(&line, cancel, deadline).await;
+        let _ = steer.taken.send(taken);
+        self.took_a_steer |= taken;
+    }
+
+    /// Writes the answer to the agent's input request `id` into the turn; an agent whose stdin
+    /// is already closed does not get it.
+    pub(super) async fn write_answer(
+        &mut self,
+        id: &str,
+        answer: &InputAnswer,
+        cancel: &CancellationToken,
+        deadline: Instant,
+    ) {
+        let line = match self.channel {
+            Channel::ClaudeStream => permission_response(id, answer),
+            _ => input_response(id, answer),
+        };
+        self.write_control(&line, cancel, deadline).await;
+    }
+
+    /// Writes one line after the input; whether it went in. A write the cancel or the deadline
+    /// cut short (the agent stopped reading stdin), or one the agent refused (its stdin closed),
+    /// leaves stdin unusable: it is closed and steers are refused from then on.
+    async fn write_control(&mut self, line: &str, cancel: &CancellationToken, deadline: Instant) -> bool {
+        let written = match self.pipe.as_mut() {
             Some(pipe) => tokio::select! {
                 biased;
                 written = write(pipe, line.as_bytes()) => written.is_ok(),
@@ -139,12 +166,11 @@ impl AgentStdin {
             },
             None => false,
         };
-        let _ = steer.taken.send(taken);
-        self.took_a_steer |= taken;
-        if !taken {
+        if !written {
             self.pipe = None;
             self.refuse_steers();
         }
+        written
     }
 
     /// What the events of one stdout line say about stdin: a `jsonl/1` agent's first event
@@ -208,6 +234,35 @@ pub(super) fn refuse(steers: &mut UnboundedReceiver<Steer>) {
     }
 }
 
+/// One `jsonl/1` `input_response` line: the answer to the agent's request `id`.
+fn input_response(id: &str, answer: &InputAnswer) -> String {
+    let decision = match answer.decision {
+        Decision::Allow => "allow",
+        Decision::Deny => "deny",
+    };
+    let mut line = json!({"type": "input_response", "id": id, "decision": decision});
+    if let Some(text) = &answer.text {
+        line["text"] = text.as_str().into();
+    }
+    format!("{line}\n")
+}
+
+/// Claude Code's `control_response` to its `can_use_tool` request `id`: allow (it runs the tool
+/// with the input it asked about), or deny with the answer's text as the message its model gets
+/// as the tool's result.
+fn permission_response(id: &str, answer: &InputAnswer) -> String {
+    let verdict = match answer.decision {
+        Decision::Allow => json!({"behavior": "allow"}),
+        Decision::Deny => json!({"behavior": "deny", "message": answer.text.as_deref().unwrap_or(PERMISSION_DENIED)}),
+    };
+    let line = json!({"type": "control_response",
+                      "response": {"subtype": "success", "request_id": id, "response": verdict}});
+    format!("{line}\n")
+}
+
+/// What Claude Code's model reads for a permission denied without a text.
+const PERMISSION_DENIED: &str = "Permission denied: the tool was not run.";
+
 /// One Claude Code stream-json input line: a user message with `text` as its one text block.
 fn user_message(text: &str) -> String {
     let message = json!({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]}});
@@ -249,6 +304,35 @@ mod tests {
             v,
             json!({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": "say \"hi\"\nthen stop"}]}})
         );
+    }
+
+    #[test]
+    fn an_input_response_is_one_line_with_the_request_id_and_its_text_only_when_there_is_one() {
+        let allow = InputAnswer { decision: Decision::Allow, text: Some("yes\nreally".into()) };
+        let line = input_response("q1", &allow);
+        assert_eq!(line.matches('\n').count(), 1, "{line}");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v, json!({"type": "input_response", "id": "q1", "decision": "allow", "text": "yes\nreally"}));
+        let v: Value =
+            serde_json::from_str(&input_response("q2", &InputAnswer { decision: Decision::Deny, text: None })).unwrap();
+        assert_eq!(v, json!({"type": "input_response", "id": "q2", "decision": "deny"}));
+    }
+
+    #[test]
+    fn a_permission_answer_is_claude_codes_control_response_with_the_denial_as_its_message() {
+        let allow = InputAnswer { decision: Decision::Allow, text: Some("fine".into()) };
+        let v: Value = serde_json::from_str(&permission_response("r1", &allow)).unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "control_response",
+                   "response": {"subtype": "success", "request_id": "r1", "response": {"behavior": "allow"}}})
+        );
+        let deny = InputAnswer { decision: Decision::Deny, text: Some("not now".into()) };
+        let v: Value = serde_json::from_str(&permission_response("r2", &deny)).unwrap();
+        assert_eq!(v["response"]["response"], json!({"behavior": "deny", "message": "not now"}));
+        let bare = InputAnswer { decision: Decision::Deny, text: None };
+        let v: Value = serde_json::from_str(&permission_response("r3", &bare)).unwrap();
+        assert_eq!(v["response"]["response"]["message"], PERMISSION_DENIED);
     }
 
     fn steer(text: &str) -> (Steer, tokio::sync::oneshot::Receiver<bool>) {

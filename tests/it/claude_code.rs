@@ -10,7 +10,10 @@
 //! the prompt as plain stdin. Last, steering at the runner level (`Runner::execute` with a steer
 //! channel): a steer written while Claude Code runs a tool reaches its model in the same turn,
 //! beside the tool result; one written while the model's answer is on its way runs as a second
-//! turn of the same process, whose result is the run's.
+//! turn of the same process, whose result is the run's. And permission prompts at the runner
+//! level: with `--permission-prompt-tool stdio`, Claude Code's prompt before a `Write` becomes an
+//! approval request whose answer (allow, or deny with a message) decides the write in the same
+//! run; without a prompt tool, `-p` denies the write at once.
 //!
 //! The CLI is `SESSIONS_MCP_CLAUDE`, else `claude` on PATH (`.ci/run --extended` installs npm
 //! `@anthropic-ai/claude-code`). Without it the test prints why and passes — except in CI's
@@ -37,7 +40,8 @@ const STEER: &str = "Also say PINEAPPLE";
 /// step → ANNOUNCE_SKIP; anything else → "Hello from the fake API (<n> messages)". For steering:
 /// [`STEER`] anywhere in the messages → "Steered: PINEAPPLE (<n> messages)"; text with SLEEP → a
 /// Bash call that touches `tool-started` in its working directory and sleeps 3 s; text with WAIT →
-/// the answer after a 4 s wait.
+/// the answer after a 4 s wait. For permission prompts: text with WRITE → a `Write` call (see
+/// [`write_step`]).
 fn fake_api() -> u16 {
     fake_api_reporting(None)
 }
@@ -91,17 +95,14 @@ fn reply_events(request: &Value) -> String {
     let text = last_user_text(request);
     let (block, stop) = if let Some(next) = paging_step(&messages) {
         next
+    } else if let Some(next) = write_step(&messages) {
+        next
     } else if let Some(next) = spawn_wait_step(&messages) {
         next
     } else if request["messages"].to_string().contains(STEER) {
         (json!({"type": "text", "text": format!("Steered: PINEAPPLE ({} messages)", messages.len())}), "end_turn")
     } else if let Some(r) = result {
-        let output = match &r["content"] {
-            Value::String(s) => s.clone(),
-            other => text_of(other),
-        };
-        let output = output.split("<system-reminder>").next().unwrap_or("").trim().to_string();
-        (json!({"type": "text", "text": format!("done: {output}")}), "end_turn")
+        (json!({"type": "text", "text": format!("done: {}", tool_output(r))}), "end_turn")
     } else if text.contains("Agent-to-agent announce step") || text.contains("Reply exactly ANNOUNCE_SKIP") {
         (json!({"type": "text", "text": "ANNOUNCE_SKIP"}), "end_turn")
     } else if text.contains("SYSTEM?") {
@@ -140,6 +141,47 @@ fn reply_events(request: &Value) -> String {
     events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect()
 }
 
+/// The text of a `tool_result` block as the model reads it, without the reminders Claude Code
+/// appends.
+fn tool_output(result: &Value) -> String {
+    let output = match &result["content"] {
+        Value::String(s) => s.clone(),
+        other => text_of(other),
+    };
+    output.split("<system-reminder>").next().unwrap_or("").trim().to_string()
+}
+
+/// The file a WRITE turn creates with Claude Code's `Write` tool, in its working directory.
+const WRITTEN: &str = "written.txt";
+
+/// A model that writes: after a turn that says WRITE, it calls `Write` (id `toolu_write`) to create
+/// [`WRITTEN`] in the working directory Claude Code names in its first message ("Primary working
+/// directory: …"); after that call's result it says whether the write happened: `wrote: yes`
+/// when Claude Code reports the file created, else `wrote: no (<the result's text>)` — for a
+/// permission denied, the text is the denial's message. `Write` must be among the CLI's tools
+/// (`--tools Write`) and not allowed outright (no `--allowedTools Write`), so that it needs
+/// permission.
+fn write_step(messages: &[Value]) -> Option<(Value, &'static str)> {
+    let last = messages.iter().rev().find(|m| m["role"] == "user")?;
+    let blocks = last["content"].as_array().cloned().unwrap_or_default();
+    if let Some(result) = blocks.iter().find(|b| b["type"] == "tool_result" && b["tool_use_id"] == "toolu_write") {
+        let output = tool_output(result);
+        let wrote = result["is_error"] != true && output.starts_with("File created successfully");
+        let verdict = if wrote { "wrote: yes".to_string() } else { format!("wrote: no ({output})") };
+        return Some((json!({"type": "text", "text": verdict}), "end_turn"));
+    }
+    if !text_of(&last["content"]).contains("WRITE") {
+        return None;
+    }
+    let workdir = messages.iter().find_map(|m| {
+        let text = text_of(&m["content"]);
+        let after = text.split_once("Primary working directory: ")?.1;
+        after.split_whitespace().next().map(String::from)
+    })?;
+    let input = json!({"file_path": format!("{workdir}/{WRITTEN}"), "content": "written by the fake model\n"});
+    Some((json!({"type": "tool_use", "id": "toolu_write", "name": "Write", "input": input}), "tool_use"))
+}
+
 /// The session a PAGE turn reads, page by page, backwards from its newest message.
 const BIG: &str = "agent:claude:big";
 
@@ -156,11 +198,7 @@ fn paging_step(messages: &[Value]) -> Option<(Value, &'static str)> {
         .iter()
         .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
         .filter(|b| b["type"] == "tool_result")
-        .map(|b| match &b["content"] {
-            Value::String(s) => s.clone(),
-            other => text_of(other),
-        })
-        .map(|t| t.split("<system-reminder>").next().unwrap_or("").trim().to_string())
+        .map(|b| tool_output(&b))
         .collect();
     let parsed: Vec<Value> = results.iter().filter_map(|t| serde_json::from_str(t).ok()).collect();
     let call = |input: Value| {
@@ -398,9 +436,8 @@ fn claude_code_hands_every_page_to_its_model_whole_and_paging_reads_every_messag
     assert_eq!(report["seqs"], json!((1..=60).collect::<Vec<i64>>()), "every message exactly once");
 }
 
-/// A Claude Code run at the runner level, steerable: `--input-format stream-json`, Bash allowed,
-/// against a fake API that reports each request; the steer sender, the API's requests, the run
-/// and its workdir.
+/// A Claude Code run at the runner level, steerable: `--input-format stream-json`, against a fake
+/// API that reports each request; the steer sender, the API's requests, the run and its workdir.
 struct SteeredRun {
     steers: UnboundedSender<sessions_mcp::runner::Steer>,
     requests: tokio::sync::mpsc::UnboundedReceiver<Value>,
@@ -410,20 +447,37 @@ struct SteeredRun {
 }
 
 impl SteeredRun {
+    /// With Bash allowed.
     fn start(claude: &PathBuf, prompt: &str) -> Self {
+        Self::start_with(claude, prompt, &["--tools", "Bash", "--allowedTools", "Bash"], None)
+    }
+
+    /// With `tool_args` for Claude Code's tools and permissions, handing its input requests to
+    /// `asks` (None: the run cannot ask).
+    fn start_with(
+        claude: &PathBuf,
+        prompt: &str,
+        tool_args: &[&str],
+        asks: Option<UnboundedSender<sessions_mcp::runner::InputRequest>>,
+    ) -> Self {
         let (seen, requests) = tokio::sync::mpsc::unbounded_channel();
         let port = fake_api_reporting(Some(seen));
         let dir = tempfile::tempdir().unwrap();
         let (workdir, home) = (dir.path().join("work"), dir.path().join("home"));
         std::fs::create_dir_all(&workdir).unwrap();
         std::fs::create_dir_all(&home).unwrap();
-        let runner = json!({
-            "kind": "claude-stream-json",
-            "command": claude,
-            "args": ["-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
-                     "--model", "claude-sonnet-4-5", "--tools", "Bash", "--allowedTools", "Bash"],
-            "timeoutSeconds": 120,
-        });
+        let mut args = json!([
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            "claude-sonnet-4-5"
+        ]);
+        args.as_array_mut().unwrap().extend(tool_args.iter().map(|a| json!(a)));
+        let runner = json!({"kind": "claude-stream-json", "command": claude, "args": args, "timeoutSeconds": 120});
         let config = json!({"agents": {"list": [{"id": "claude", "workspace": workdir, "runner": runner}]}});
         let spec = common::runner::spec(&config, "claude");
         let env = [
@@ -439,7 +493,8 @@ impl SteeredRun {
         let (steers, rx) = tokio::sync::mpsc::unbounded_channel();
         let input = sessions_mcp::runner::Input::Prompt(prompt.to_string());
         let cancel = tokio_util::sync::CancellationToken::new();
-        let run = tokio::spawn(async move { common::runner::execute(&spec, input, env, rx, cancel).await });
+        let run =
+            tokio::spawn(async move { common::runner::execute_asking(&spec, input, env, rx, asks, cancel).await });
         SteeredRun { steers, requests, run, workdir, _dir: dir }
     }
 
@@ -543,4 +598,56 @@ fn claude_code_hands_a_subagents_wait_with_the_childs_outcome_to_its_model_whole
     assert_eq!(answer["status"], "ok", "{answer}");
     let outcome = answer["finished"][0]["outcome"].as_str().unwrap_or_default();
     assert!(outcome.starts_with("Status: completed successfully\nResult: Hello from the fake API"), "{answer}");
+}
+
+/// Claude Code started with `--permission-prompt-tool stdio` asks its host before a tool that
+/// needs permission (`Write`, not allowed outright): the runner hands the prompt on as an
+/// approval request and writes the answer back into the same run. Allowed, the file is written;
+/// denied, the model gets the denial's text as the tool's result.
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_codes_permission_prompt_on_stdio_is_an_approval_request_answered_within_the_run() {
+    let Some(claude) = cli_or_skip() else { return };
+    let prompt_tool = ["--tools", "Write", "--permission-prompt-tool", "stdio"];
+    for (decision, text, reply) in [
+        (sessions_mcp::runner::Decision::Allow, None, "wrote: yes".to_string()),
+        (
+            sessions_mcp::runner::Decision::Deny,
+            Some("Not in this directory"),
+            "wrote: no (Not in this directory)".into(),
+        ),
+    ] {
+        let (asks, mut requests) = tokio::sync::mpsc::unbounded_channel();
+        let mut run = SteeredRun::start_with(&claude, "WRITE a file", &prompt_tool, Some(asks));
+        let request = tokio::time::timeout(std::time::Duration::from_secs(60), requests.recv())
+            .await
+            .expect("Claude Code asked in time")
+            .expect("Claude Code asked");
+        assert_eq!(request.kind, sessions_mcp::runner::InputKind::Approval);
+        assert_eq!(request.text, format!("Claude Code asks to use Write: {WRITTEN}"));
+        let details = request.details.clone().unwrap_or_default();
+        assert_eq!((details["toolName"].as_str(), details["toolUseId"].as_str()), (Some("Write"), Some("toolu_write")));
+        let written = run.workdir.join(WRITTEN);
+        assert!(!written.exists(), "nothing is written before the answer");
+        let answer = sessions_mcp::runner::InputAnswer { decision, text: text.map(String::from) };
+        assert!(request.answer.send(answer).is_ok(), "the run waited for the answer");
+        // Awaited in place: `finish` would remove the workdir with the run.
+        let outcome = (&mut run.run).await.unwrap();
+        assert_eq!(outcome.status, sessions_mcp::runner::RunStatus::Ok, "{outcome:?}");
+        assert_eq!(outcome.reply.as_deref(), Some(reply.as_str()));
+        assert_eq!(written.exists(), decision == sessions_mcp::runner::Decision::Allow);
+    }
+}
+
+/// Without a way to ask (`--permission-prompt-tool` not given), Claude Code in `-p` mode denies
+/// a tool that needs permission at once, and its model is told so.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_permission_prompt_tool_claude_code_denies_a_write_at_once() {
+    let Some(claude) = cli_or_skip() else { return };
+    let mut run = SteeredRun::start_with(&claude, "WRITE a file", &["--tools", "Write"], None);
+    let written = run.workdir.join(WRITTEN);
+    let outcome = (&mut run.run).await.unwrap();
+    assert_eq!(outcome.status, sessions_mcp::runner::RunStatus::Ok, "{outcome:?}");
+    let reply = outcome.reply.unwrap_or_default();
+    assert!(reply.starts_with("wrote: no (Claude requested permissions to write to"), "{reply}");
+    assert!(!written.exists());
 }

@@ -6,6 +6,7 @@ mod agents;
 mod answer_budget_props;
 // The layer order and the invariants of docs/ARCHITECTURE.md, read from src/.
 mod architecture;
+mod asking;
 mod attachments;
 mod bad_inputs;
 mod callbacks;

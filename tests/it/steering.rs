@@ -6,25 +6,14 @@
 
 use crate::common;
 
-use common::runner::{execute, spec, steer};
+use common::runner::{execute, request, steer};
 use serde_json::{Value, json};
-use sessions_mcp::runner::{Input, RunStatus};
+use sessions_mcp::runner::RunStatus;
 use tokio_util::sync::CancellationToken;
 
-/// A scripted agent `a` answering every turn with `actions`, in a fresh workspace.
+/// A scripted agent `a` answering every turn with `actions`, with the default limits.
 fn scripted(actions: Value) -> (tempfile::TempDir, sessions_mcp::runner::RunnerSpec) {
-    let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("script.json");
-    std::fs::write(&script, json!({"default": actions}).to_string()).unwrap();
-    let runner = json!({"command": common::bin(), "args": ["agent", "--script", script]});
-    let config = json!({"agents": {"list": [{"id": "a", "workspace": dir.path(), "runner": runner}]}});
-    let spec = spec(&config, "a");
-    (dir, spec)
-}
-
-fn request(text: &str) -> Input {
-    Input::Request(json!({"type": "run", "protocol": 1, "mode": "send", "messages": [],
-                          "input": {"role": "user", "content": text}}))
+    common::runner::scripted(actions, json!({}))
 }
 
 #[tokio::test]

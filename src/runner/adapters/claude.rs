@@ -3,7 +3,11 @@
 //! `--include-partial-messages`) → `text_delta`; `assistant` text blocks → `message`, `tool_use`
 //! blocks → `tool_call`; `user` `tool_result` blocks → `tool_result`; `result` → `usage` plus
 //! `final`, or `error` when `is_error` (an API error or an interrupted turn: Claude Code exits 0
-//! after SIGINT, so the error is what makes such a run fail).
+//! after SIGINT, so the error is what makes such a run fail). Started with
+//! `--permission-prompt-tool stdio` (and `--input-format stream-json`), Claude Code asks its host
+//! on stdout before a tool that needs permission: a `control_request` of subtype `can_use_tool`
+//! → `input_request` of kind `approval`, its `request_id` the id (the runner writes the answer
+//! back as a `control_response`, `runner/stdin.rs`).
 //!
 //! With `--input-format stream-json` one process can run more than one turn (a steer queued
 //! behind the turn under way runs as a turn of its own), each ending in a `result`: its `usage`
@@ -69,6 +73,7 @@ impl Decoder for Claude {
             ("assistant", _) => self.assistant(&v),
             ("user", _) => self.tool_results(&v),
             ("result", _) => self.result(&v),
+            ("control_request", _) => permission_request(&v).into_iter().collect(),
             _ => Vec::new(),
         })
     }
@@ -124,6 +129,26 @@ impl Claude {
         });
         vec![usage, ending(v)]
     }
+}
+
+/// A `can_use_tool` control request as the approval it asks for: which tool, with what input.
+/// Other control requests (an MCP server's elicitation, say) are not answered here.
+fn permission_request(v: &Value) -> Option<Value> {
+    let request = v.get("request").filter(|r| text_of(r, "subtype") == "can_use_tool")?;
+    let tool = match text_of(request, "display_name") {
+        "" => text_of(request, "tool_name"),
+        shown => shown,
+    };
+    let text = match text_of(request, "description") {
+        "" => format!("Claude Code asks to use {tool}"),
+        what => format!("Claude Code asks to use {tool}: {what}"),
+    };
+    let mut details = serde_json::json!({"toolName": text_of(request, "tool_name"),
+                                         "input": request.get("input").cloned().unwrap_or_default()});
+    if let Some(id) = request.get("tool_use_id").and_then(Value::as_str) {
+        details["toolUseId"] = id.into();
+    }
+    Some(event::input_request(text_of(v, "request_id"), "approval", &text, details))
 }
 
 /// The reply a `result` ends its turn with, or the error it reports.
@@ -193,6 +218,34 @@ mod tests {
         assert_eq!((last["inputTokens"].as_i64(), last["outputTokens"].as_i64()), (Some(40), Some(12)));
         assert_eq!(last["costUsd"].as_f64(), Some(0.00030000000000000003), "total_cost_usd is the process's total");
         assert_eq!(usage[0]["inputTokens"], 10);
+    }
+
+    #[test]
+    fn a_permission_prompt_on_stdio_is_an_approval_request_between_the_tool_call_and_its_result() {
+        let events = decode_fixture(ClaudeStreamJson, "claude-permission.jsonl");
+        let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["start", "tool_call", "input_request", "tool_result", "message", "usage", "final"]);
+        let request = &events[2];
+        assert_eq!(
+            (request["id"].as_str(), request["kind"].as_str()),
+            (Some("5f5b8511-0494-40fd-a15f-4189bac12c2e"), Some("approval"))
+        );
+        assert_eq!(request["text"], "Claude Code asks to use Write: written.txt");
+        let details = &request["details"];
+        assert_eq!(
+            (details["toolName"].as_str(), details["toolUseId"].as_str()),
+            (Some("Write"), Some("toolu_fake_write"))
+        );
+        assert!(details["input"]["file_path"].as_str().unwrap().ends_with("/written.txt"), "{details}");
+        assert!(events[3]["content"].as_str().unwrap().starts_with("File created successfully"));
+    }
+
+    #[test]
+    fn a_control_request_other_than_a_permission_prompt_is_not_an_event() {
+        let mut d = crate::runner::adapters::decoder(ClaudeStreamJson);
+        let elicitation =
+            r#"{"type":"control_request","request_id":"r1","request":{"subtype":"elicitation","message":"?"}}"#;
+        assert!(d.line(elicitation).unwrap().is_empty());
     }
 
     #[test]

@@ -107,6 +107,10 @@ mod event {
     pub fn error(code: &str, message: &str) -> Value {
         json!({"type": "error", "code": code, "message": message})
     }
+
+    pub fn input_request(id: &str, kind: &str, text: &str, details: Value) -> Value {
+        json!({"type": "input_request", "id": id, "kind": kind, "text": text, "details": details})
+    }
 }
 
 /// Test support: decodes a fixture file as the runner would (every line, then the end).
