@@ -111,7 +111,7 @@ fn guide(me: &str) -> String {
          - sessions_send: message another session and wait for its reply {{sessionKey or label, message, \
          timeoutSeconds? (0 = do not wait)}}\n\
          - sessions_spawn: run a sub-agent in a child session; never blocks {{task, label?, agentId?}}\n\
-         - subagents: your sub-agents {{action: list | wait | cancel | steer}}; wait {{childSessionKeys?, until?: any | all}} \
+         - subagents: your sub-agents {{action: list | wait | cancel | steer | respond}}; wait {{childSessionKeys?, until?: any | all}} \
          returns when they finish, with their results: use it, do not poll\n\
          - agents_list: the agentIds sessions_spawn may target\n\
          Inbox: spawn results and late send replies land in your own session: \

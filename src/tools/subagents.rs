@@ -240,7 +240,6 @@ pub struct ChildRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_activity: Option<String>,
     /// Its questions and approvals waiting for an answer (answer with action "respond").
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pending_requests: Vec<Request>,
 }
 
@@ -285,7 +284,6 @@ pub struct WaitOk {
     /// The children still at work.
     pub unfinished: Vec<Unfinished>,
     /// Questions and approvals from your tree that wait for your answer.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub requests: Vec<Request>,
     pub waited_ms: u64,
     pub note: String,
@@ -365,7 +363,8 @@ pub fn spec() -> ToolSpec {
          one (until \"any\") or all of your children finished and get their outcomes \
          (Status/Result/Notes) inline — use this instead of polling sessions_history. action \
          \"cancel\": stop a child (cascade: its sub-agents too). action \"steer\": add instructions \
-         to a running child (into its current turn when its agent supports it, else its next turn).",
+         to a running child (into its current turn when its agent supports it, else its next turn). \
+         action \"respond\": answer a child's question or approval (wait returns status \"attention\" with them).",
         false,
     )
 }

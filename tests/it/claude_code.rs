@@ -261,6 +261,9 @@ fn cli_or_skip() -> Option<PathBuf> {
 enum Prompt {
     StreamJson,
     Plain,
+    /// Stream-json input, the `Write` tool not allowed outright, and its permission prompt on
+    /// stdio (the runner hands it on as an approval request).
+    AskToWrite,
 }
 
 /// An env with agents `main` (the caller, may spawn `claude` children) and `claude` (the real CLI
@@ -289,8 +292,12 @@ fn claude_env(claude: &PathBuf, prompt: Prompt, extra: Value) -> (TestEnv, Vec<(
         "--allowedTools",
         "mcp__sessions"
     ]);
-    if prompt == Prompt::StreamJson {
+    if prompt != Prompt::Plain {
         args.as_array_mut().unwrap().extend([json!("--input-format"), json!("stream-json")]);
+    }
+    if prompt == Prompt::AskToWrite {
+        args[7] = json!("Write");
+        args.as_array_mut().unwrap().extend([json!("--permission-prompt-tool"), json!("stdio")]);
     }
     let runner = json!({
         "kind": "claude-stream-json",
@@ -650,4 +657,24 @@ async fn without_a_permission_prompt_tool_claude_code_denies_a_write_at_once() {
     let reply = outcome.reply.unwrap_or_default();
     assert!(reply.starts_with("wrote: no (Claude requested permissions to write to"), "{reply}");
     assert!(!written.exists());
+}
+
+/// End to end through the tree: a Claude Code child's permission prompt reaches its requester as
+/// a `subagents` attention, the requester allows, and the write happens in the same run.
+#[test]
+fn a_claude_childs_permission_prompt_is_answered_by_its_requester_through_subagents() {
+    let Some(claude) = cli_or_skip() else { return };
+    let (env, vars) = claude_env(&claude, Prompt::AskToWrite, json!({}));
+    let mut c = serve(&env, &vars);
+    let r = c.call("sessions_spawn", json!({"task": "WRITE a file", "agentId": "claude"}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 120}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let request = &w["requests"][0];
+    assert_eq!(request["details"]["toolName"], "Write", "{request}");
+    let ok = c.call("subagents", json!({"action": "respond", "requestId": request["requestId"], "decision": "allow"}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 120}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(outcome.starts_with("Status: completed successfully\nResult: wrote: yes"), "{outcome}");
 }

@@ -1,0 +1,152 @@
+//! Questions and approvals from the tree (issue 18), black-box over stdio: a child asks, the
+//! external root sees it in `subagents wait` (attention) and answers with `respond`, and the child
+//! continues in the same run; the first answer wins; a rule decides without asking; an unanswered
+//! ask times out with `onTimeout`; a driven parent answers its child's question by its own run.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{TestEnv, runs_of, scripted_agent, text_of, wait_until};
+use serde_json::{Value, json};
+
+fn script() -> Value {
+    json!({"rules": [
+        {"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
+        {"match": {"mode": "ask", "inputRegex": "\"requestId\": \"([0-9a-f-]+)\""},
+         "call": {"tool": "subagents", "arguments": {"action": "respond", "requestId": "{1}", "decision": "allow", "text": "parent says ok"}},
+         "reply": "answered: {result}"},
+        {"match": {"mode": "completion"}, "reply": "noted"},
+        {"match": {"mode": "spawn", "inputRegex": "^spawn (.*)$"},
+         "call": {"tool": "sessions_spawn", "arguments": {"task": "{1}"}}, "reply": "spawned"},
+        {"match": {"input": "ask"},
+         "ask": {"kind": "approval", "text": "May I write {input}?", "details": {"toolName": "Write"}},
+         "reply": "decision={decision} answer={answer}"}
+    ], "default": {"reply": "RESULT: {input}"}})
+}
+
+fn env_with(subagents: Value) -> TestEnv {
+    let mut env = TestEnv::new();
+    let main = scripted_agent(&env, "main", &script(), json!({}));
+    env.set_config(&json!({"agents": {"list": [main], "defaults": {"subagents": subagents}}}).to_string());
+    env
+}
+
+fn outcome_of(w: &Value) -> String {
+    w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}")).to_string()
+}
+
+#[test]
+fn a_child_asks_the_root_answers_with_respond_and_the_child_continues_in_the_same_run() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "ask for a.txt"}));
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let request = &w["requests"][0];
+    assert_eq!(request["childSessionKey"], child.as_str(), "{w}");
+    assert_eq!(request["kind"], "approval");
+    assert_eq!(request["text"], "May I write ask for a.txt?");
+    let id = request["requestId"].as_str().unwrap().to_string();
+    let l = c.call("subagents", json!({"action": "list"}));
+    assert_eq!(l["children"][0]["runState"], "waiting", "{l}");
+    assert_eq!(l["children"][0]["pendingRequests"][0]["requestId"], id.as_str(), "{l}");
+    // The question is in main's own session too.
+    let h = c.call("sessions_history", json!({"sessionKey": "main"}));
+    assert!(h["messages"].as_array().unwrap().iter().any(|m| text_of(&m["content"]).contains(&id)), "{h}");
+
+    let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "yes, go"}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let again = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "deny"}));
+    assert_eq!(again["status"], "invalid", "{again}");
+    assert!(
+        again["error"].as_str().unwrap().contains("already answered (allow) by agent:main:main via subagents"),
+        "{again}"
+    );
+
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    let outcome = outcome_of(&w);
+    assert!(
+        outcome.starts_with("Status: completed successfully\nResult: decision=allow answer=yes, go\n"),
+        "{outcome}"
+    );
+    let show = env.show(&child);
+    assert_eq!(runs_of(&show, Some("spawn")).len(), 1, "one run: {}", show["runs"]);
+    let texts: Vec<String> = show["messages"].as_array().unwrap().iter().map(|m| text_of(&m["content"])).collect();
+    assert!(texts.iter().any(|t| t.starts_with(&format!("[input request {id} (approval)]"))), "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.starts_with(&format!("[answer to {id} by agent:main:main via subagents] allow: yes, go"))),
+        "{texts:?}"
+    );
+    c.close();
+}
+
+#[test]
+fn another_trees_request_id_gets_the_same_answer_as_one_that_does_not_exist() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let a = c.call(
+        "subagents",
+        json!({"action": "respond", "requestId": "00000000-0000-4000-8000-000000000000", "decision": "allow"}),
+    );
+    assert_eq!(a["status"], "not_found", "{a}");
+    assert!(a["error"].as_str().unwrap().starts_with("Input request not found: 00000000-"), "{a}");
+    let bad = c.call("subagents", json!({"action": "respond", "requestId": "x", "decision": "maybe"}));
+    assert_eq!(bad["status"], "invalid", "{bad}");
+    assert!(bad["error"].as_str().unwrap().contains("allowed: allow, deny"), "{bad}");
+    c.close();
+}
+
+#[test]
+fn a_rule_decides_without_asking_and_an_unanswered_ask_times_out_with_on_timeout() {
+    let env = env_with(json!({"approvals": {"rules": [{"decision": "allow", "tool": "Wri*"}]}}));
+    let mut c = env.serve(None);
+    c.call("sessions_spawn", json!({"task": "ask by rule"}));
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "ok", "no one was asked: {w}");
+    assert!(outcome_of(&w).contains("Result: decision=allow answer=decided by approvals.rules\n"), "{w}");
+    c.close();
+
+    let env = env_with(json!({"approvals": {"timeoutSeconds": 1}}));
+    let mut c = env.serve(None);
+    c.call("sessions_spawn", json!({"task": "ask and wait"}));
+    let finished = wait_until(Duration::from_secs(30), "the ask to time out", || {
+        let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 5}));
+        (w["status"] == "ok" && !w["finished"].as_array().unwrap().is_empty()).then_some(w)
+    });
+    let outcome = outcome_of(&finished);
+    assert!(
+        outcome.contains("Result: decision=deny answer=no answer within approvals.timeoutSeconds (1 s)\n"),
+        "{outcome}"
+    );
+    c.close();
+}
+
+#[test]
+fn a_driven_parent_answers_its_childs_question_by_its_own_run() {
+    let env = env_with(json!({"maxSpawnDepth": 2}));
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "spawn ask deep"}));
+    let parent = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [parent], "timeoutSeconds": 60}));
+    assert_eq!(w["status"], "ok", "the root was not asked: {w}");
+    let l = c.call("subagents", json!({"action": "list"}));
+    let leaf =
+        l["children"].as_array().unwrap().iter().find(|r| r["depth"] == 2).cloned().unwrap_or_else(|| panic!("{l}"));
+    let leaf_show = env.show(leaf["sessionKey"].as_str().unwrap());
+    let replies: Vec<String> = leaf_show["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .map(|m| text_of(&m["content"]))
+        .collect();
+    assert!(replies.iter().any(|t| t == "decision=allow answer=parent says ok"), "{replies:?}");
+    assert_eq!(runs_of(&leaf_show, Some("spawn")).len(), 1, "in the same run");
+    let asks = runs_of(&env.show(&parent), Some("ask"));
+    assert_eq!(asks.len(), 1, "the parent's ask turn");
+    c.close();
+}
