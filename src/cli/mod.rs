@@ -72,6 +72,19 @@ enum Command {
     Ls {
         #[arg(long)]
         json: bool,
+        /// List the open questions and approvals of runs instead (answer with `respond`).
+        #[arg(long)]
+        pending: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Answer a run's open question or approval (see `ls --pending`); the first answer wins.
+    Respond {
+        request_id: String,
+        /// allow|deny
+        decision: String,
+        /// The answer in words.
+        text: Option<String>,
         #[command(flatten)]
         paths: Paths,
     },
@@ -290,7 +303,11 @@ pub fn main() -> ExitCode {
             with_store(&paths, |env, store| operator::import(env, store, &dir, json))
         }
         Command::Export { json, paths } => with_store(&paths, |env, store| operator::export(env, store, json)),
-        Command::Ls { json, paths } => with_store(&paths, |env, store| operator::ls(env, store, json)),
+        Command::Ls { json, pending: false, paths } => with_store(&paths, |env, store| operator::ls(env, store, json)),
+        Command::Ls { json, pending: true, paths } => with_store(&paths, |_, store| operator::pending(store, json)),
+        Command::Respond { request_id, decision, text, paths } => {
+            with_store(&paths, |_, store| operator::respond(store, &request_id, &decision, text.as_deref()))
+        }
         Command::Show { key, json, paths } => with_store(&paths, |env, store| operator::show(env, store, &key, json)),
         Command::Policy { key, mode, paths } => {
             with_store(&paths, |env, store| operator::policy(env, store, &key, &mode))

@@ -111,6 +111,57 @@ pub fn ls(env: &Env, store: &Store, as_json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `ls --pending`: every open question and approval, oldest first.
+pub fn pending(store: &Store, as_json: bool) -> ExitCode {
+    let asks = match store.open_asks() {
+        Ok(a) => a,
+        Err(e) => return failed(e),
+    };
+    let rows: Vec<Value> = asks
+        .iter()
+        .map(|a| {
+            json!({"requestId": a.id, "session": a.child.as_str(), "kind": a.kind.as_str(), "text": a.text,
+                   "details": a.details, "askedOf": a.target.as_str(), "expiresAt": a.deadline_at})
+        })
+        .collect();
+    if as_json {
+        print_json(&json!({"pending": rows}));
+        return ExitCode::SUCCESS;
+    }
+    println!("{:<36} {:<9} {:<58} TEXT", "REQUEST", "KIND", "SESSION");
+    for a in &asks {
+        println!("{:<36} {:<9} {:<58} {}", a.id, a.kind.as_str(), a.child.as_str(), a.text);
+    }
+    ExitCode::SUCCESS
+}
+
+/// `respond REQUEST allow|deny [TEXT]`: the operator answers an open ask.
+pub fn respond(store: &Store, id: &str, decision: &str, text: Option<&str>) -> ExitCode {
+    let decision = match decision.to_ascii_lowercase().as_str() {
+        "allow" => crate::store::AskDecision::Allow,
+        "deny" => crate::store::AskDecision::Deny,
+        other => return super::fail(format!("decision {other:?} is not allowed; allowed: allow, deny")),
+    };
+    let answer = crate::store::Answer { decision, text, by: "operator", via: crate::store::AnsweredVia::Operator };
+    match crate::engine::ask::close_in(store, id, crate::store::AskState::Answered, &answer) {
+        Ok(true) => {
+            println!("answered {id}: {}", decision.as_str());
+            ExitCode::SUCCESS
+        }
+        Ok(false) => match store.ask(id) {
+            Ok(Some(a)) => failed(format!(
+                "request {id} was already answered ({}) by {} via {}",
+                a.decision.map_or("withdrawn", crate::store::AskDecision::as_str),
+                a.answered_by.as_deref().unwrap_or("nobody"),
+                a.answered_via.map_or("its run's end", crate::store::AnsweredVia::as_str)
+            )),
+            Ok(None) => failed(format!("no request {id} (sessions-mcp ls --pending lists the open ones)")),
+            Err(e) => failed(e),
+        },
+        Err(e) => failed(e),
+    }
+}
+
 /// Resolves an operator's KEY (any key form, or a sessionId) to a stored row.
 fn find(store: &Store, config: &Config, raw: &str) -> Result<SessionRow, String> {
     let scope = key_scope(config, &config.default_agent());

@@ -23,7 +23,7 @@ use crate::policy::{CallerRole, ToolName};
 use crate::runner::{Decision, InputAnswer, InputKind, InputRequest};
 use crate::store::{
     Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk, NewMessage, NewRun, RunMode, RunRow,
-    SessionRow, StoreError, Tx, now_ms,
+    SessionRow, Store, StoreError, Tx, now_ms,
 };
 
 /// Who answers when no session above the asking one can: only the operator.
@@ -177,8 +177,16 @@ fn asked_message(run: &RunRow, ask: &NewAsk) -> NewMessage {
 /// transaction; a queued run that put it to a driven parent is withdrawn. False when it was
 /// closed already (the first answer wins).
 pub fn close(rt: &Scheduler, id: &str, state: AskState, answer: &Answer) -> Result<bool, StoreError> {
-    let Some(ask) = rt.store.ask(id)? else { return Ok(false) };
-    let closed = rt.store.write(|tx| -> Result<bool, StoreError> {
+    let closed = close_in(&rt.store, id, state, answer)?;
+    rt.wake();
+    Ok(closed)
+}
+
+/// [`close`] from a process without a runtime (the operator's `respond`): the owner of the run
+/// sees the answer at its next tick.
+pub fn close_in(store: &Store, id: &str, state: AskState, answer: &Answer) -> Result<bool, StoreError> {
+    let Some(ask) = store.ask(id)? else { return Ok(false) };
+    store.write(|tx| -> Result<bool, StoreError> {
         if !tx.close_ask(id, state, answer)? {
             return Ok(false);
         }
@@ -187,9 +195,7 @@ pub fn close(rt: &Scheduler, id: &str, state: AskState, answer: &Answer) -> Resu
         }
         tx.withdraw_queued_run(&step_id(id, "ask"), "the question was answered before this run started")?;
         Ok(true)
-    })?;
-    rt.wake();
-    Ok(closed)
+    })
 }
 
 fn answer_message(ask: &AskRow, answer: &Answer) -> NewMessage {

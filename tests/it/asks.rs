@@ -150,3 +150,26 @@ fn a_driven_parent_answers_its_childs_question_by_its_own_run() {
     assert_eq!(asks.len(), 1, "the parent's ask turn");
     c.close();
 }
+
+#[test]
+fn the_operator_lists_pending_asks_and_answers_one() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    c.call("sessions_spawn", json!({"task": "ask the operator"}));
+    let pending = wait_until(Duration::from_secs(30), "the ask", || {
+        let out = env.run(&["ls", "--pending", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        v["pending"].as_array().filter(|p| !p.is_empty()).cloned()
+    });
+    assert_eq!(pending[0]["kind"], "approval", "{pending:?}");
+    assert_eq!(pending[0]["askedOf"], "agent:main:main", "{pending:?}");
+    let id = pending[0]["requestId"].as_str().unwrap();
+    let out = env.run(&["respond", id, "deny", "not today"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let again = env.run(&["respond", id, "allow"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already answered (deny) by operator via operator"));
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert!(outcome_of(&w).contains("Result: decision=deny answer=not today\n"), "{w}");
+    c.close();
+}
