@@ -159,10 +159,12 @@ pub struct Request {
     /// approval | question.
     pub kind: String,
     pub text: String,
+    /// The choices it offers, when it offers some.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub options: Option<Value>,
+    pub options: Option<Vec<String>>,
     /// What it is about (for an approval: the tool and its input).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub details: Option<Value>,
     /// When it is answered by agents.defaults.subagents.approvals.onTimeout, ms since the epoch.
     pub expires_at: i64,
@@ -465,8 +467,12 @@ fn request(ctx: &Ctx, a: &AskRow) -> Request {
         child_session_key: ctx.access.scope(ctx.caller).display(&a.child),
         kind: a.kind.as_str().into(),
         text: a.text.clone(),
-        options: a.options.clone(),
-        details: a.details.clone(),
+        options: a
+            .options
+            .as_ref()
+            .and_then(Value::as_array)
+            .map(|o| o.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), String::from)).collect()),
+        details: a.details.clone().filter(Value::is_object),
         expires_at: a.deadline_at,
     }
 }
