@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{Access, ToolError};
 use crate::access::caller::Caller;
 use crate::keys::SessionRef;
-use crate::store::{AnnounceRow, AskRow, DeliveryStatus, RunRow, RunStatus, SessionRow, TreeTotals, now_ms};
+use crate::store::{AnnounceRow, AskRow, AskState, DeliveryStatus, RunRow, RunStatus, SessionRow, TreeTotals, now_ms};
 
 /// Where a child's work is. Kept apart from where its announce is ([`AnnounceState`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
@@ -204,6 +204,19 @@ impl Access {
         let mut open = self.store.open_asks_below(&caller.key)?;
         open.retain(|a| a.target == caller.key);
         Ok(open)
+    }
+
+    /// Open asks of one run that the caller may answer (a task's input requests).
+    pub fn open_asks_of_run(&self, caller: &Caller, run_id: &str) -> Result<Vec<AskRow>, ToolError> {
+        let mut asks = self.store.asks_of_runs(&[run_id.to_string()])?;
+        asks.retain(|a| a.state == AskState::Open && a.child != caller.key);
+        let mut mine = Vec::with_capacity(asks.len());
+        for ask in asks {
+            if self.store.is_ancestor(&caller.key, &ask.child)? {
+                mine.push(ask);
+            }
+        }
+        Ok(mine)
     }
 
     /// A descendant read again (after a wait's wake, or a cancel).

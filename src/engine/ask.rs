@@ -273,17 +273,19 @@ pub enum Responded {
 }
 
 impl Engine<'_> {
-    /// Answers `ask` (resolved by the façade among the caller's tree) as the caller.
+    /// Answers `ask` (resolved by the façade among the caller's tree) as the caller, through
+    /// `via` (the `subagents` tool, or an elicitation at the caller's host).
     pub fn respond(
         &self,
         caller: &Caller,
         ask: &AskRow,
         decision: AskDecision,
         text: Option<&str>,
+        via: AnsweredVia,
     ) -> Result<Responded, ToolError> {
         self.access.check_can_act(caller)?;
         let rt = self.runtime("subagents")?;
-        let answer = Answer { decision, text, by: caller.key.as_str(), via: AnsweredVia::Subagents };
+        let answer = Answer { decision, text, by: caller.key.as_str(), via };
         let closed = close(rt, &ask.id, AskState::Answered, &answer)?;
         let now = rt.store.ask(&ask.id)?.unwrap_or_else(|| ask.clone());
         Ok(if closed { Responded::Answered(now) } else { Responded::AlreadyAnswered(now) })

@@ -104,10 +104,13 @@ pub fn router(
         config = config.with_allowed_origins(options.allowed_origins.clone());
     }
     config.max_request_body_bytes = options.max_body_bytes;
+    // The asks shown by round trip: one set per listener, since a 2026-07-28 client's requests
+    // each get a server of their own.
+    let shown = super::elicit::Shown::default();
     let sessions = Arc::new(LocalSessionManager::default());
     let guard = super::http_sessions::SessionGuard::new(sessions.clone(), options.max_body_bytes);
     let service = StreamableHttpService::new(
-        move || Ok(SessionsServer::per_request(factory_access.clone(), runtime.clone(), hub.clone())),
+        move || Ok(SessionsServer::per_request(factory_access.clone(), runtime.clone(), hub.clone(), shown.clone())),
         sessions,
         config,
     );

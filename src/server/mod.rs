@@ -3,6 +3,7 @@
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
 mod degraded;
+mod elicit;
 pub mod http;
 mod http_sessions;
 mod owner_link;
@@ -17,9 +18,10 @@ pub use stdio::serve_lines;
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult,
-    Implementation, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
-    SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams, UpdateTaskParams,
+    Implementation, InputRequiredResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerConfig, SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams,
+    UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -30,6 +32,7 @@ use crate::access::Access;
 use crate::access::caller::Caller;
 use crate::engine::scheduler::Scheduler;
 use crate::tools::{self, Ctx, Progress};
+use elicit::{Pusher, Route, Shown};
 use subscriptions::{Hub, Subscriptions};
 
 /// One MCP server instance: for one caller (stdio), or resolving the caller per request (HTTP).
@@ -41,6 +44,11 @@ pub struct SessionsServer {
     runtime: Option<Arc<Scheduler>>,
     /// This MCP session's subscriptions; rmcp drops them with the session.
     subscriptions: Subscriptions,
+    /// Pushes the asks put to an external caller to its host as elicitations (its watcher
+    /// stops with the session).
+    pusher: Arc<Pusher>,
+    /// The asks shown by round trip, shared by the servers of one listener.
+    shown: Shown,
 }
 
 impl SessionsServer {
@@ -52,12 +60,36 @@ impl SessionsServer {
 
     /// A server for one caller whose subscriptions count on a listener's `hub` (legacy SSE).
     pub fn on_hub(access: Access, caller: Caller, runtime: Option<Arc<Scheduler>>, hub: Hub) -> Self {
-        SessionsServer { access, caller: Some(caller), runtime, subscriptions: Subscriptions::new(hub) }
+        SessionsServer::with(access, Some(caller), runtime, hub, Shown::default())
     }
 
     /// A server whose caller comes from each HTTP request (set by the bearer middleware).
-    pub fn per_request(access: Access, runtime: Option<Arc<Scheduler>>, hub: Hub) -> Self {
-        SessionsServer { access, caller: None, runtime, subscriptions: Subscriptions::new(hub) }
+    pub fn per_request(access: Access, runtime: Option<Arc<Scheduler>>, hub: Hub, shown: Shown) -> Self {
+        SessionsServer::with(access, None, runtime, hub, shown)
+    }
+
+    fn with(access: Access, caller: Option<Caller>, runtime: Option<Arc<Scheduler>>, hub: Hub, shown: Shown) -> Self {
+        let subscriptions = Subscriptions::new(hub);
+        SessionsServer { access, caller, runtime, subscriptions, pusher: Arc::default(), shown }
+    }
+
+    /// Where the client shows elicitations, the route it takes for an external caller: the push
+    /// watcher starts here (once per MCP session).
+    fn elicitation_route(&self, caller: &Caller, context: &RequestContext<RoleServer>) -> Option<Route> {
+        let route = elicit::route(context).filter(|_| caller.external)?;
+        if route == Route::Push {
+            let hub = self.subscriptions.hub();
+            self.pusher.start(hub, &self.access, self.runtime.as_ref(), caller, context.peer.clone());
+        }
+        Some(route)
+    }
+
+    /// A round trip's `input_required` for the asks put to the caller it was not shown yet.
+    fn asks_to_show(&self, caller: &Caller) -> Option<CallToolResponse> {
+        let new = self.shown.take_new(&self.access, caller);
+        let requests = elicit::input_requests(&self.access, caller, &new);
+        (!requests.is_empty())
+            .then(|| CallToolResponse::InputRequired(InputRequiredResult::from_input_requests(requests)))
     }
 
     fn caller_for(&self, context: &RequestContext<RoleServer>) -> Result<Caller, McpError> {
@@ -202,7 +234,8 @@ impl ServerHandler for SessionsServer {
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
         let caller = self.caller_for(&context)?;
-        tasks::get(&self.access, &caller, &request.task_id)
+        let elicits = elicit::route(&context).is_some();
+        tasks::get(&self.access, &caller, &request.task_id, elicits)
     }
 
     async fn cancel_task(
@@ -220,7 +253,7 @@ impl ServerHandler for SessionsServer {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let caller = self.caller_for(&context)?;
-        tasks::update(&self.access, &caller, &request.task_id)
+        tasks::update(self.runtime.as_ref(), &self.access, &caller, &request.task_id, &request.input_responses)
     }
 
     #[allow(deprecated)] // logging: still part of the 2025-11-25 era we serve
@@ -244,6 +277,7 @@ impl ServerHandler for SessionsServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let caller = self.caller_for(&context)?;
+        self.elicitation_route(&caller, &context);
         let offered = self.access.tools_for(&caller);
         let tools = tools::specs().iter().filter(|s| offered.contains(&s.name)).map(|s| s.to_tool()).collect();
         let mut result = ListToolsResult::with_all_items(tools);
@@ -274,6 +308,15 @@ impl ServerHandler for SessionsServer {
         });
         let caller = self.caller_for(&context)?;
         stop_when_client_gone(&context);
+        let round_trip = self.elicitation_route(&caller, &context) == Some(Route::RoundTrip);
+        if round_trip {
+            if let Some(responses) = &request.input_responses {
+                elicit::apply_responses(&self.access, self.runtime.as_ref(), &caller, responses)?;
+            }
+            if let Some(show) = self.asks_to_show(&caller) {
+                return Ok(show);
+            }
+        }
         let ctx = Ctx {
             access: &self.access,
             caller: &caller,
@@ -286,10 +329,18 @@ impl ServerHandler for SessionsServer {
             let result = tools::run(&ctx, tool, tasks::without_wait(tool, request.arguments)).await;
             return Ok(tasks::answer(&self.access, result));
         }
-        match tools::call(&ctx, &request.name, request.arguments).await {
-            Some(result) => Ok(CallToolResponse::Complete(result)),
-            None => Err(unknown_tool(&request.name)),
+        let Some(result) = tools::call(&ctx, &request.name, request.arguments).await else {
+            return Err(unknown_tool(&request.name));
+        };
+        // A wait that stopped only because a sub-agent asks: the person sees the ask at once, and
+        // the client's retry waits on.
+        if round_trip
+            && elicit::only_attention(&result)
+            && let Some(show) = self.asks_to_show(&caller)
+        {
+            return Ok(show);
         }
+        Ok(CallToolResponse::Complete(result))
     }
 }
 
@@ -297,7 +348,7 @@ impl ServerHandler for SessionsServer {
 fn unknown_tool(name: &str) -> McpError {
     McpError::invalid_params(
         format!(
-            "unknown tool {name:?}; tools: agents_list, sessions_history, sessions_list, sessions_send, sessions_spawn"
+            "unknown tool {name:?}; tools: agents_list, sessions_history, sessions_list, sessions_send, sessions_spawn, subagents"
         ),
         None,
     )

@@ -37,7 +37,7 @@ const POLL: Duration = Duration::from_millis(250);
 const BACKLOG: usize = 64;
 
 /// The sessions that grew in one tick: (canonical key, last seq).
-type Batch = Arc<Vec<(String, i64)>>;
+pub(super) type Batch = Arc<Vec<(String, i64)>>;
 
 /// What the MCP sessions of one listener share: the caller counts, the feed, the watchers.
 #[derive(Clone)]
@@ -78,7 +78,7 @@ impl Hub {
 
     /// A receiver of the feed, which starts if it was not running. Taken before any last seq is
     /// read, so an append between that read and the next tick is in a batch this receiver gets.
-    fn receiver(&self) -> broadcast::Receiver<Batch> {
+    pub(super) fn receiver(&self) -> broadcast::Receiver<Batch> {
         let mut running = self.0.feed_running.lock().expect("feed state");
         let rx = self.0.feed.subscribe();
         if !*running {
@@ -242,6 +242,11 @@ impl Subscriptions {
     pub fn new(hub: Hub) -> Subscriptions {
         let watched = Watched { hub: hub.clone(), entries: Mutex::default(), ended: CancellationToken::new() };
         Subscriptions { hub, watched: Arc::new(watched), watcher: Arc::default() }
+    }
+
+    /// The hub these subscriptions count on.
+    pub fn hub(&self) -> &Hub {
+        &self.hub
     }
 
     /// A new, empty set on the same hub (one `subscriptions/listen`).

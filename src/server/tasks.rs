@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rmcp::ErrorData as McpError;
 use rmcp::model::{
-    CallToolResponse, CallToolResult, CreateTaskResult, DetailedTask, GetTaskResult, JsonObject, Task, TaskPayload,
-    TaskStatus,
+    CallToolResponse, CallToolResult, CreateTaskResult, DetailedTask, GetTaskResult, InputResponses, JsonObject, Task,
+    TaskPayload, TaskStatus,
 };
 use serde_json::{Map, Value};
 
@@ -60,9 +60,22 @@ pub fn answer(access: &Access, result: CallToolResult) -> CallToolResponse {
     }
 }
 
-/// `tasks/get`: the run's state; once it ended, the tool's final result.
-pub fn get(access: &Access, caller: &Caller, task_id: &str) -> Result<GetTaskResult, McpError> {
+/// `tasks/get`: the run's state; once it ended, the tool's final result. A run that waits on a
+/// question or approval the caller may answer is `input_required`, with those asks as elicitation
+/// requests (answered by `tasks/update`), for a client that can show them (`elicits`).
+pub fn get(access: &Access, caller: &Caller, task_id: &str, elicits: bool) -> Result<GetTaskResult, McpError> {
     let run = owned_run(access, caller, task_id)?;
+    let asks = match run.status {
+        RunStatus::Running if elicits => {
+            access.open_asks_of_run(caller, &run.run_id).map_err(|e| internal(e.message))?
+        }
+        _ => Vec::new(),
+    };
+    if !asks.is_empty() {
+        let requests = super::elicit::input_requests(access, caller, &asks);
+        let payload = TaskPayload::InputRequired { input_requests: requests };
+        return Ok(GetTaskResult::new(DetailedTask::new(task_of(&run), payload)));
+    }
     let payload = match run.status {
         RunStatus::Queued | RunStatus::Running => TaskPayload::Working,
         RunStatus::Cancelled => TaskPayload::Cancelled,
@@ -87,13 +100,32 @@ pub fn cancel(
     Ok(())
 }
 
-/// `tasks/update`: no task of ours ever asks for input.
-pub fn update(access: &Access, caller: &Caller, task_id: &str) -> Result<(), McpError> {
-    owned_run(access, caller, task_id)?;
-    Err(McpError::invalid_params(
-        format!("task {task_id:?} never asks for input, so tasks/update has nothing to answer"),
-        None,
-    ))
+/// `tasks/update`: answers the task's outstanding input requests (its run's open asks); a key
+/// that is not one of them is refused and nothing is answered.
+pub fn update(
+    runtime: Option<&Arc<Scheduler>>,
+    access: &Access,
+    caller: &Caller,
+    task_id: &str,
+    responses: &InputResponses,
+) -> Result<(), McpError> {
+    let run = owned_run(access, caller, task_id)?;
+    let open = access.open_asks_of_run(caller, &run.run_id).map_err(|e| internal(e.message))?;
+    if let Some(stray) = responses.keys().find(|id| !open.iter().any(|a| &&a.id == id)) {
+        let outstanding: Vec<&str> = open.iter().map(|a| a.id.as_str()).collect();
+        return Err(McpError::invalid_params(
+            format!(
+                "inputResponses.{stray}: task {task_id:?} has no outstanding input request with that key; outstanding: {}",
+                if outstanding.is_empty() { "none".to_string() } else { outstanding.join(", ") }
+            ),
+            None,
+        ));
+    }
+    super::elicit::apply_responses(access, runtime, caller, responses)
+}
+
+fn internal(e: impl std::fmt::Display) -> McpError {
+    McpError::internal_error(e.to_string(), None)
 }
 
 /// The run behind `task_id` if the caller requested it; the same error for every other id.

@@ -718,7 +718,7 @@ fn respond(ctx: &Ctx, mut a: ArgReader) -> Result<RespondOk, ToolError> {
     a.finish()?;
     let ask = ctx.access.ask_in_tree(ctx.caller, &id)?;
     let scope = ctx.access.scope(ctx.caller);
-    match ctx.engine().respond(ctx.caller, &ask, decision, text.as_deref())? {
+    match ctx.engine().respond(ctx.caller, &ask, decision, text.as_deref(), AnsweredVia::Subagents)? {
         Responded::Answered(ask) => Ok(RespondOk {
             status: ListStatus::Ok,
             action: RespondAction::Respond,

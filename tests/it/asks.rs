@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{TestEnv, runs_of, scripted_agent, text_of, wait_until};
 use serde_json::{Value, json};
 
-fn script() -> Value {
+pub(crate) fn script() -> Value {
     json!({"rules": [
         {"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
         {"match": {"mode": "ask", "inputRegex": "\"requestId\": \"([0-9a-f-]+)\""},
@@ -25,7 +25,7 @@ fn script() -> Value {
     ], "default": {"reply": "RESULT: {input}"}})
 }
 
-fn env_with(subagents: Value) -> TestEnv {
+pub(crate) fn env_with(subagents: Value) -> TestEnv {
     let mut env = TestEnv::new();
     let main = scripted_agent(&env, "main", &script(), json!({}));
     env.set_config(&json!({"agents": {"list": [main], "defaults": {"subagents": subagents}}}).to_string());
@@ -172,4 +172,29 @@ fn the_operator_lists_pending_asks_and_answers_one() {
     let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
     assert!(outcome_of(&w).contains("Result: decision=deny answer=not today\n"), "{w}");
     c.close();
+}
+
+/// The official Python SDK as the host: the person answers through MCP elicitation, pushed to a
+/// handshake-era client and shown by round trip to a 2026-07-28 one (`tests/clients/python_elicit.py`).
+#[test]
+fn a_host_that_declared_elicitation_answers_its_sub_agent_by_push_and_by_round_trip() {
+    let Some(python) = crate::python_sdk::python() else { return };
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/python_elicit.py");
+    for mode in ["legacy", "2026-07-28"] {
+        let env = env_with(json!({}));
+        let serve = env.command(&["serve"]);
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .args([std::ffi::OsStr::new(mode), serve.get_program()])
+            .args(serve.get_args())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(&format!("ok {mode}")),
+            "python elicitation client ({mode}) failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

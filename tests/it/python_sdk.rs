@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use common::TestEnv;
 use sha2::{Digest, Sha256};
 
-fn python() -> Option<String> {
+pub(crate) fn python() -> Option<String> {
     let candidate = std::env::var("SESSIONS_MCP_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&candidate).args(["-c", "import mcp"]).output().is_ok_and(|o| o.status.success());
     if ok {

@@ -235,3 +235,40 @@ fn secrets_an_agent_echoes_are_masked_in_a_waiting_send_in_tasks_get_and_in_hist
     assert_eq!(done["status"], "completed", "{done}");
     masked(&done, "tasks/get of a spawn");
 }
+
+/// A spawn task whose child asks is `input_required`, its input request the elicitation a person
+/// fills in; `tasks/update` answers it (a key that is not outstanding is refused), and the task
+/// completes with the child's result. The elicitation pushed meanwhile is cancelled once answered.
+#[test]
+fn a_task_whose_child_asks_is_input_required_and_tasks_update_answers_it() {
+    let env = crate::asks::env_with(json!({}));
+    let capabilities = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}, "elicitation": {"form": {}}});
+    let mut c = Client::start_declaring(env.command(&["serve"]), capabilities);
+    let task = call_as_task(&mut c, "sessions_spawn", json!({"task": "ask for a.txt"}));
+    let task_id = task["taskId"].as_str().unwrap().to_string();
+    let asking = common::wait_until(Duration::from_secs(20), "the task to need input", || {
+        let t = get(&mut c, &task_id);
+        (t["status"] == "input_required").then_some(t)
+    });
+    let requests = asking["inputRequests"].as_object().unwrap_or_else(|| panic!("{asking}"));
+    assert_eq!(requests.len(), 1, "{asking}");
+    let (key, request) = requests.iter().next().unwrap();
+    assert_eq!(request["method"], "elicitation/create", "{asking}");
+    assert!(request["params"]["message"].as_str().unwrap().contains("asks for approval: May I write ask for a.txt?"));
+    assert_eq!(request["params"]["requestedSchema"]["properties"]["decision"]["enum"], json!(["allow", "deny"]));
+
+    let stray = c.request("tasks/update", json!({"taskId": task_id, "inputResponses": {"nope": {"action": "accept"}}}));
+    assert_eq!(stray["error"]["code"], -32602, "{stray}");
+    assert!(stray["error"]["message"].as_str().unwrap().contains(&format!("outstanding: {key}")), "{stray}");
+    let answer = json!({key.as_str(): {"action": "accept", "content": {"decision": "deny", "text": "not now"}}});
+    let ok = c.request("tasks/update", json!({"taskId": task_id, "inputResponses": answer}));
+    assert!(ok.get("error").is_none(), "{ok}");
+    let done = wait_terminal(&mut c, &task_id);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["structuredContent"]["reply"], "decision=deny answer=not now", "{done}");
+
+    c.pump(Duration::from_millis(300));
+    let pushed = c.take_notification("elicitation/create").expect("the elicitation pushed to the host");
+    let cancelled = c.take_notification("notifications/cancelled").expect("and cancelled once answered");
+    assert_eq!(cancelled["params"]["requestId"], pushed["id"], "{cancelled}");
+}

@@ -234,10 +234,13 @@ impl Client {
             let line = self.lines.recv_timeout(Duration::from_secs(30)).ok()?;
             let msg: Value =
                 serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
-            if msg.get("id") == Some(&json!(id)) {
+            // A request from the server (elicitation/create) has an id of its own counter: it is
+            // never a response, whatever its id.
+            let response = msg.get("id").is_some() && msg.get("method").is_none();
+            if response && msg.get("id") == Some(&json!(id)) {
                 return Some(msg);
             }
-            if msg.get("id").is_some() {
+            if response {
                 self.pending.push(msg);
             } else {
                 self.notes.push(msg);
