@@ -14,10 +14,13 @@
 //!   EOF and exits after the last queued message. So stdin closes at the first result, and a run
 //!   that took a steer reads on to EOF: its last result is the run's. The answer to a permission
 //!   prompt (`--permission-prompt-tool stdio`) goes in as the `control_response` to its
-//!   `control_request`.
+//!   `control_request`; so does the answer to an MCP server's elicitation, as the result its
+//!   schema asks for (the decoder's `details.elicitation` says which requests are elicitations).
 //! - Any other CLI: the prompt, then EOF; no steers.
 
-use serde_json::{Value, json};
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::process::ChildStdin;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -72,6 +75,9 @@ pub(super) struct AgentStdin {
     steers: Option<UnboundedReceiver<Steer>>,
     taking: Taking,
     took_a_steer: bool,
+    /// The `requestedSchema` (null when none) of each elicitation Claude Code asked, by request
+    /// id, until it is answered: its answer is an elicitation result, not a permission verdict.
+    elicitations: HashMap<String, Value>,
 }
 
 impl AgentStdin {
@@ -88,7 +94,7 @@ impl AgentStdin {
             Channel::ClaudeStream => Taking::Yes,
             Channel::Prompt => Taking::No,
         };
-        let mut stdin = AgentStdin { channel, pipe, steers, taking, took_a_steer: false };
+        let mut stdin = AgentStdin { channel, pipe, steers, taking, took_a_steer: false, elicitations: HashMap::new() };
         if taking == Taking::No {
             stdin.refuse_steers();
         }
@@ -147,7 +153,10 @@ impl AgentStdin {
         deadline: Instant,
     ) {
         let line = match self.channel {
-            Channel::ClaudeStream => permission_response(id, answer),
+            Channel::ClaudeStream => match self.elicitations.remove(id) {
+                Some(schema) => control_response(id, elicitation_result(id, answer, &schema)),
+                None => control_response(id, permission_verdict(answer)),
+            },
             _ => input_response(id, answer),
         };
         self.write_control(&line, cancel, deadline).await;
@@ -174,10 +183,13 @@ impl AgentStdin {
     }
 
     /// What the events of one stdout line say about stdin: a `jsonl/1` agent's first event
-    /// decides whether it takes steers (its `start` with `"steer": true`); Claude Code's first
-    /// result (a `final` or an `error`) closes stdin, so that it exits once it has run every
-    /// message it read.
+    /// decides whether it takes steers (its `start` with `"steer": true`); Claude Code's
+    /// elicitations are remembered for their answers; its first result (a `final` or an
+    /// `error`) closes stdin, so that it exits once it has run every message it read.
     pub(super) fn observe(&mut self, events: &[Value]) {
+        if self.channel == Channel::ClaudeStream {
+            self.remember_elicitations(events);
+        }
         let is = |ty: &str| events.iter().any(|e| e.get("type").and_then(Value::as_str) == Some(ty));
         match self.channel {
             Channel::Jsonl if self.taking == Taking::Undecided && !events.is_empty() => {
@@ -192,6 +204,16 @@ impl AgentStdin {
                 self.refuse_steers();
             }
             _ => {}
+        }
+    }
+
+    /// Keeps the schema of each elicitation among the events: an `input_request` whose details
+    /// carry the decoder's `elicitation`.
+    fn remember_elicitations(&mut self, events: &[Value]) {
+        for event in events.iter().filter(|e| e["type"] == "input_request") {
+            if let (Some(id), Some(asked)) = (event["id"].as_str(), event.pointer("/details/elicitation")) {
+                self.elicitations.insert(id.to_string(), asked["requestedSchema"].clone());
+            }
         }
     }
 
@@ -247,17 +269,76 @@ fn input_response(id: &str, answer: &InputAnswer) -> String {
     format!("{line}\n")
 }
 
-/// Claude Code's `control_response` to its `can_use_tool` request `id`: allow (it runs the tool
-/// with the input it asked about), or deny with the answer's text as the message its model gets
-/// as the tool's result.
-fn permission_response(id: &str, answer: &InputAnswer) -> String {
-    let verdict = match answer.decision {
+/// Claude Code's `control_response` to its `control_request` `id`, carrying `response`.
+fn control_response(id: &str, response: Value) -> String {
+    let line = json!({"type": "control_response",
+                      "response": {"subtype": "success", "request_id": id, "response": response}});
+    format!("{line}\n")
+}
+
+/// The verdict on a `can_use_tool` request: allow (Claude Code runs the tool with the input it
+/// asked about), or deny with the answer's text as the message its model gets as the tool's
+/// result.
+fn permission_verdict(answer: &InputAnswer) -> Value {
+    match answer.decision {
         Decision::Allow => json!({"behavior": "allow"}),
         Decision::Deny => json!({"behavior": "deny", "message": answer.text.as_deref().unwrap_or(PERMISSION_DENIED)}),
+    }
+}
+
+/// The result of the elicitation `id` (Claude Code's 2.1.328 bundle validates it as `{action:
+/// "accept"|"decline"|"cancel", content?: record}`): deny declines; allow accepts with the
+/// content the answer's text makes against the `requestedSchema`, or declines (with a warning)
+/// when the text does not fit it, so the MCP server never gets content its schema refuses.
+fn elicitation_result(id: &str, answer: &InputAnswer, schema: &Value) -> Value {
+    if answer.decision == Decision::Deny {
+        return json!({"action": "decline"});
+    }
+    match elicited_content(answer.text.as_deref(), schema) {
+        Ok(content) => json!({"action": "accept", "content": content}),
+        Err(why) => {
+            tracing::warn!(request_id = id, %why, "the answer does not fit the elicitation's schema; declined");
+            json!({"action": "decline"})
+        }
+    }
+}
+
+/// The content an answer's text makes: a JSON object as it is; otherwise the one property of a
+/// one-property schema, filled from the text; nothing for a schema without properties.
+fn elicited_content(text: Option<&str>, schema: &Value) -> Result<Map<String, Value>, String> {
+    if let Some(Ok(Value::Object(content))) = text.map(serde_json::from_str::<Value>) {
+        return Ok(content);
+    }
+    let properties = schema.get("properties").and_then(Value::as_object).filter(|p| !p.is_empty());
+    let Some(properties) = properties else { return Ok(Map::new()) };
+    let mut each = properties.iter();
+    let (Some((name, property)), None) = (each.next(), each.next()) else {
+        return Err(format!("the schema asks for {} properties and the text is no JSON object", properties.len()));
     };
-    let line = json!({"type": "control_response",
-                      "response": {"subtype": "success", "request_id": id, "response": verdict}});
-    format!("{line}\n")
+    let text = text.ok_or_else(|| format!("the schema asks for {name:?} and the answer has no text"))?;
+    let value =
+        property_value(text, property).ok_or_else(|| format!("the answer's text does not fit {name:?}: {property}"))?;
+    Ok(Map::from_iter([(name.clone(), value)]))
+}
+
+/// The text as the value of one schema property: one of its `enum` (or `oneOf` `const`) values
+/// when it lists them, else a string, number, integer or boolean as its `type` says.
+fn property_value(text: &str, property: &Value) -> Option<Value> {
+    let listed: Vec<&Value> = match (property.get("enum"), property.get("oneOf")) {
+        (Some(Value::Array(values)), _) => values.iter().collect(),
+        (_, Some(Value::Array(options))) => options.iter().filter_map(|o| o.get("const")).collect(),
+        _ => Vec::new(),
+    };
+    if !listed.is_empty() {
+        return listed.into_iter().find(|v| v.as_str() == Some(text.trim())).cloned();
+    }
+    match property.get("type").and_then(Value::as_str)? {
+        "string" => Some(text.into()),
+        "number" => text.trim().parse::<f64>().ok().and_then(serde_json::Number::from_f64).map(Value::Number),
+        "integer" => text.trim().parse::<i64>().ok().map(Value::from),
+        "boolean" => text.trim().parse::<bool>().ok().map(Value::Bool),
+        _ => None,
+    }
 }
 
 /// What Claude Code's model reads for a permission denied without a text.
@@ -318,21 +399,118 @@ mod tests {
         assert_eq!(v, json!({"type": "input_response", "id": "q2", "decision": "deny"}));
     }
 
+    fn answer(decision: Decision, text: Option<&str>) -> InputAnswer {
+        InputAnswer { decision, text: text.map(str::to_string) }
+    }
+
     #[test]
     fn a_permission_answer_is_claude_codes_control_response_with_the_denial_as_its_message() {
-        let allow = InputAnswer { decision: Decision::Allow, text: Some("fine".into()) };
-        let v: Value = serde_json::from_str(&permission_response("r1", &allow)).unwrap();
+        let v: Value =
+            serde_json::from_str(&control_response("r1", permission_verdict(&answer(Decision::Allow, Some("fine")))))
+                .unwrap();
         assert_eq!(
             v,
             json!({"type": "control_response",
                    "response": {"subtype": "success", "request_id": "r1", "response": {"behavior": "allow"}}})
         );
-        let deny = InputAnswer { decision: Decision::Deny, text: Some("not now".into()) };
-        let v: Value = serde_json::from_str(&permission_response("r2", &deny)).unwrap();
-        assert_eq!(v["response"]["response"], json!({"behavior": "deny", "message": "not now"}));
-        let bare = InputAnswer { decision: Decision::Deny, text: None };
-        let v: Value = serde_json::from_str(&permission_response("r3", &bare)).unwrap();
-        assert_eq!(v["response"]["response"]["message"], PERMISSION_DENIED);
+        let deny = permission_verdict(&answer(Decision::Deny, Some("not now")));
+        assert_eq!(deny, json!({"behavior": "deny", "message": "not now"}));
+        assert_eq!(permission_verdict(&answer(Decision::Deny, None))["message"], PERMISSION_DENIED);
+    }
+
+    /// A form's `requestedSchema` with these properties.
+    fn form(properties: Value) -> Value {
+        json!({"type": "object", "properties": properties})
+    }
+
+    fn elicited(decision: Decision, text: Option<&str>, schema: &Value) -> Value {
+        elicitation_result("r1", &answer(decision, text), schema)
+    }
+
+    #[test]
+    fn a_denied_elicitation_is_declined_whatever_its_text() {
+        let schema = form(json!({"name": {"type": "string"}}));
+        assert_eq!(elicited(Decision::Deny, Some("Ada"), &schema), json!({"action": "decline"}));
+    }
+
+    #[test]
+    fn an_answer_that_is_a_json_object_is_the_content_as_it_is() {
+        let schema = form(json!({"name": {"type": "string"}, "age": {"type": "integer"}}));
+        assert_eq!(
+            elicited(Decision::Allow, Some(r#"{"name": "Ada", "age": 36}"#), &schema),
+            json!({"action": "accept", "content": {"name": "Ada", "age": 36}})
+        );
+    }
+
+    #[test]
+    fn the_text_fills_the_one_property_of_a_schema_as_its_type_says() {
+        let one = |property: Value, text: &str| elicited(Decision::Allow, Some(text), &form(json!({"p": property})));
+        let accepted = |value: Value| json!({"action": "accept", "content": {"p": value}});
+        assert_eq!(one(json!({"type": "string"}), " main \n"), accepted(" main \n".into()));
+        assert_eq!(one(json!({"type": "string", "enum": ["red", "blue"]}), "blue\n"), accepted("blue".into()));
+        let titled = json!({"type": "string", "oneOf": [{"const": "a", "title": "A"}, {"const": "b", "title": "B"}]});
+        assert_eq!(one(titled, "b"), accepted("b".into()));
+        assert_eq!(one(json!({"type": "number"}), "2.5"), accepted(2.5.into()));
+        assert_eq!(one(json!({"type": "integer"}), " 7"), accepted(7.into()));
+        assert_eq!(one(json!({"type": "boolean"}), "true"), accepted(true.into()));
+    }
+
+    #[test]
+    fn a_text_that_does_not_fit_the_one_property_is_declined() {
+        let one = |property: Value, text: Option<&str>| elicited(Decision::Allow, text, &form(json!({"p": property})));
+        let declined = json!({"action": "decline"});
+        assert_eq!(one(json!({"type": "string", "enum": ["red", "blue"]}), Some("green")), declined);
+        assert_eq!(one(json!({"type": "number"}), Some("many")), declined);
+        assert_eq!(one(json!({"type": "integer"}), Some("2.5")), declined);
+        assert_eq!(one(json!({"type": "boolean"}), Some("yes")), declined);
+        assert_eq!(one(json!({"type": "array", "items": {"type": "string"}}), Some("a")), declined);
+        assert_eq!(one(json!({"type": "string"}), None), declined, "no text fills no property");
+    }
+
+    #[test]
+    fn a_schema_without_properties_is_accepted_with_empty_content() {
+        let accepted = json!({"action": "accept", "content": {}});
+        assert_eq!(elicited(Decision::Allow, Some("ok"), &form(json!({}))), accepted);
+        assert_eq!(elicited(Decision::Allow, None, &Value::Null), accepted, "a URL elicitation has no schema");
+    }
+
+    #[test]
+    fn a_text_for_a_schema_of_several_properties_is_declined() {
+        let schema = form(json!({"name": {"type": "string"}, "age": {"type": "integer"}}));
+        assert_eq!(elicited(Decision::Allow, Some("Ada"), &schema), json!({"action": "decline"}));
+        assert_eq!(elicited(Decision::Allow, Some("[1]"), &schema), json!({"action": "decline"}), "not an object");
+    }
+
+    #[tokio::test]
+    async fn claude_codes_elicitations_are_remembered_until_answered_and_its_permission_prompts_are_not() {
+        let stream = args(&["--input-format", "stream-json"]);
+        let mut stdin = AgentStdin::new(RunnerKind::ClaudeStreamJson, &stream, &Input::Prompt("x".into()), None, None);
+        let schema = form(json!({"branch": {"type": "string"}}));
+        stdin.observe(&[
+            json!({"type": "input_request", "id": "e1", "kind": "question",
+                   "details": {"elicitation": {"serverName": "s", "requestedSchema": schema}}}),
+            json!({"type": "input_request", "id": "p1", "kind": "approval", "details": {"toolName": "Write"}}),
+        ]);
+        assert_eq!(stdin.elicitations, HashMap::from([("e1".to_string(), schema)]));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        stdin.write_answer("e1", &answer(Decision::Allow, Some("main")), &CancellationToken::new(), deadline).await;
+        assert!(stdin.elicitations.is_empty(), "an answered elicitation is forgotten");
+    }
+
+    #[test]
+    fn an_elicitation_result_is_claude_codes_control_response() {
+        let result = elicitation_result(
+            "r9",
+            &answer(Decision::Allow, Some("main")),
+            &form(json!({"branch": {"type": "string"}})),
+        );
+        let v: Value = serde_json::from_str(&control_response("r9", result)).unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "control_response",
+                   "response": {"subtype": "success", "request_id": "r9",
+                                "response": {"action": "accept", "content": {"branch": "main"}}}})
+        );
     }
 
     fn steer(text: &str) -> (Steer, tokio::sync::oneshot::Receiver<bool>) {

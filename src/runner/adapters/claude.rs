@@ -7,7 +7,10 @@
 //! `--permission-prompt-tool stdio` (and `--input-format stream-json`), Claude Code asks its host
 //! on stdout before a tool that needs permission: a `control_request` of subtype `can_use_tool`
 //! → `input_request` of kind `approval`, its `request_id` the id (the runner writes the answer
-//! back as a `control_response`, `runner/stdin.rs`).
+//! back as a `control_response`, `runner/stdin.rs`). An MCP server's `elicitation/create` reaches
+//! the host the same way (`--input-format stream-json` suffices), as a `control_request` of
+//! subtype `elicitation` → `input_request` of kind `question`, with the server's name and the
+//! schema its answer must fit in `details`; other control requests are not events.
 //!
 //! With `--input-format stream-json` one process can run more than one turn (a steer queued
 //! behind the turn under way runs as a turn of its own), each ending in a `result`: its `usage`
@@ -16,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::event::{self, Usage};
 use super::{Decoder, NotJson, parse, text_of};
@@ -73,7 +76,7 @@ impl Decoder for Claude {
             ("assistant", _) => self.assistant(&v),
             ("user", _) => self.tool_results(&v),
             ("result", _) => self.result(&v),
-            ("control_request", _) => permission_request(&v).into_iter().collect(),
+            ("control_request", _) => control_request(&v).into_iter().collect(),
             _ => Vec::new(),
         })
     }
@@ -131,10 +134,20 @@ impl Claude {
     }
 }
 
-/// A `can_use_tool` control request as the approval it asks for: which tool, with what input.
-/// Other control requests (an MCP server's elicitation, say) are not answered here.
-fn permission_request(v: &Value) -> Option<Value> {
-    let request = v.get("request").filter(|r| text_of(r, "subtype") == "can_use_tool")?;
+/// A control request as the input request it is: `can_use_tool` an approval, `elicitation` a
+/// question. Others (hook callbacks, dialogs, token refreshes) are not answered here.
+fn control_request(v: &Value) -> Option<Value> {
+    let request = v.get("request")?;
+    let id = text_of(v, "request_id");
+    match text_of(request, "subtype") {
+        "can_use_tool" => Some(permission_request(id, request)),
+        "elicitation" => Some(elicitation_request(id, request)),
+        _ => None,
+    }
+}
+
+/// A `can_use_tool` request as the approval it asks for: which tool, with what input.
+fn permission_request(id: &str, request: &Value) -> Value {
     let tool = match text_of(request, "display_name") {
         "" => text_of(request, "tool_name"),
         shown => shown,
@@ -143,12 +156,34 @@ fn permission_request(v: &Value) -> Option<Value> {
         "" => format!("Claude Code asks to use {tool}"),
         what => format!("Claude Code asks to use {tool}: {what}"),
     };
-    let mut details = serde_json::json!({"toolName": text_of(request, "tool_name"),
-                                         "input": request.get("input").cloned().unwrap_or_default()});
-    if let Some(id) = request.get("tool_use_id").and_then(Value::as_str) {
-        details["toolUseId"] = id.into();
+    let mut details = json!({"toolName": text_of(request, "tool_name"),
+                             "input": request.get("input").cloned().unwrap_or_default()});
+    if let Some(tool_use) = request.get("tool_use_id").and_then(Value::as_str) {
+        details["toolUseId"] = tool_use.into();
     }
-    Some(event::input_request(text_of(v, "request_id"), "approval", &text, details))
+    event::input_request(id, "approval", &text, details)
+}
+
+/// An `elicitation` request (Claude Code's 2.1.328 bundle: `{subtype:"elicitation",
+/// mcp_server_name, message, mode?: "form"|"url", url?, elicitation_id?, requested_schema?, …}`)
+/// as the question its MCP server asks. `details.elicitation` says what the answer must fit —
+/// `serverName`, `requestedSchema` (absent in URL mode), `mode` and `url` when given — and tells
+/// the runner to write the answer as an elicitation result (`runner/stdin.rs`).
+fn elicitation_request(id: &str, request: &Value) -> Value {
+    let server = text_of(request, "mcp_server_name");
+    let mut text = format!("MCP server {server} asks: {}", text_of(request, "message"));
+    let mut asked = json!({"serverName": server});
+    if let Some(schema) = request.get("requested_schema") {
+        asked["requestedSchema"] = schema.clone();
+    }
+    if let Some(mode) = request.get("mode").and_then(Value::as_str) {
+        asked["mode"] = mode.into();
+    }
+    if let Some(url) = request.get("url").and_then(Value::as_str) {
+        text = format!("{text} ({url})");
+        asked["url"] = url.into();
+    }
+    event::input_request(id, "question", &text, json!({"elicitation": asked}))
 }
 
 /// The reply a `result` ends its turn with, or the error it reports.
@@ -171,6 +206,8 @@ fn ending(v: &Value) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::super::{decode_fixture, of_type};
     use crate::config::RunnerKind::ClaudeStreamJson;
 
@@ -241,11 +278,43 @@ mod tests {
     }
 
     #[test]
-    fn a_control_request_other_than_a_permission_prompt_is_not_an_event() {
+    fn an_elicitation_is_a_question_naming_its_server_with_the_schema_in_the_details() {
         let mut d = crate::runner::adapters::decoder(ClaudeStreamJson);
-        let elicitation =
-            r#"{"type":"control_request","request_id":"r1","request":{"subtype":"elicitation","message":"?"}}"#;
-        assert!(d.line(elicitation).unwrap().is_empty());
+        let line = r#"{"type":"control_request","request_id":"r1","request":{"subtype":"elicitation",
+            "mcp_server_name":"sessions","message":"Which branch?","mode":"form","elicitation_id":"e1",
+            "requested_schema":{"type":"object","properties":{"branch":{"type":"string"}}},
+            "property_order":["branch"]}}"#;
+        let events = d.line(line).unwrap();
+        assert_eq!(
+            events,
+            [json!({"type": "input_request", "id": "r1", "kind": "question",
+                    "text": "MCP server sessions asks: Which branch?",
+                    "details": {"elicitation": {"serverName": "sessions", "mode": "form",
+                        "requestedSchema": {"type": "object", "properties": {"branch": {"type": "string"}}}}}})]
+        );
+    }
+
+    #[test]
+    fn a_url_elicitation_shows_its_url_and_has_no_schema() {
+        let mut d = crate::runner::adapters::decoder(ClaudeStreamJson);
+        let line = r#"{"type":"control_request","request_id":"r2","request":{"subtype":"elicitation",
+            "mcp_server_name":"auth","message":"Sign in","mode":"url","url":"https://example.com/a"}}"#;
+        let events = d.line(line).unwrap();
+        assert_eq!(events[0]["text"], "MCP server auth asks: Sign in (https://example.com/a)");
+        assert_eq!(
+            events[0]["details"],
+            json!({"elicitation": {"serverName": "auth", "mode": "url", "url": "https://example.com/a"}})
+        );
+    }
+
+    #[test]
+    fn a_control_request_other_than_a_permission_prompt_or_an_elicitation_is_not_an_event() {
+        let mut d = crate::runner::adapters::decoder(ClaudeStreamJson);
+        for subtype in ["hook_callback", "request_user_dialog", ""] {
+            let line = json!({"type": "control_request", "request_id": "r1", "request": {"subtype": subtype}});
+            assert!(d.line(&line.to_string()).unwrap().is_empty(), "{subtype}");
+        }
+        assert!(d.line(r#"{"type":"control_request","request_id":"r1"}"#).unwrap().is_empty());
     }
 
     #[test]
