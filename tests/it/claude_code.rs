@@ -226,10 +226,17 @@ fn paging_step(messages: &[Value]) -> Option<(Value, &'static str)> {
 
 /// A model that delegates: after a turn that says DELEGATE, it spawns a `claude` child, then
 /// calls `subagents` wait, then reports the wait's answer as it reached it (`waited: <text>`).
+/// With ASK HOST instead, the child is the caller's own (scripted) agent, whose task makes it ask
+/// for approval.
 fn spawn_wait_step(messages: &[Value]) -> Option<(Value, &'static str)> {
-    if !messages.first().is_some_and(|m| text_of(&m["content"]).contains("DELEGATE")) {
+    let first = messages.first().map(|m| text_of(&m["content"])).unwrap_or_default();
+    let spawn = if first.contains("DELEGATE") {
+        json!({"task": "Say hello", "agentId": "claude"})
+    } else if first.contains("ASK HOST") {
+        json!({"task": "ask for a.txt"})
+    } else {
         return None;
-    }
+    };
     let results: Vec<String> = messages
         .iter()
         .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
@@ -241,7 +248,7 @@ fn spawn_wait_step(messages: &[Value]) -> Option<(Value, &'static str)> {
         (json!({"type": "tool_use", "id": id, "name": name, "input": input}), "tool_use")
     };
     Some(match results.len() {
-        0 => call("mcp__sessions__sessions_spawn", json!({"task": "Say hello", "agentId": "claude"})),
+        0 => call("mcp__sessions__sessions_spawn", spawn),
         1 => call("mcp__sessions__subagents", json!({"action": "wait", "timeoutSeconds": 120})),
         _ => {
             let seen = results[1].split("<system-reminder>").next().unwrap_or("").trim().to_string();
@@ -677,4 +684,69 @@ fn a_claude_childs_permission_prompt_is_answered_by_its_requester_through_subage
     let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 120}));
     let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
     assert!(outcome.starts_with("Status: completed successfully\nResult: wrote: yes"), "{outcome}");
+}
+
+/// Claude Code as the host (an external root over stdio, protocol 2026-07-28): its sub-agent asks
+/// for approval while the model waits with `subagents`; our server answers the wait
+/// `input_required` with an elicitation, Claude Code hands it to its own host (a `control_request`
+/// of subtype `elicitation` on its stream-json stdout: here the test, as a person would answer in
+/// its UI), and retries the wait with the answer, which reaches the child in the same run; the
+/// model gets the child's outcome.
+#[test]
+fn claude_code_as_the_host_shows_a_sub_agents_approval_as_an_elicitation_and_the_answer_reaches_the_child() {
+    use std::io::{BufRead, BufReader};
+    let Some(claude) = cli_or_skip() else { return };
+    let port = fake_api();
+    let env = crate::asks::env_with(json!({}));
+    let serve = env.command(&["serve"]);
+    let args: Vec<String> = serve.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let mcp = json!({"mcpServers": {"sessions": {"command": serve.get_program().to_string_lossy(), "args": args}}});
+    let mcp_file = env.write_file("host-mcp.json", &mcp.to_string());
+    let home = tempfile::tempdir().unwrap();
+    let mut host = std::process::Command::new(&claude)
+        .args(["-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"])
+        .args(["--model", "claude-sonnet-4-5", "--tools", "", "--strict-mcp-config", "--allowedTools", "mcp__sessions"])
+        .arg("--mcp-config")
+        .arg(&mcp_file)
+        .env("HOME", home.path())
+        .env("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}"))
+        .env("ANTHROPIC_API_KEY", "sk-fake")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = host.stdin.take().unwrap();
+    let prompt = json!({"type": "user", "message": {"role": "user", "content": "ASK HOST"}});
+    writeln!(stdin, "{prompt}").unwrap();
+    let mut asked = Vec::new();
+    let mut result = None;
+    for line in BufReader::new(host.stdout.take().unwrap()).lines() {
+        let Ok(event) = serde_json::from_str::<Value>(&line.unwrap()) else { continue };
+        if event["type"] == "control_request" && event["request"]["subtype"] == "elicitation" {
+            asked.push(event["request"].clone());
+            let answer = json!({"action": "accept", "content": {"decision": "allow", "text": "from the host"}});
+            let reply = json!({"type": "control_response",
+                               "response": {"subtype": "success", "request_id": event["request_id"], "response": answer}});
+            writeln!(stdin, "{reply}").unwrap();
+        } else if event["type"] == "result" {
+            result = Some(event);
+            break;
+        }
+    }
+    drop(stdin);
+    let _ = host.wait();
+    assert_eq!(asked.len(), 1, "one elicitation: {asked:?}");
+    let message = asked[0]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("asks for approval: May I write ask for a.txt?"), "{asked:?}");
+    let result = result.expect("Claude Code ended its turn");
+    let reply = result["result"].as_str().unwrap_or_default();
+    let seen = reply.strip_prefix("waited: ").unwrap_or_else(|| panic!("{result}"));
+    let answer: Value = serde_json::from_str(seen).unwrap_or_else(|e| panic!("the model got whole JSON ({e}): {seen}"));
+    assert_eq!(answer["status"], "ok", "{answer}");
+    let outcome = answer["finished"][0]["outcome"].as_str().unwrap_or_default();
+    assert!(outcome.contains("Result: decision=allow answer=from the host"), "{answer}");
 }
