@@ -151,6 +151,40 @@ fn a_driven_parent_answers_its_childs_question_by_its_own_run() {
     c.close();
 }
 
+/// Depth 2, answered from the top: the leaf's ask is put to its driven parent, whose ask turn
+/// leaves it open; the external root sees it in `subagents list` and answers it directly, and the
+/// leaf continues in the same run.
+#[test]
+fn the_external_root_answers_a_depth_two_ask_directly_and_the_leaf_continues_in_the_same_run() {
+    let mut script = script();
+    script["rules"][1] = json!({"match": {"mode": "ask"}, "reply": "I leave it to the root"});
+    let mut env = TestEnv::new();
+    let main = scripted_agent(&env, "main", &script, json!({}));
+    env.set_config(&json!({"agents": {"list": [main], "defaults": {"subagents": {"maxSpawnDepth": 2}}}}).to_string());
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "spawn ask deep"}));
+    let parent = r["childSessionKey"].as_str().unwrap().to_string();
+    let (leaf, id) = wait_until(Duration::from_secs(30), "the leaf's ask", || {
+        let l = c.call("subagents", json!({"action": "list"}));
+        let row = l["children"].as_array()?.iter().find(|r| r["depth"] == 2)?.clone();
+        let id = row["pendingRequests"][0]["requestId"].as_str()?.to_string();
+        Some((row["sessionKey"].as_str()?.to_string(), id))
+    });
+    let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "root says go"}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [parent], "timeoutSeconds": 60}));
+    assert_eq!(w["status"], "ok", "{w}");
+    let show = env.show(&leaf);
+    let texts: Vec<String> = show["messages"].as_array().unwrap().iter().map(|m| text_of(&m["content"])).collect();
+    assert!(texts.iter().any(|t| t == "decision=allow answer=root says go"), "{texts:?}");
+    assert!(
+        texts.iter().any(|t| t.starts_with(&format!("[answer to {id} by agent:main:main via subagents] allow"))),
+        "{texts:?}"
+    );
+    assert_eq!(runs_of(&show, Some("spawn")).len(), 1, "in the same run");
+    c.close();
+}
+
 #[test]
 fn the_operator_lists_pending_asks_and_answers_one() {
     let env = env_with(json!({}));
