@@ -126,14 +126,7 @@ fn put_to(tx: &Tx, run: &RunRow, child: &SessionRow, target: &SessionRow, ask: &
     let provenance =
         Provenance::from_session(&child.key, "internal", SourceTool::InputRequest, run.chain_id.as_deref()).to_json();
     if target.external {
-        let message = NewMessage {
-            role: "user".into(),
-            content: json!([{"type": "text", "text": text}]),
-            run_id: Some(run.run_id.clone()),
-            provenance: Some(provenance),
-            chain_id: run.chain_id.clone(),
-            ..Default::default()
-        };
+        let message = NewMessage::user_text(&text, Some(run.run_id.clone()), provenance, run.chain_id.clone());
         tx.append_message(target.id, &message)?;
         return Ok(());
     }

@@ -265,14 +265,12 @@ fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> Resu
         let started = if plan.target_external {
             tx.append_message(
                 target_id,
-                &NewMessage {
-                    role: "user".into(),
-                    content: json!([{"type": "text", "text": plan.message}]),
-                    provenance: Some(plan.provenance()),
-                    chain_id: Some(plan.chain_id.clone()),
-                    run_id: Some(run_id.clone()),
-                    ..Default::default()
-                },
+                &NewMessage::user_text(
+                    plan.message,
+                    Some(run_id.clone()),
+                    plan.provenance(),
+                    Some(plan.chain_id.clone()),
+                ),
             )?;
             tx.add_delivery(&NewDelivery {
                 run_id: &run_id,

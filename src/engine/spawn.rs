@@ -562,14 +562,12 @@ fn announce(
         if r.external {
             tx.append_message(
                 r.id,
-                &NewMessage {
-                    role: "user".into(),
-                    content: json!([{"type": "text", "text": text}]),
-                    run_id: Some(spawn_run.run_id.clone()),
-                    provenance: Some(provenance.clone()),
-                    chain_id: spawn_run.chain_id.clone(),
-                    ..Default::default()
-                },
+                &NewMessage::user_text(
+                    &text,
+                    Some(spawn_run.run_id.clone()),
+                    provenance.clone(),
+                    spawn_run.chain_id.clone(),
+                ),
             )?;
         } else {
             let run_id = super::step_id(&spawn_run.run_id, "completion");

@@ -173,14 +173,8 @@ fn settle(rt: &Scheduler, steer: &SteerRow, taken: bool) -> Result<(), StoreErro
     rt.store.write(|tx| -> Result<(), StoreError> {
         if taken {
             if tx.settle_steer(steer.id, SteerState::Steered, None)? {
-                let message = NewMessage {
-                    role: "user".into(),
-                    content: json!([{"type": "text", "text": steer.text}]),
-                    run_id: steer.run_id.clone(),
-                    provenance: Some(provenance.clone()),
-                    chain_id: spawn_run.as_ref().and_then(|r| r.chain_id.clone()),
-                    ..Default::default()
-                };
+                let chain_id = spawn_run.as_ref().and_then(|r| r.chain_id.clone());
+                let message = NewMessage::user_text(&steer.text, steer.run_id.clone(), provenance.clone(), chain_id);
                 tx.append_message(steer.session, &message)?;
             }
             return Ok(());

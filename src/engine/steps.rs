@@ -211,14 +211,7 @@ fn append_inbox(
         let id: i64 = tx.session_id(to)?;
         tx.append_message(
             id,
-            &NewMessage {
-                role: "user".into(),
-                content: json!([{"type": "text", "text": text}]),
-                run_id: Some(run.run_id.clone()),
-                provenance: Some(provenance),
-                chain_id: run.chain_id.clone(),
-                ..Default::default()
-            },
+            &NewMessage::user_text(text, Some(run.run_id.clone()), provenance, run.chain_id.clone()),
         )?;
         Ok(())
     })

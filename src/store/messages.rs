@@ -96,6 +96,21 @@ pub struct NewMessage {
     pub extra: Option<Map<String, Value>>,
 }
 
+impl NewMessage {
+    /// A user message of one text block that another session (or the server on its behalf)
+    /// puts in a transcript: a send, an announce, a steer, a question to an ancestor.
+    pub fn user_text(text: &str, run_id: Option<String>, provenance: Value, chain_id: Option<String>) -> Self {
+        NewMessage {
+            role: "user".into(),
+            content: serde_json::json!([{"type": "text", "text": text}]),
+            run_id,
+            provenance: Some(provenance),
+            chain_id,
+            ..Default::default()
+        }
+    }
+}
+
 /// The input of a queued run, shown last in history until the run starts.
 #[derive(Debug, Clone)]
 pub struct PendingInput {
