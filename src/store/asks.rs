@@ -6,6 +6,7 @@
 use rusqlite::{OptionalExtension, Transaction, params};
 use serde_json::Value;
 
+use super::text_enum::text_enum;
 use super::{Result, Store, now_ms};
 use crate::keys::SessionKey;
 
@@ -49,20 +50,6 @@ pub enum AnsweredVia {
     Rule,
     /// `approvals.timeoutSeconds` passed.
     Timeout,
-}
-
-macro_rules! text_enum {
-    ($t:ty { $($v:ident => $s:literal),+ $(,)? }) => {
-        impl $t {
-            pub fn as_str(self) -> &'static str {
-                match self { $(Self::$v => $s),+ }
-            }
-
-            pub fn parse(s: &str) -> Option<Self> {
-                match s { $($s => Some(Self::$v),)+ _ => None }
-            }
-        }
-    };
 }
 
 text_enum!(AskKind { Approval => "approval", Question => "question" });

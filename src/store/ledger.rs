@@ -3,6 +3,7 @@
 use rusqlite::{OptionalExtension, Transaction, params};
 use serde_json::{Value, json};
 
+use super::text_enum::text_enum;
 use super::{Result, Store, now_ms};
 
 /// What a delivery carries out.
@@ -14,16 +15,7 @@ pub enum DeliveryKind {
     Completion,
 }
 
-impl DeliveryKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Inbox => "inbox",
-            Self::Reply => "reply",
-            Self::Announce => "announce",
-            Self::Completion => "completion",
-        }
-    }
-}
+text_enum!(DeliveryKind { Inbox => "inbox", Reply => "reply", Announce => "announce", Completion => "completion" });
 
 /// How a delivery reaches its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,15 +25,7 @@ pub enum DeliveryMode {
     Channel,
 }
 
-impl DeliveryMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Announce => "announce",
-            Self::Inbox => "inbox",
-            Self::Channel => "channel",
-        }
-    }
-}
+text_enum!(DeliveryMode { Announce => "announce", Inbox => "inbox", Channel => "channel" });
 
 /// Where a delivery is. `queued` and `running` may still change; the rest are final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,25 +41,10 @@ pub enum DeliveryStatus {
     Undeliverable,
 }
 
-impl DeliveryStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Delivered => "delivered",
-            Self::Failed => "failed",
-            Self::Skipped => "skipped",
-            Self::Expired => "expired",
-            Self::Undeliverable => "undeliverable",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Queued, Self::Running, Self::Delivered, Self::Failed, Self::Skipped, Self::Expired, Self::Undeliverable]
-            .into_iter()
-            .find(|d| d.as_str() == s)
-    }
-}
+text_enum!(DeliveryStatus {
+    Queued => "queued", Running => "running", Delivered => "delivered", Failed => "failed", Skipped => "skipped",
+    Expired => "expired", Undeliverable => "undeliverable",
+});
 
 /// A ledger row to create.
 #[derive(Debug, Clone)]

@@ -20,6 +20,7 @@ mod sessions;
 mod spawn;
 mod steer;
 mod subagents;
+mod text_enum;
 mod tokens;
 mod tx;
 

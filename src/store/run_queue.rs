@@ -8,6 +8,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use serde_json::Value;
 
 use super::messages::append_message;
+use super::text_enum::text_enum;
 use super::{NewMessage, Result, Store, now_ms};
 use crate::keys::{AgentId, SessionKey};
 
@@ -25,25 +26,12 @@ pub enum RunStatus {
     Interrupted,
 }
 
+text_enum!(RunStatus {
+    Queued => "queued", Running => "running", Ok => "ok", Error => "error", Timeout => "timeout",
+    Cancelled => "cancelled", Interrupted => "interrupted",
+});
+
 impl RunStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Ok => "ok",
-            Self::Error => "error",
-            Self::Timeout => "timeout",
-            Self::Cancelled => "cancelled",
-            Self::Interrupted => "interrupted",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Queued, Self::Running, Self::Ok, Self::Error, Self::Timeout, Self::Cancelled, Self::Interrupted]
-            .into_iter()
-            .find(|v| v.as_str() == s)
-    }
-
     /// Queued and running runs have not ended.
     pub fn is_finished(self) -> bool {
         !matches!(self, Self::Queued | Self::Running)
@@ -65,18 +53,7 @@ pub enum AnnounceKind {
     AgentToAgent,
 }
 
-impl AnnounceKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Subagent => "subagent",
-            Self::AgentToAgent => "agent_to_agent",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Subagent, Self::AgentToAgent].into_iter().find(|k| k.as_str() == s)
-    }
-}
+text_enum!(AnnounceKind { Subagent => "subagent", AgentToAgent => "agent_to_agent" });
 
 /// Why a run exists (the request's `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,26 +70,10 @@ pub enum RunMode {
     Ask,
 }
 
-impl RunMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Send => "send",
-            Self::Reply => "reply",
-            Self::Announce => "announce",
-            Self::Spawn => "spawn",
-            Self::Completion => "completion",
-            Self::Inject => "inject",
-            Self::Steer => "steer",
-            Self::Ask => "ask",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Send, Self::Reply, Self::Announce, Self::Spawn, Self::Completion, Self::Inject, Self::Steer, Self::Ask]
-            .into_iter()
-            .find(|m| m.as_str() == s)
-    }
-}
+text_enum!(RunMode {
+    Send => "send", Reply => "reply", Announce => "announce", Spawn => "spawn", Completion => "completion",
+    Inject => "inject", Steer => "steer", Ask => "ask",
+});
 
 /// A run to enqueue.
 #[derive(Debug, Clone)]

@@ -3,6 +3,7 @@
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use serde_json::Value;
 
+use super::text_enum::text_enum;
 use super::{Result, Store, StoreError, now_ms};
 use crate::keys::{AgentId, ChatType, SessionKey, SessionKind};
 
@@ -14,18 +15,7 @@ pub enum SendPolicyOverride {
     Deny,
 }
 
-impl SendPolicyOverride {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::Deny => "deny",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Allow, Self::Deny].into_iter().find(|p| p.as_str() == s)
-    }
-}
+text_enum!(SendPolicyOverride { Allow => "allow", Deny => "deny" });
 
 /// Where a session is in its life. Only `Active` (and `Archived` on request) is listed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

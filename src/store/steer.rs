@@ -6,6 +6,7 @@
 use rusqlite::{OptionalExtension, Transaction, params};
 use serde_json::Value;
 
+use super::text_enum::text_enum;
 use super::{Result, Store, now_ms};
 use crate::keys::SessionKey;
 
@@ -20,23 +21,7 @@ pub enum SteerState {
     Queued,
 }
 
-impl SteerState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Steered => "steered",
-            Self::Queued => "queued",
-        }
-    }
-
-    fn parse(s: &str) -> Self {
-        match s {
-            "steered" => Self::Steered,
-            "queued" => Self::Queued,
-            _ => Self::Pending,
-        }
-    }
-}
+text_enum!(SteerState { Pending => "pending", Steered => "steered", Queued => "queued" });
 
 /// A steer to record.
 #[derive(Debug, Clone)]
@@ -79,7 +64,7 @@ fn from_row(r: &rusqlite::Row) -> rusqlite::Result<SteerRow> {
         requester: SessionKey::from_canonical(r.get::<_, String>(4)?),
         text: r.get(5)?,
         provenance: r.get::<_, Option<String>>(6)?.and_then(|s| serde_json::from_str(&s).ok()),
-        state: SteerState::parse(&r.get::<_, String>(7)?),
+        state: SteerState::parse(&r.get::<_, String>(7)?).unwrap_or(SteerState::Pending),
         queued_run: r.get(8)?,
     })
 }
