@@ -279,32 +279,6 @@ mod tests {
     use crate::keys::{AgentId, SessionKey};
     use crate::store::{RunMode, RunRow};
 
-    fn run(id: &str, mode: RunMode, status: RunStatus) -> RunRow {
-        RunRow {
-            run_id: id.into(),
-            session: 1,
-            session_key: SessionKey::from_canonical("agent:main:subagent:x"),
-            agent_id: AgentId::main(),
-            mode,
-            status,
-            input: serde_json::Value::Null,
-            provenance: None,
-            requester_key: None,
-            chain_id: None,
-            hop: 0,
-            announce_kind: None,
-            model: None,
-            thinking: None,
-            timeout_ms: None,
-            reply: None,
-            error: None,
-            extra: None,
-            created_at: 0,
-            started_at: None,
-            ended_at: None,
-        }
-    }
-
     fn row(announced: bool, cancelled: bool) -> SessionRow {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(&dir.path().join("s.db")).unwrap();
@@ -319,12 +293,12 @@ mod tests {
 
     #[test]
     fn the_run_state_says_what_runs_then_what_it_waits_for_then_how_it_ended() {
-        let spawn_queued = run("s", RunMode::Spawn, RunStatus::Queued);
-        let spawn_ok = run("s", RunMode::Spawn, RunStatus::Ok);
-        let completion = run("c", RunMode::Completion, RunStatus::Queued);
+        let spawn_queued = RunRow::for_test("s", RunMode::Spawn, RunStatus::Queued);
+        let spawn_ok = RunRow::for_test("s", RunMode::Spawn, RunStatus::Ok);
+        let completion = RunRow::for_test("c", RunMode::Completion, RunStatus::Queued);
         let open = row(false, false);
         assert_eq!(run_state(&open, Some(&spawn_queued), Some(&spawn_queued), None), RunState::Queued);
-        let running = run("s", RunMode::Spawn, RunStatus::Running);
+        let running = RunRow::for_test("s", RunMode::Spawn, RunStatus::Running);
         assert_eq!(run_state(&open, Some(&running), Some(&running), None), RunState::Running);
         assert_eq!(
             run_state(&open, Some(&spawn_ok), Some(&completion), None),
@@ -334,7 +308,7 @@ mod tests {
         assert_eq!(run_state(&open, Some(&spawn_ok), None, Some(&spawn_ok)), RunState::Waiting);
         assert_eq!(run_state(&row(false, true), Some(&spawn_ok), None, None), RunState::Cancelled);
         let done = row(true, false);
-        let timed_out = run("c", RunMode::Completion, RunStatus::Timeout);
+        let timed_out = RunRow::for_test("c", RunMode::Completion, RunStatus::Timeout);
         assert_eq!(run_state(&done, Some(&spawn_ok), None, Some(&timed_out)), RunState::TimedOut, "the last own run");
         assert_eq!(run_state(&row(true, true), Some(&spawn_ok), None, Some(&spawn_ok)), RunState::Cancelled);
     }

@@ -146,6 +146,35 @@ impl RunRow {
     pub fn is_finished(&self) -> bool {
         self.status.is_finished()
     }
+
+    /// A run of session 1 (`agent:main:main`) that was created at 0 and has not started, for
+    /// unit tests that need a row without a store; set other fields by struct update.
+    #[cfg(test)]
+    pub fn for_test(run_id: &str, mode: RunMode, status: RunStatus) -> RunRow {
+        RunRow {
+            run_id: run_id.into(),
+            session: 1,
+            session_key: SessionKey::from_canonical("agent:main:main"),
+            agent_id: AgentId::main(),
+            mode,
+            status,
+            input: Value::Null,
+            provenance: None,
+            requester_key: None,
+            chain_id: None,
+            hop: 0,
+            announce_kind: None,
+            model: None,
+            thinking: None,
+            timeout_ms: None,
+            reply: None,
+            error: None,
+            extra: None,
+            created_at: 0,
+            started_at: None,
+            ended_at: None,
+        }
+    }
 }
 
 pub(super) const RUN_COLUMNS: &str = "r.run_id, r.session, s.key, s.agent_id, r.mode, r.status, r.input, r.provenance, \
