@@ -10,7 +10,9 @@ use serde::Serialize;
 use super::{Access, ToolError};
 use crate::access::caller::Caller;
 use crate::keys::SessionRef;
-use crate::store::{AnnounceRow, AskRow, AskState, DeliveryStatus, RunRow, RunStatus, SessionRow, TreeTotals, now_ms};
+use crate::store::{
+    AnnounceRow, AskRow, AskState, ChildRows, DeliveryStatus, RunRow, RunStatus, SessionRow, TreeTotals, now_ms,
+};
 
 /// Where a child's work is. Kept apart from where its announce is ([`AnnounceState`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
@@ -167,18 +169,8 @@ impl Access {
 
     /// Reads a descendant's work and announce.
     pub fn child(&self, row: SessionRow) -> Result<Child, ToolError> {
-        let store = &self.store;
-        let spawn_run = match &row.spawn_run {
-            Some(id) => store.run(id)?,
-            None => None,
-        };
-        let active = store.active_run_of(row.id)?;
-        let last_work = store.last_work_run(row.id)?;
-        let announce_row = match &row.spawn_run {
-            Some(id) => store.announce_of(id)?,
-            None => None,
-        };
-        let open_asks = store.open_asks_of(row.id)?;
+        let ChildRows { spawn_run, active, last_work, announce: announce_row, open_asks } =
+            self.store.child_rows(row.id, row.spawn_run.as_deref())?;
         let mut state = run_state(&row, spawn_run.as_ref(), active.as_ref(), last_work.as_ref());
         if state == RunState::Running && !open_asks.is_empty() {
             state = RunState::Waiting; // on an answer

@@ -3,7 +3,7 @@
 //! compare-and-set on `open`); the owner hands the answer to the turn. An ask whose run ended
 //! first is withdrawn.
 
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use serde_json::Value;
 
 use super::text_enum::text_enum;
@@ -182,6 +182,12 @@ pub(super) fn close_ask(tx: &Transaction, id: &str, state: AskState, answer: &An
     Ok(changed == 1)
 }
 
+/// The open asks of one session, oldest first.
+pub(super) fn open_asks_of(c: &Connection, session: i64) -> rusqlite::Result<Vec<AskRow>> {
+    let sql = format!("{SELECT} WHERE a.state = 'open' AND a.session = ?1 ORDER BY a.created_at");
+    c.prepare_cached(&sql)?.query_map([session], from_row)?.collect()
+}
+
 impl Store {
     pub fn ask(&self, id: &str) -> Result<Option<AskRow>> {
         let sql = format!("{SELECT} WHERE a.id = ?1");
@@ -208,12 +214,6 @@ impl Store {
                  WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1)) ORDER BY a.created_at"
         );
         self.read(|c| c.prepare_cached(&sql)?.query_map([ancestor.as_str()], from_row)?.collect())
-    }
-
-    /// The open asks of one session, oldest first.
-    pub fn open_asks_of(&self, session: i64) -> Result<Vec<AskRow>> {
-        let sql = format!("{SELECT} WHERE a.state = 'open' AND a.session = ?1 ORDER BY a.created_at");
-        self.read(|c| c.prepare_cached(&sql)?.query_map([session], from_row)?.collect())
     }
 
     /// Every open ask, oldest first (the operator's `ls --pending`).

@@ -42,7 +42,7 @@ pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub use spawn::SpawnCounts;
 pub use steer::{NewSteer, SteerRow, SteerState};
-pub use subagents::{AnnounceRow, SubtreeCancel, TreeTotals};
+pub use subagents::{AnnounceRow, ChildRows, SubtreeCancel, TreeTotals};
 pub use tokens::{TokenRow, sha256_hex};
 pub use tx::{AttachmentReceipt, Tx};
 

@@ -181,21 +181,42 @@ pub(super) const RUN_COLUMNS: &str = "r.run_id, r.session, s.key, s.agent_id, r.
     r.requester_key, r.chain_id, r.hop, r.announce_kind, r.model, r.thinking, r.timeout_ms, r.reply, r.error, \
     r.extra, r.created_at, r.started_at, r.ended_at";
 
-pub(super) fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
-    let json = |i: usize| -> rusqlite::Result<Option<Value>> {
-        Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
+/// How many columns [`RUN_COLUMNS`] has: a row that holds several runs side by side holds the
+/// next one this many columns on.
+pub(super) const RUN_WIDTH: usize = 21;
+
+/// [`RUN_COLUMNS`] with the run's table as `run` and its session's as `session` (a read that
+/// joins several runs).
+pub(super) fn run_columns(run: &str, session: &str) -> String {
+    let column = |c: &str| match c.split_once('.') {
+        Some(("s", name)) => format!("{session}.{name}"),
+        Some((_, name)) => format!("{run}.{name}"),
+        None => c.to_string(),
     };
+    RUN_COLUMNS.split(", ").map(column).collect::<Vec<_>>().join(", ")
+}
+
+pub(super) fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
+    run_at(r, 0)
+}
+
+/// The run whose [`RUN_COLUMNS`] start at column `at`.
+pub(super) fn run_at(r: &rusqlite::Row, at: usize) -> rusqlite::Result<RunRow> {
+    let json = |i: usize| -> rusqlite::Result<Option<Value>> {
+        Ok(r.get::<_, Option<String>>(at + i)?.and_then(|s| serde_json::from_str(&s).ok()))
+    };
+    let text = |i: usize| r.get::<_, String>(at + i);
     Ok(RunRow {
-        run_id: r.get(0)?,
-        session: r.get(1)?,
-        session_key: SessionKey::from_canonical(r.get::<_, String>(2)?),
-        agent_id: AgentId::parse(&r.get::<_, String>(3)?).unwrap_or_else(|_| AgentId::main()),
-        mode: RunMode::parse(&r.get::<_, String>(4)?).unwrap_or(RunMode::Send),
+        run_id: text(0)?,
+        session: r.get(at + 1)?,
+        session_key: SessionKey::from_canonical(text(2)?),
+        agent_id: AgentId::parse(&text(3)?).unwrap_or_else(|_| AgentId::main()),
+        mode: RunMode::parse(&text(4)?).unwrap_or(RunMode::Send),
         status: {
-            let raw: String = r.get(5)?;
+            let raw = text(5)?;
             RunStatus::parse(&raw).ok_or_else(|| {
                 rusqlite::Error::FromSqlConversionFailure(
-                    5,
+                    at + 5,
                     rusqlite::types::Type::Text,
                     format!("run status {raw:?}").into(),
                 )
@@ -203,19 +224,19 @@ pub(super) fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
         },
         input: json(6)?.unwrap_or(Value::Null),
         provenance: json(7)?,
-        requester_key: r.get::<_, Option<String>>(8)?.map(SessionKey::from_canonical),
-        chain_id: r.get(9)?,
-        hop: r.get(10)?,
-        announce_kind: r.get::<_, Option<String>>(11)?.as_deref().and_then(AnnounceKind::parse),
-        model: r.get(12)?,
-        thinking: r.get(13)?,
-        timeout_ms: r.get(14)?,
-        reply: r.get(15)?,
-        error: r.get(16)?,
+        requester_key: r.get::<_, Option<String>>(at + 8)?.map(SessionKey::from_canonical),
+        chain_id: r.get(at + 9)?,
+        hop: r.get(at + 10)?,
+        announce_kind: r.get::<_, Option<String>>(at + 11)?.as_deref().and_then(AnnounceKind::parse),
+        model: r.get(at + 12)?,
+        thinking: r.get(at + 13)?,
+        timeout_ms: r.get(at + 14)?,
+        reply: r.get(at + 15)?,
+        error: r.get(at + 16)?,
         extra: json(17)?,
-        created_at: r.get(18)?,
-        started_at: r.get(19)?,
-        ended_at: r.get(20)?,
+        created_at: r.get(at + 18)?,
+        started_at: r.get(at + 19)?,
+        ended_at: r.get(at + 20)?,
     })
 }
 
@@ -568,5 +589,13 @@ mod tests {
         for k in [AnnounceKind::Subagent, AnnounceKind::AgentToAgent] {
             assert_eq!(AnnounceKind::parse(k.as_str()), Some(k));
         }
+    }
+
+    #[test]
+    fn the_run_columns_are_run_width_wide_under_any_alias() {
+        assert_eq!(RUN_COLUMNS.split(", ").count(), RUN_WIDTH);
+        let aliased = run_columns("x", "xs");
+        assert!(aliased.starts_with("x.run_id, x.session, xs.key, xs.agent_id, x.mode"), "{aliased}");
+        assert_eq!(aliased.split(", ").filter(|c| c.starts_with("x.")).count(), RUN_WIDTH - 2);
     }
 }

@@ -2,12 +2,13 @@
 //! totals), each child's work and announce, the announce marked read, and a subtree cancelled in
 //! one transaction.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{OptionalExtension, Row, params};
 
+use super::asks::open_asks_of;
 use super::ledger::{DeliveryKind, DeliveryStatus};
-use super::run_queue::{RUN_COLUMNS, run_from_row};
+use super::run_queue::{RUN_COLUMNS, RUN_WIDTH, run_at, run_columns, run_from_row};
 use super::sessions::session_columns;
-use super::{Result, RunRow, SessionRow, Store, now_ms};
+use super::{AskRow, Result, RunRow, SessionRow, Store, now_ms};
 use crate::keys::SessionKey;
 
 /// The descendants a tree read shows: every state but deleted, and deleted ones removed after
@@ -27,6 +28,72 @@ pub struct AnnounceRow {
     pub text: Option<String>,
     /// When it was made, ms since the epoch.
     pub at: i64,
+}
+
+/// The columns of an [`AnnounceRow`], from `deliveries d`.
+const ANNOUNCE_COLUMNS: &str = "d.id, d.kind, d.status, d.read_at, d.payload, d.created_at";
+
+/// The id of the announce of spawn run `run` (an SQL expression): its first announce or
+/// completion delivery.
+fn announce_id(run: &str) -> String {
+    format!(
+        "(SELECT x.id FROM deliveries x WHERE x.run_id = {run} AND x.kind IN ('announce', 'completion')
+          ORDER BY x.id LIMIT 1)"
+    )
+}
+
+/// The announce whose [`ANNOUNCE_COLUMNS`] start at column `at`; None where they are NULL (a
+/// LEFT JOIN found none).
+fn announce_at(r: &Row, at: usize) -> rusqlite::Result<Option<AnnounceRow>> {
+    let Some(id) = r.get(at)? else { return Ok(None) };
+    let kind: String = r.get(at + 1)?;
+    let status: String = r.get(at + 2)?;
+    Ok(Some(AnnounceRow {
+        id,
+        kind: DeliveryKind::parse(&kind).unwrap_or(DeliveryKind::Completion),
+        status: DeliveryStatus::parse(&status).unwrap_or(DeliveryStatus::Failed),
+        read_at: r.get(at + 3)?,
+        text: r.get(at + 4)?,
+        at: r.get(at + 5)?,
+    }))
+}
+
+/// Which of a session's runs a read picks: the first of those that pass `filter` in `order`.
+struct RunPick {
+    filter: &'static str,
+    order: &'static str,
+}
+
+/// What [`Store::active_run_of`] picks.
+const ACTIVE_RUN: RunPick =
+    RunPick { filter: "r.status IN ('queued', 'running')", order: "r.status = 'running' DESC, r.created_at" };
+
+/// What [`Store::last_work_run`] picks.
+const LAST_WORK_RUN: RunPick =
+    RunPick { filter: "r.mode IN ('spawn', 'completion', 'steer')", order: "r.created_at DESC, r.rowid DESC" };
+
+impl RunPick {
+    /// The rowid of the run it picks of session `session` (an SQL expression).
+    fn rowid(&self, session: &str) -> String {
+        format!(
+            "(SELECT r.rowid FROM runs r WHERE r.session = {session} AND {} ORDER BY {} LIMIT 1)",
+            self.filter, self.order
+        )
+    }
+}
+
+/// What a child's work and announce are read from, in one read transaction.
+#[derive(Debug, Clone)]
+pub struct ChildRows {
+    pub spawn_run: Option<RunRow>,
+    /// The run it works on now ([`Store::active_run_of`]).
+    pub active: Option<RunRow>,
+    /// Its last run of its own work ([`Store::last_work_run`]).
+    pub last_work: Option<RunRow>,
+    /// The announce of its spawn run ([`Store::announce_of`]).
+    pub announce: Option<AnnounceRow>,
+    /// Its open asks, oldest first.
+    pub open_asks: Vec<AskRow>,
 }
 
 /// Sums over a whole tree.
@@ -110,44 +177,66 @@ impl Store {
 
     /// The announce of a child's spawn run, if it was made.
     pub fn announce_of(&self, spawn_run: &str) -> Result<Option<AnnounceRow>> {
-        self.read(|c| {
-            c.prepare_cached(
-                "SELECT id, kind, status, read_at, payload, created_at FROM deliveries
-                 WHERE run_id = ?1 AND kind IN ('announce', 'completion') ORDER BY id LIMIT 1",
-            )?
-            .query_row([spawn_run], |r| {
-                let kind: String = r.get(1)?;
-                let status: String = r.get(2)?;
-                Ok(AnnounceRow {
-                    id: r.get(0)?,
-                    kind: if kind == "announce" { DeliveryKind::Announce } else { DeliveryKind::Completion },
-                    status: DeliveryStatus::parse(&status).unwrap_or(DeliveryStatus::Failed),
-                    read_at: r.get(3)?,
-                    text: r.get(4)?,
-                    at: r.get(5)?,
-                })
-            })
-            .optional()
-        })
+        let sql = format!("SELECT {ANNOUNCE_COLUMNS} FROM deliveries d WHERE d.id = {}", announce_id("?1"));
+        self.read(|c| Ok(c.prepare_cached(&sql)?.query_row([spawn_run], |r| announce_at(r, 0)).optional()?.flatten()))
     }
 
     /// The run a session works on now: its running run, else its oldest queued one.
     pub fn active_run_of(&self, session: i64) -> Result<Option<RunRow>> {
-        self.newest_run_where(session, "r.status IN ('queued', 'running')", "r.status = 'running' DESC, r.created_at")
+        self.picked_run(session, &ACTIVE_RUN)
     }
 
     /// A child's last run of its own work (its spawn run, a completion run that read its
     /// children's results, a steer turn): its status is the one the announce carries.
     pub fn last_work_run(&self, session: i64) -> Result<Option<RunRow>> {
-        self.newest_run_where(session, "r.mode IN ('spawn', 'completion', 'steer')", "r.created_at DESC, r.rowid DESC")
+        self.picked_run(session, &LAST_WORK_RUN)
     }
 
-    fn newest_run_where(&self, session: i64, filter: &str, order: &str) -> Result<Option<RunRow>> {
+    fn picked_run(&self, session: i64, pick: &RunPick) -> Result<Option<RunRow>> {
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
-             WHERE r.session = ?1 AND {filter} ORDER BY {order} LIMIT 1"
+             WHERE r.session = ?1 AND {} ORDER BY {} LIMIT 1",
+            pick.filter, pick.order
         );
         self.read(|c| c.prepare_cached(&sql)?.query_row([session], run_from_row).optional())
+    }
+
+    /// A child's spawn run (`spawn_run`), active run, last work run and announce in one
+    /// statement, its open asks in a second, both in one read transaction: what a `subagents`
+    /// read of it needs, picked as [`Store::run`], [`Store::active_run_of`],
+    /// [`Store::last_work_run`] and [`Store::announce_of`] pick them.
+    pub fn child_rows(&self, session: i64, spawn_run: Option<&str>) -> Result<ChildRows> {
+        let sql = format!(
+            "SELECT {}, {}, {}, {ANNOUNCE_COLUMNS}
+             FROM (SELECT ?1 AS id, ?2 AS spawn_run) child
+             LEFT JOIN runs sp ON sp.run_id = child.spawn_run
+             LEFT JOIN sessions sps ON sps.id = sp.session
+             LEFT JOIN runs ac ON ac.rowid = {}
+             LEFT JOIN sessions acs ON acs.id = ac.session
+             LEFT JOIN runs lw ON lw.rowid = {}
+             LEFT JOIN sessions lws ON lws.id = lw.session
+             LEFT JOIN deliveries d ON d.id = {}",
+            run_columns("sp", "sps"),
+            run_columns("ac", "acs"),
+            run_columns("lw", "lws"),
+            ACTIVE_RUN.rowid("child.id"),
+            LAST_WORK_RUN.rowid("child.id"),
+            announce_id("child.spawn_run"),
+        );
+        let run = |r: &Row, i: usize| -> rusqlite::Result<Option<RunRow>> {
+            let at = i * RUN_WIDTH;
+            match r.get::<_, Option<String>>(at)? {
+                Some(_) => run_at(r, at).map(Some),
+                None => Ok(None),
+            }
+        };
+        self.read(|c| {
+            let (spawn_run, active, last_work, announce) =
+                c.prepare_cached(&sql)?.query_row(params![session, spawn_run], |r| {
+                    Ok((run(r, 0)?, run(r, 1)?, run(r, 2)?, announce_at(r, 3 * RUN_WIDTH)?))
+                })?;
+            Ok(ChildRows { spawn_run, active, last_work, announce, open_asks: open_asks_of(c, session)? })
+        })
     }
 
     /// Marks the delivered announces of these spawn runs read (the first read counts).
@@ -229,7 +318,7 @@ fn prefixed_session_columns() -> String {
 mod tests {
     use super::*;
     use crate::keys::{AgentId, SessionKind};
-    use crate::store::{Caps, NewRun, NewSession, RunMode, RunStatus};
+    use crate::store::{Caps, DeliveryMode, NewDelivery, NewRun, NewSession, RunMode, RunStatus};
 
     /// A store with main and a chain main → a → b, each child with a queued spawn run.
     fn tree() -> (tempfile::TempDir, Store, [SessionKey; 3], [String; 2]) {
@@ -271,6 +360,42 @@ mod tests {
         assert!(store.session_by_key(&keys[2]).unwrap().unwrap().cancelled_at.is_some());
         assert!(store.session_by_key(&keys[0]).unwrap().unwrap().cancelled_at.is_none(), "the caller is never touched");
         assert_eq!(store.cancel_requests("owner").unwrap(), [runs[0].clone()]);
+    }
+
+    #[test]
+    fn a_childs_rows_in_one_read_are_what_the_single_reads_pick() {
+        let (_dir, store, keys, runs) = tree();
+        let child = store.session_by_key(&keys[1]).unwrap().unwrap();
+        store
+            .write(|tx| -> Result<()> {
+                tx.enqueue(&NewRun::new("turn".into(), child.id, RunMode::Steer, serde_json::json!({})))?;
+                let announce = NewDelivery {
+                    run_id: &runs[0],
+                    kind: DeliveryKind::Completion,
+                    mode: DeliveryMode::Inbox,
+                    status: DeliveryStatus::Delivered,
+                    target_key: keys[0].as_str(),
+                    channel: None,
+                    last_error: None,
+                };
+                tx.add_announce(&announce, "Status: done")?;
+                Ok(())
+            })
+            .unwrap();
+        let id = |r: Option<RunRow>| r.map(|r| r.run_id);
+        let rows = store.child_rows(child.id, Some(&runs[0])).unwrap();
+        assert_eq!(id(rows.spawn_run), Some(runs[0].clone()));
+        assert_eq!(id(rows.active), id(store.active_run_of(child.id).unwrap()));
+        assert_eq!(id(rows.last_work), id(store.last_work_run(child.id).unwrap()));
+        let announce = rows.announce.expect("the announce");
+        assert_eq!((announce.kind, announce.text.as_deref()), (DeliveryKind::Completion, Some("Status: done")));
+        assert_eq!(announce.id, store.announce_of(&runs[0]).unwrap().unwrap().id);
+        assert!(rows.open_asks.is_empty());
+        let top = store.session_by_key(&keys[0]).unwrap().unwrap();
+        let none = store.child_rows(top.id, None).unwrap();
+        assert!(
+            none.spawn_run.is_none() && none.active.is_none() && none.last_work.is_none() && none.announce.is_none()
+        );
     }
 
     #[test]
