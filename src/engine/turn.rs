@@ -268,7 +268,7 @@ pub async fn run_turn(
         let workdir = spec.workdir.clone();
         Launch { run_id: run.run_id.clone(), program: spec.command.clone(), args: argv, env, workdir, uid_gid: None }
     };
-    let hooks = Hooks { on_spawn: &on_spawn, on_delta, on_input: Some(&asks) };
+    let hooks = Hooks { on_spawn: &on_spawn, on_delta, on_input: Some(&asks), on_usage: None };
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &hooks, Some(steers)).await;
     let status = match outcome.status {
         RunStatus::Cancelled if rt.shutting_down() => RunStatus::Interrupted,

@@ -9,7 +9,9 @@
 //! including this one). Actions: `reply` (text; `{input}` is replaced, and `{1}`…`{9}` by the
 //! capture groups of the rule's `inputRegex`), `messages` (assistant
 //! texts emitted as `message` events before the final), `toolCalls` (`[{name, arguments, result}]`
-//! emitted as `tool_call` + `tool_result`), `usage`, `sleepMs`, `deltas` (emit the reply as
+//! emitted as `tool_call` + `tool_result`), `usage` (one usage object, or a list of them emitted in
+//! order, `usageIntervalMs` apart — default 0 — with a cancel line during a wait ending the turn:
+//! each is the run's usage so far), `sleepMs`, `deltas` (emit the reply as
 //! `text_delta`s), `error` (`{code, message}`), `exitCode`, `ignoreCancel`, `noFinal`,
 //! `invalidJson`, `floodBytes`, `call` (a session tool called back through the run socket),
 //! `steer` (declare `"steer": true` in `start`, so the runner writes steer lines), `awaitSteerMs`
@@ -27,7 +29,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::runner::protocol::{ANNOUNCE_SKIP, content_text};
 
@@ -68,7 +70,12 @@ pub struct Actions {
     pub messages: Vec<String>,
     #[serde(default)]
     pub tool_calls: Vec<ToolCall>,
-    pub usage: Option<Value>,
+    /// Usage reports, emitted in order before the final: one object or a list.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub usage: Vec<Map<String, Value>>,
+    /// The wait between two usage reports (a cancel line still ends the turn).
+    #[serde(default)]
+    pub usage_interval_ms: u64,
     pub sleep_ms: Option<u64>,
     #[serde(default)]
     pub deltas: bool,
@@ -108,17 +115,17 @@ pub struct Ask {
     pub details: Option<Value>,
 }
 
-/// `ask` as one request or a list of them.
-fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Ask>, D::Error> {
+/// `ask` or `usage` as one item or a list of them.
+fn one_or_many<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
-    enum OneOrMany {
-        One(Box<Ask>),
-        Many(Vec<Ask>),
+    enum OneOrMany<T> {
+        Many(Vec<T>),
+        One(Box<T>),
     }
     Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(ask) => vec![*ask],
-        OneOrMany::Many(asks) => asks,
+        OneOrMany::One(item) => vec![*item],
+        OneOrMany::Many(items) => items,
     })
 }
 
@@ -286,8 +293,7 @@ pub fn run(script: Option<&Path>) -> ExitCode {
         }
     }
     if !pause(&a, &fill, &mut control, &mut out) {
-        emit(&mut out, json!({"type": "final", "text": "", "stopReason": "cancelled"}));
-        return ExitCode::SUCCESS;
+        return cancelled(&mut out);
     }
     for (i, call) in a.tool_calls.iter().enumerate() {
         let id = format!("call{}", i + 1);
@@ -328,10 +334,8 @@ pub fn run(script: Option<&Path>) -> ExitCode {
             emit(&mut out, json!({"type": "text_delta", "text": String::from_utf8_lossy(chunk)}));
         }
     }
-    if let Some(u) = &a.usage {
-        let mut u = u.clone();
-        u["type"] = json!("usage");
-        emit(&mut out, u);
+    if !report_usage(&a, &mut control, &mut out) {
+        return cancelled(&mut out);
     }
     if let Some(e) = &a.error {
         let mut e = e.clone();
@@ -342,6 +346,27 @@ pub fn run(script: Option<&Path>) -> ExitCode {
         emit(&mut out, json!({"type": "final", "text": reply, "stopReason": "end_turn"}));
     }
     ExitCode::from(a.exit_code.unwrap_or(if a.error.is_some() { 1 } else { 0 }))
+}
+
+/// Ends a turn a cancel line ended: a final with what it has (nothing).
+fn cancelled(out: &mut impl Write) -> ExitCode {
+    emit(out, json!({"type": "final", "text": "", "stopReason": "cancelled"}));
+    ExitCode::SUCCESS
+}
+
+/// Emits the usage reports in order, `usageIntervalMs` apart; false when a cancel line came
+/// during a wait between two.
+fn report_usage(a: &Actions, control: &mut Control, out: &mut impl Write) -> bool {
+    let interval = Duration::from_millis(a.usage_interval_ms);
+    for (n, report) in a.usage.iter().enumerate() {
+        if n > 0 && !interval.is_zero() && !control.wait(Some(interval), Until::Elapsed) {
+            return false;
+        }
+        let mut usage = report.clone();
+        usage.insert("type".into(), "usage".into());
+        emit(out, Value::Object(usage));
+    }
+    true
 }
 
 /// Sleeps, asks and waits for a steer as the actions say, in that order; false when a cancel
@@ -559,6 +584,59 @@ mod tests {
         let many = script(r#"{"default": {"ask": [{"id": "a", "kind": "question"}, {"kind": "approval"}]}}"#);
         assert_eq!(many.default.unwrap().ask.len(), 2);
         assert!(serde_json::from_str::<Script>(r#"{"default": {"ask": {"text": "no kind"}}}"#).is_err());
+    }
+
+    #[test]
+    fn usage_takes_one_report_or_a_list_of_objects() {
+        let one = script(r#"{"default": {"usage": {"inputTokens": 1}}}"#).default.unwrap();
+        assert_eq!((one.usage.len(), one.usage_interval_ms), (1, 0));
+        let many = script(r#"{"default": {"usage": [{"inputTokens": 1}, {"inputTokens": 2}], "usageIntervalMs": 5}}"#);
+        let many = many.default.unwrap();
+        assert_eq!((many.usage.len(), many.usage_interval_ms), (2, 5));
+        assert!(script(r#"{"default": {}}"#).default.unwrap().usage.is_empty());
+        assert!(serde_json::from_str::<Script>(r#"{"default": {"usage": 3}}"#).is_err());
+    }
+
+    /// A control whose stdin thread has read a cancel line (or not), with no line queued.
+    fn control(cancel_read: bool) -> Control {
+        let (_, lines) = std::sync::mpsc::channel();
+        Control {
+            cancelled: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(cancel_read)),
+            lines,
+            steered: Vec::new(),
+            asked: Vec::new(),
+            answers: Default::default(),
+        }
+    }
+
+    fn usage_series(interval_ms: u64) -> Actions {
+        let usage = (1..=3).map(|n| json!({"inputTokens": n * 10}).as_object().unwrap().clone()).collect();
+        Actions { usage, usage_interval_ms: interval_ms, ..Default::default() }
+    }
+
+    fn reported(out: &[u8]) -> Vec<Value> {
+        String::from_utf8_lossy(out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    #[test]
+    fn a_usage_list_is_reported_in_order_the_interval_apart() {
+        let mut out = Vec::new();
+        let started = std::time::Instant::now();
+        assert!(report_usage(&usage_series(40), &mut control(false), &mut out));
+        assert!(started.elapsed() >= Duration::from_millis(80), "two waits between three reports");
+        let reports = reported(&out);
+        assert_eq!(reports.iter().map(|u| u["inputTokens"].as_i64().unwrap()).collect::<Vec<_>>(), [10, 20, 30]);
+        assert!(reports.iter().all(|u| u["type"] == "usage"), "{reports:?}");
+    }
+
+    #[test]
+    fn a_cancel_line_during_the_wait_between_reports_ends_the_turn() {
+        let mut out = Vec::new();
+        assert!(!report_usage(&usage_series(10_000), &mut control(true), &mut out));
+        assert_eq!(reported(&out), [json!({"inputTokens": 10, "type": "usage"})], "the first report, then the cancel");
+        let mut out = Vec::new();
+        assert!(report_usage(&usage_series(0), &mut control(true), &mut out), "no interval, no wait to cancel");
+        assert_eq!(reported(&out).len(), 3);
     }
 
     #[test]

@@ -232,12 +232,24 @@ pub enum Input {
     Prompt(String),
 }
 
-/// Callbacks during a run: the supervisor's pid once started, streamed text, and where the
-/// turn's input requests go (None: every request is answered deny, "this run cannot ask").
+/// Callbacks during a run: the supervisor's pid once started, streamed text, where the turn's
+/// input requests go (None: every request is answered deny, "this run cannot ask"), and each
+/// `usage` event as it arrives, so budgets can stop a run mid-way.
 pub struct Hooks<'a> {
     pub on_spawn: &'a (dyn Fn(i32) + Send + Sync),
     pub on_delta: &'a (dyn Fn(&str) + Send + Sync),
     pub on_input: Option<&'a tokio::sync::mpsc::UnboundedSender<InputRequest>>,
+    /// Every `usage` event of the run, in arrival order, as soon as it is decoded and exactly as
+    /// [`Outcome::usage`] would keep it: the run's usage so far (with `"cumulative": true`, the
+    /// CLI's own session totals), each one replacing the one before.
+    pub on_usage: Option<&'a (dyn Fn(&Value) + Send + Sync)>,
+}
+
+impl Hooks<'static> {
+    /// Hooks that listen to nothing, for reading a stdout without a run.
+    fn silent() -> Self {
+        Hooks { on_spawn: &|_| {}, on_delta: &|_| {}, on_input: None, on_usage: None }
+    }
 }
 
 /// Runs agent turns. Cheap to clone.
@@ -285,7 +297,8 @@ impl Collected {
     /// Takes the events of one line in order; true once `final` came (the rest is ignored).
     /// Reading goes on past a `final` only for a CLI that ran a steer as a further turn: a later
     /// `final` or `error` then replaces the earlier result, so the run ends as its last turn did.
-    fn take(&mut self, events: Vec<Value>, on_delta: &(dyn Fn(&str) + Send + Sync)) -> bool {
+    /// Text deltas and usage reach `hooks` as they are taken.
+    fn take(&mut self, events: Vec<Value>, hooks: &Hooks) -> bool {
         for event in events {
             let s = |k: &str| event.get(k).and_then(Value::as_str).map(String::from);
             match event.get("type").and_then(Value::as_str) {
@@ -293,8 +306,13 @@ impl Collected {
                     self.model = s("model").filter(|m| !m.is_empty()).or(self.model.take());
                     self.external_session_id = s("externalSessionId").or(self.external_session_id.take());
                 }
-                Some("text_delta") => on_delta(event.get("text").and_then(Value::as_str).unwrap_or("")),
-                Some("usage") => self.usage = Some(event),
+                Some("text_delta") => (hooks.on_delta)(event.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("usage") => {
+                    if let Some(on_usage) = hooks.on_usage {
+                        on_usage(&event);
+                    }
+                    self.usage = Some(event);
+                }
                 Some("error") => {
                     self.supersede_result();
                     self.error_event = Some(event);
@@ -361,19 +379,19 @@ impl Collected {
 pub fn decode_stdout(kind: crate::config::RunnerKind, run_id: &str, stdout: &str) -> (Vec<NewMessage>, Option<String>) {
     let mut decoder = adapters::decoder(kind);
     let mut collected = Collected::new(run_id);
-    let ignore = |_: &str| {};
+    let silent = Hooks::silent();
     let mut stop = None;
     for (n, line) in stdout.lines().enumerate() {
         let Ok(events) = decoder.line(line) else {
             stop = Some(Stop::Protocol(format!("protocol: line {} is not JSON", n + 1)));
             break;
         };
-        if collected.take(events, &ignore) {
+        if collected.take(events, &silent) {
             break;
         }
     }
     if stop.is_none() && collected.final_event.is_none() {
-        collected.take(decoder.end(), &ignore);
+        collected.take(decoder.end(), &silent);
     }
     let outcome = collected.outcome(stop, Limits::default(), Some(0), String::new());
     (outcome.messages, outcome.reply)
@@ -441,7 +459,7 @@ impl Runner {
                     next = lines.next() => match next {
                         Some(Ok(t)) => {
                             let events = decoder.line(&t).unwrap_or_default();
-                            if collected.take(events, hooks.on_delta) {
+                            if collected.take(events, hooks) {
                                 break;
                             }
                         }
@@ -547,7 +565,7 @@ impl Reading<'_, '_> {
                     continue;
                 }
                 Wake::Line(None) => {
-                    collected.take(decoder.end(), self.hooks.on_delta);
+                    collected.take(decoder.end(), self.hooks);
                     return None;
                 }
                 Wake::Line(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => {
@@ -578,7 +596,7 @@ impl Reading<'_, '_> {
                     self.stdin.write_answer(&id, &refusal, self.cancel, self.deadline).await;
                 }
             }
-            if collected.take(events, self.hooks.on_delta) && !self.stdin.reads_past_final() {
+            if collected.take(events, self.hooks) && !self.stdin.reads_past_final() {
                 return None;
             }
         }
@@ -708,7 +726,7 @@ mod tests {
 
     #[test]
     fn a_later_result_replaces_the_earlier_one_and_an_error_before_a_final_is_kept() {
-        let ignore = |_: &str| {};
+        let ignore = Hooks::silent();
         let mut c = Collected::new("r");
         assert!(c.take(vec![json!({"type": "final", "text": "first"})], &ignore));
         assert!(c.take(vec![json!({"type": "final", "text": "second"})], &ignore));
@@ -730,6 +748,19 @@ mod tests {
             Some("warn: m"),
             "a jsonl agent's error before its final names the failure"
         );
+    }
+
+    #[test]
+    fn every_usage_reaches_on_usage_in_order_and_the_last_one_is_the_outcome_s() {
+        let seen = std::sync::Mutex::new(Vec::new());
+        let record = |u: &Value| seen.lock().unwrap().push(u.clone());
+        let hooks = Hooks { on_usage: Some(&record), ..Hooks::silent() };
+        let usage = |n: i64| json!({"type": "usage", "inputTokens": n, "outputTokens": n});
+        let mut c = Collected::new("r");
+        c.take(vec![usage(1), json!({"type": "text_delta", "text": "x"})], &hooks);
+        c.take(vec![usage(5), json!({"type": "final", "text": "done"})], &hooks);
+        assert_eq!(*seen.lock().unwrap(), [usage(1), usage(5)]);
+        assert_eq!(c.outcome(None, Limits::default(), Some(0), String::new()).usage, Some(usage(5)));
     }
 
     #[test]

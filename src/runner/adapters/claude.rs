@@ -16,6 +16,15 @@
 //! behind the turn under way runs as a turn of its own), each ending in a `result`: its `usage`
 //! counts that turn only, its `total_cost_usd` the whole process. So the tokens add up over the
 //! results and the cost is the last one's.
+//!
+//! Usage is also reported as it happens, so a budget can stop a run mid-turn: after each new API
+//! message of a turn (an `assistant` line with a `message.id` not seen before; Claude Code writes
+//! one such line per content block, all with the message's id and usage) a `usage` gives the
+//! results' tokens plus those of the turn's messages so far, and the results' cost (none before
+//! the first: a turn's cost is known only at its `result`). An `assistant` line carries
+//! the usage of the stream's `message_start`, whose output count is a placeholder (1); with
+//! `--include-partial-messages` the message's `message_delta` stream event brings its real output
+//! count, and another `usage` follows. The turn's `result` replaces the estimate.
 
 use std::collections::HashMap;
 
@@ -24,15 +33,17 @@ use serde_json::{Value, json};
 use super::event::{self, Usage};
 use super::{Decoder, NotJson, parse, text_of};
 
-/// Remembers tool names by id (Claude's `tool_result` blocks carry only the id) and the tokens of
-/// the results so far.
+/// Remembers tool names by id (Claude's `tool_result` blocks carry only the id), the tokens and
+/// cost of the results so far and the tokens of the running turn's API messages by message id.
 #[derive(Default)]
 pub struct Claude {
     tools: HashMap<String, String>,
     tokens: Tokens,
+    cost_usd: Option<f64>,
+    turn: HashMap<String, Tokens>,
 }
 
-/// The token counts of a `result`'s `usage`.
+/// The token counts of an Anthropic `usage` object (a `result`'s, a message's).
 #[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
 struct Tokens {
     input: i64,
@@ -42,13 +53,19 @@ struct Tokens {
 }
 
 impl Tokens {
-    fn of(result: &Value) -> Self {
-        let n = |k: &str| result.pointer(&format!("/usage/{k}")).and_then(Value::as_i64).unwrap_or(0);
+    fn of(usage: Option<&Value>) -> Self {
+        Tokens::default().overlaid(usage)
+    }
+
+    /// These counts with those `usage` gives replacing them (a `message_delta` gives the
+    /// message's counts so far, often only the output).
+    fn overlaid(self, usage: Option<&Value>) -> Self {
+        let n = |k: &str, was: i64| usage.and_then(|u| u.get(k)).and_then(Value::as_i64).unwrap_or(was);
         Tokens {
-            input: n("input_tokens"),
-            output: n("output_tokens"),
-            cache_read: n("cache_read_input_tokens"),
-            cache_write: n("cache_creation_input_tokens"),
+            input: n("input_tokens", self.input),
+            output: n("output_tokens", self.output),
+            cache_read: n("cache_read_input_tokens", self.cache_read),
+            cache_write: n("cache_creation_input_tokens", self.cache_write),
         }
     }
 
@@ -72,7 +89,7 @@ impl Decoder for Claude {
         }
         Ok(match (text_of(&v, "type"), text_of(&v, "subtype")) {
             ("system", "init") => vec![event::start(Some(text_of(&v, "model")), Some(text_of(&v, "session_id")))],
-            ("stream_event", _) => text_delta(&v).into_iter().collect(),
+            ("stream_event", _) => text_delta(&v).into_iter().chain(self.message_delta(&v)).collect(),
             ("assistant", _) => self.assistant(&v),
             ("user", _) => self.tool_results(&v),
             ("result", _) => self.result(&v),
@@ -93,7 +110,8 @@ fn text_delta(v: &Value) -> Option<Value> {
 }
 
 impl Claude {
-    /// One assistant message: its text as one `message`, then its tool calls in order.
+    /// One assistant line: its text as one `message`, then its tool calls in order, then the
+    /// usage so far when it is the first line of its API message.
     fn assistant(&mut self, v: &Value) -> Vec<Value> {
         let blocks = blocks(v);
         let text: Vec<&str> =
@@ -104,7 +122,28 @@ impl Claude {
             self.tools.insert(id.to_string(), name.to_string());
             out.push(event::tool_call(id, name, b.get("input").cloned().unwrap_or_default()));
         }
+        let id = v.pointer("/message/id").and_then(Value::as_str).filter(|id| !id.is_empty());
+        if let Some(id) = id.filter(|id| !self.turn.contains_key(*id)) {
+            self.turn.insert(id.to_string(), Tokens::of(v.pointer("/message/usage")));
+            out.push(self.live_usage());
+        }
         out
+    }
+
+    /// A `message_delta` stream event of a message already counted: its final counts (the real
+    /// output count), and the usage so far with them.
+    fn message_delta(&mut self, v: &Value) -> Option<Value> {
+        let usage = v.pointer("/event/usage").filter(|_| v.pointer("/event/type") == Some(&"message_delta".into()));
+        let message = self.turn.get_mut(text_of(v, "api_message_id"))?;
+        *message = message.overlaid(Some(usage?));
+        Some(self.live_usage())
+    }
+
+    /// The results' tokens plus the running turn's messages', and the results' cost (the turn's
+    /// own is known at its `result`).
+    fn live_usage(&self) -> Value {
+        let tokens = self.turn.values().fold(self.tokens, |sum, message| sum.plus(*message));
+        usage_event(tokens, self.cost_usd)
     }
 
     fn tool_results(&self, v: &Value) -> Vec<Value> {
@@ -121,17 +160,24 @@ impl Claude {
     }
 
     /// A turn's summary: the usage and cost of the run so far, then the final reply or the error.
+    /// Its tokens replace the turn's running estimate.
     fn result(&mut self, v: &Value) -> Vec<Value> {
-        self.tokens = self.tokens.plus(Tokens::of(v));
-        let usage = event::usage(Usage {
-            input: self.tokens.input,
-            output: self.tokens.output,
-            cache_read: self.tokens.cache_read,
-            cache_write: self.tokens.cache_write,
-            cost_usd: v.get("total_cost_usd").and_then(Value::as_f64),
-        });
-        vec![usage, ending(v)]
+        self.tokens = self.tokens.plus(Tokens::of(v.get("usage")));
+        self.cost_usd = v.get("total_cost_usd").and_then(Value::as_f64);
+        self.turn.clear();
+        vec![usage_event(self.tokens, self.cost_usd), ending(v)]
     }
+}
+
+/// A `usage` event with these tokens, and the cost when one is known.
+fn usage_event(tokens: Tokens, cost_usd: Option<f64>) -> Value {
+    event::usage(Usage {
+        input: tokens.input,
+        output: tokens.output,
+        cache_read: tokens.cache_read,
+        cache_write: tokens.cache_write,
+        cost_usd,
+    })
 }
 
 /// A control request as the input request it is: `can_use_tool` an approval, `elicitation` a
@@ -206,7 +252,7 @@ fn ending(v: &Value) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::super::{decode_fixture, of_type};
     use crate::config::RunnerKind::ClaudeStreamJson;
@@ -224,9 +270,10 @@ mod tests {
         let deltas: String = of_type(&events, "text_delta").iter().map(|e| e["text"].as_str().unwrap()).collect();
         assert_eq!(deltas, "Hello from the fake API (1 messages)");
         assert_eq!(of_type(&events, "message")[0]["content"], "Hello from the fake API (1 messages)");
-        let usage = of_type(&events, "usage")[0];
-        assert_eq!((usage["inputTokens"].as_i64(), usage["outputTokens"].as_i64()), (Some(10), Some(6)));
-        assert!(usage["costUsd"].as_f64().unwrap() > 0.0);
+        let usage = of_type(&events, "usage");
+        assert_eq!(tokens(&usage), [(10, 1), (10, 6), (10, 6)], "the message, its message_delta, the result");
+        assert!(usage[..2].iter().all(|u| u.get("costUsd").is_none()), "{usage:?}");
+        assert!(usage[2]["costUsd"].as_f64().unwrap() > 0.0);
         let last = events.last().unwrap();
         assert_eq!((last["type"].as_str(), last["stopReason"].as_str()), (Some("final"), Some("end_turn")));
         assert_eq!(last["text"], "Hello from the fake API (1 messages)");
@@ -237,12 +284,13 @@ mod tests {
     fn tool_use_and_tool_result_blocks_become_tool_events_with_the_tool_name() {
         let events = decode_fixture(ClaudeStreamJson, "claude-tools.jsonl");
         let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-        assert_eq!(types, ["start", "tool_call", "tool_result", "message", "usage", "final"]);
+        assert_eq!(types, ["start", "tool_call", "usage", "tool_result", "message", "usage", "usage", "final"]);
         assert_eq!(events[1]["name"], "Bash");
         assert_eq!(events[1]["arguments"]["command"], "echo tool-ran");
-        assert_eq!((events[2]["id"].clone(), events[2]["name"].clone()), (events[1]["id"].clone(), "Bash".into()));
-        assert_eq!((events[2]["content"].as_str(), events[2]["isError"].as_bool()), (Some("tool-ran"), Some(false)));
-        assert_eq!(events[5]["text"], "done: tool-ran");
+        assert_eq!((events[3]["id"].clone(), events[3]["name"].clone()), (events[1]["id"].clone(), "Bash".into()));
+        assert_eq!((events[3]["content"].as_str(), events[3]["isError"].as_bool()), (Some("tool-ran"), Some(false)));
+        assert_eq!(tokens(&of_type(&events, "usage")), [(10, 1), (40, 2), (40, 12)]);
+        assert_eq!(events[7]["text"], "done: tool-ran");
     }
 
     #[test]
@@ -254,15 +302,100 @@ mod tests {
         let last = usage.last().unwrap();
         assert_eq!((last["inputTokens"].as_i64(), last["outputTokens"].as_i64()), (Some(40), Some(12)));
         assert_eq!(last["costUsd"].as_f64(), Some(0.00030000000000000003), "total_cost_usd is the process's total");
-        assert_eq!(usage[0]["inputTokens"], 10);
+        assert_eq!(tokens(&usage), [(10, 1), (10, 6), (40, 7), (40, 12)], "the second turn adds to the first");
+    }
+
+    /// The input and output tokens of usage events.
+    fn tokens(usage: &[&Value]) -> Vec<(i64, i64)> {
+        usage.iter().map(|u| (u["inputTokens"].as_i64().unwrap(), u["outputTokens"].as_i64().unwrap())).collect()
+    }
+
+    /// The usage events of `lines` decoded in order, with their token counts and costs.
+    fn usage_series(lines: &[Value]) -> Vec<(Value, Option<f64>)> {
+        let mut d = crate::runner::adapters::decoder(ClaudeStreamJson);
+        let events: Vec<Value> = lines.iter().flat_map(|l| d.line(&l.to_string()).unwrap()).collect();
+        of_type(&events, "usage")
+            .into_iter()
+            .map(|u| {
+                let counts = json!([u["inputTokens"], u["outputTokens"], u["cacheReadTokens"], u["cacheWriteTokens"]]);
+                (counts, u["costUsd"].as_f64())
+            })
+            .collect()
+    }
+
+    /// An `assistant` line as Claude Code writes one per content block of API message `id`.
+    fn assistant(id: &str, block: Value, usage: Value) -> Value {
+        json!({"type": "assistant", "parent_tool_use_id": null,
+               "message": {"id": id, "role": "assistant", "content": [block], "usage": usage}})
+    }
+
+    fn tool_use(id: &str) -> Value {
+        json!({"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "true"}})
+    }
+
+    fn tool_result(id: &str) -> Value {
+        json!({"type": "user", "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "ok"}]}})
+    }
+
+    fn result(input: i64, output: i64, cost: f64) -> Value {
+        json!({"type": "result", "subtype": "success", "is_error": false, "result": "done", "total_cost_usd": cost,
+               "usage": {"input_tokens": input, "output_tokens": output,
+                         "cache_read_input_tokens": 200, "cache_creation_input_tokens": 14}})
+    }
+
+    #[test]
+    fn each_new_api_message_reports_the_usage_so_far_and_the_result_replaces_the_estimate() {
+        let usage = |input: i64| {
+            json!({"input_tokens": input, "output_tokens": 1,
+                   "cache_read_input_tokens": 100, "cache_creation_input_tokens": 7})
+        };
+        let lines = [
+            assistant("msg_1", json!({"type": "text", "text": "Running two"}), usage(10)),
+            assistant("msg_1", tool_use("t1"), usage(10)),
+            assistant("msg_1", tool_use("t2"), usage(10)),
+            tool_result("t1"),
+            tool_result("t2"),
+            assistant("msg_2", json!({"type": "text", "text": "done"}), usage(30)),
+            result(40, 16, 0.5),
+        ];
+        assert_eq!(
+            usage_series(&lines),
+            [(json!([10, 1, 100, 7]), None), (json!([40, 2, 200, 14]), None), (json!([40, 16, 200, 14]), Some(0.5)),],
+            "one report per API message however many lines it has, then the result's"
+        );
+
+        let steer = [assistant("msg_3", json!({"type": "text", "text": "Steered"}), usage(50)), result(50, 6, 0.75)];
+        let both: Vec<Value> = lines.into_iter().chain(steer).collect();
+        let series = usage_series(&both);
+        assert_eq!(
+            series[3..],
+            [(json!([90, 17, 300, 21]), Some(0.5)), (json!([90, 22, 400, 28]), Some(0.75))],
+            "a further turn adds to the results before it, their cost the cost so far"
+        );
+    }
+
+    #[test]
+    fn a_message_delta_brings_the_message_s_real_output_count() {
+        let delta = |id: &str| {
+            json!({"type": "stream_event", "api_message_id": id, "parent_tool_use_id": null,
+                   "event": {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}}})
+        };
+        let lines = [
+            assistant("msg_1", json!({"type": "text", "text": "hi"}), json!({"input_tokens": 10, "output_tokens": 1})),
+            delta("msg_1"),
+            delta("msg_unknown"),
+        ];
+        assert_eq!(usage_series(&lines), [(json!([10, 1, 0, 0]), None), (json!([10, 9, 0, 0]), None)]);
     }
 
     #[test]
     fn a_permission_prompt_on_stdio_is_an_approval_request_between_the_tool_call_and_its_result() {
         let events = decode_fixture(ClaudeStreamJson, "claude-permission.jsonl");
         let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-        assert_eq!(types, ["start", "tool_call", "input_request", "tool_result", "message", "usage", "final"]);
-        let request = &events[2];
+        let expected =
+            ["start", "tool_call", "usage", "input_request", "tool_result", "message", "usage", "usage", "final"];
+        assert_eq!(types, expected);
+        let request = &events[3];
         assert_eq!(
             (request["id"].as_str(), request["kind"].as_str()),
             (Some("5f5b8511-0494-40fd-a15f-4189bac12c2e"), Some("approval"))
@@ -274,7 +407,7 @@ mod tests {
             (Some("Write"), Some("toolu_fake_write"))
         );
         assert!(details["input"]["file_path"].as_str().unwrap().ends_with("/written.txt"), "{details}");
-        assert!(events[3]["content"].as_str().unwrap().starts_with("File created successfully"));
+        assert!(events[4]["content"].as_str().unwrap().starts_with("File created successfully"));
     }
 
     #[test]

@@ -64,7 +64,7 @@ pub async fn execute_asking(
         workdir: spec.workdir.clone(),
         uid_gid: None,
     };
-    let hooks = Hooks { on_spawn: &|_| {}, on_delta: &|_| {}, on_input: asks.as_ref() };
+    let hooks = Hooks { on_spawn: &|_| {}, on_delta: &|_| {}, on_input: asks.as_ref(), on_usage: None };
     let runner = Runner { exe: super::bin().into() };
     runner.execute(spec, &launch, &input, cancel, &hooks, Some(steers)).await
 }
