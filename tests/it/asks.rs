@@ -170,7 +170,8 @@ fn the_external_root_answers_a_depth_two_ask_directly_and_the_leaf_continues_in_
         let id = row["pendingRequests"][0]["requestId"].as_str()?.to_string();
         Some((row["sessionKey"].as_str()?.to_string(), id))
     });
-    let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "root says go"}));
+    let ok =
+        c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "root says go"}));
     assert_eq!(ok["status"], "ok", "{ok}");
     let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [parent], "timeoutSeconds": 60}));
     assert_eq!(w["status"], "ok", "{w}");
