@@ -566,7 +566,9 @@ fn a_request_id_already_in_flight_on_a_session_is_refused_at_once_and_freed_afte
     let first = std::thread::spawn(move || on_session(port, "POST", DESK, &first_session, &first_body));
     // Its run exists only once the request went through the guard and reached the tool.
     common::wait_until(Duration::from_secs(10), "the slow send's run", || {
-        (!common::runs_of(&env.show("agent:worker:main"), None).is_empty()).then_some(())
+        // The send makes the session first, so `show` may find nothing on the first polls.
+        let shown = env.try_show("agent:worker:main").ok()?;
+        (!common::runs_of(&shown, None).is_empty()).then_some(())
     });
     let ping = json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}).to_string();
     let refused = common::wait_until(Duration::from_secs(10), "the duplicate to be refused", || {

@@ -524,9 +524,17 @@ impl TestEnv {
 
     /// `sessions-mcp show KEY --json`, parsed.
     pub fn show(&self, key: &str) -> Value {
+        self.try_show(key).unwrap_or_else(|stderr| panic!("show {key} failed: {stderr}"))
+    }
+
+    /// `show`, or its stderr when the session is not (yet) there: for polls that start before the
+    /// server made the session.
+    pub fn try_show(&self, key: &str) -> Result<Value, String> {
         let out = self.run(&["show", key, "--json"]);
-        assert!(out.status.success(), "show {key} failed: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("show {key}: not JSON ({e})"))
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("show {key}: not JSON ({e})")))
     }
 
     /// `sessions-mcp ls --json` → its `runs` object (one count per run status).
