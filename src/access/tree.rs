@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{Access, ToolError};
 use crate::access::caller::Caller;
 use crate::keys::SessionRef;
+use crate::policy::budget::{Account, Limits};
 use crate::store::{
     AnnounceRow, AskRow, AskState, ChildRows, DeliveryStatus, RunRow, RunStatus, SessionRow, TreeTotals, now_ms,
 };
@@ -30,6 +31,8 @@ pub enum RunState {
     Cancelled,
     /// Its run's owner died; it was never re-run.
     Interrupted,
+    /// Stopped because its budget (or the one it shares) was spent.
+    BudgetExceeded,
 }
 
 impl RunState {
@@ -46,6 +49,7 @@ impl RunState {
             RunStatus::Timeout => RunState::TimedOut,
             RunStatus::Cancelled => RunState::Cancelled,
             RunStatus::Interrupted => RunState::Interrupted,
+            RunStatus::BudgetExceeded => RunState::BudgetExceeded,
         }
     }
 }
@@ -80,6 +84,8 @@ pub struct Child {
     pub announce_row: Option<AnnounceRow>,
     /// Its questions and approvals no one has answered yet.
     pub open_asks: Vec<AskRow>,
+    /// Its own budget account, when it was spawned with one.
+    pub budget: Option<Account>,
 }
 
 impl Child {
@@ -176,7 +182,19 @@ impl Access {
             state = RunState::Waiting; // on an answer
         }
         let announce = announce_state(&row, announce_row.as_ref());
-        Ok(Child { row, spawn_run, last_work, state, announce, announce_row, open_asks })
+        let budget = self.store.budget_of(row.id)?;
+        Ok(Child { row, spawn_run, last_work, state, announce, announce_row, open_asks, budget })
+    }
+
+    /// The caller's own budget account: the one it was spawned with, or for a root the configured
+    /// `session.budget` (whose account opens at its first spawn).
+    pub fn own_budget(&self, caller: &Caller) -> Result<Option<Account>, ToolError> {
+        let Some(row) = self.store.session_by_key(&caller.key)? else { return Ok(None) };
+        if let Some(account) = self.store.budget_of(row.id)? {
+            return Ok(Some(account));
+        }
+        let root = self.config.session.budget.as_ref().filter(|_| row.spawned_by.is_none());
+        Ok(root.map(|b| Account { session: row.id, limits: Limits::of(b), ..Account::default() }))
     }
 
     /// Resolves a request id to an ask of one of the caller's descendants; any other id — another

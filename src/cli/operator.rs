@@ -184,10 +184,15 @@ pub fn show(env: &Env, store: &Store, raw: &str, as_json: bool) -> ExitCode {
     };
     let access = Access::new(store.clone(), std::sync::Arc::new(config.clone()));
     let decision = access.send_decision(&row.key, Some(&row));
+    let budget = match store.budget_of(row.id) {
+        Ok(b) => b,
+        Err(e) => return failed(e),
+    };
     if as_json {
         print_json(&json!({
             "session": operator_row(&row, config, &env.state_dir),
             "sendPolicyEffective": {"action": decision.action.as_str(), "rule": decision.rule, "source": decision.source},
+            "budget": budget.as_ref().map(crate::policy::budget::Account::to_json),
             "messages": messages.iter().map(|m| m.to_json()).collect::<Vec<_>>(),
             "runs": runs,
         }));
@@ -204,6 +209,14 @@ pub fn show(env: &Env, store: &Store, raw: &str, as_json: bool) -> ExitCode {
     );
     let rule = decision.rule.map(|i| format!(" (rule {i})")).unwrap_or_default();
     println!("send      {}{rule} from {:?}", decision.action.as_str(), decision.source);
+    if let Some(b) = &budget {
+        let exceeded = b.exceeded.map(|d| format!("   exceeded ({})", d.as_str())).unwrap_or_default();
+        println!(
+            "budget    {}   reserved {}{exceeded}",
+            b.spent_text().trim_start_matches("budget "),
+            b.reserved.to_json(&b.limits)
+        );
+    }
     println!("messages  {}   runs {}", messages.len(), runs.len());
     for m in &messages {
         let text = crate::sanitize::preview(&m.content, 200);

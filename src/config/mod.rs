@@ -117,6 +117,60 @@ pub struct SubagentDefaults {
     /// Questions and approvals a run asks (`input_request`): how long they wait, and rules that
     /// decide without asking.
     pub approvals: Approvals,
+    /// The budget of a spawn that asks none (`agents.list[].subagents.budget` of the child's
+    /// agent comes first). None: the child shares its requester's budget.
+    pub budget: Option<Budget>,
+    /// A spawn asking more than its requester has left: refused (default), or clamped to it.
+    pub budget_overflow: BudgetOverflow,
+    /// Spawn into an agent that cannot report usage (the `text` runner) even when a token or
+    /// cost budget applies; its spend then counts as nothing.
+    pub allow_unmetered: bool,
+}
+
+/// A budget: tokens (input plus output), cost in US dollars, runtime in seconds (the wall time of
+/// its runs, added up). Each is optional; every one given must be positive.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_seconds: Option<f64>,
+}
+
+impl Budget {
+    /// Every amount positive and finite, and at least one given; `path` names the object.
+    pub fn validate(&self, path: &str) -> Result<(), String> {
+        if self.tokens.is_none() && self.cost_usd.is_none() && self.runtime_seconds.is_none() {
+            return Err(format!("{path} must give at least one of tokens, costUsd, runtimeSeconds"));
+        }
+        if self.tokens == Some(0) || self.tokens.is_some_and(|t| t > i64::MAX as u64) {
+            return Err(format!(
+                "{path}.tokens must be a whole number of tokens from 1 to {}, got {}",
+                i64::MAX,
+                self.tokens.unwrap_or(0)
+            ));
+        }
+        for (field, value, least) in
+            [("costUsd", self.cost_usd, 0.000_001), ("runtimeSeconds", self.runtime_seconds, 0.001)]
+        {
+            if let Some(v) = value.filter(|v| !v.is_finite() || *v < least || *v > 1e12) {
+                return Err(format!("{path}.{field} must be a finite number from {least} to 1e12, got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a spawn that asks more budget than its requester has left gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetOverflow {
+    #[default]
+    Refuse,
+    Clamp,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -173,6 +227,9 @@ impl Default for SubagentDefaults {
             model: None,
             thinking: None,
             approvals: Approvals::default(),
+            budget: None,
+            budget_overflow: BudgetOverflow::Refuse,
+            allow_unmetered: false,
         }
     }
 }
@@ -245,6 +302,8 @@ pub struct AgentSubagents {
     pub allow_agents: Option<Vec<String>>,
     pub model: Option<String>,
     pub thinking: Option<String>,
+    /// The budget of a spawn of this agent that asks none (over agents.defaults.subagents.budget).
+    pub budget: Option<Budget>,
 }
 
 /// Runner settings (docs/RUNNER-PROTOCOL.md, Configuration). Every field is optional so that
@@ -406,6 +465,9 @@ pub struct SessionConfig {
     pub scope: SessionScope,
     pub send_policy: Option<SendPolicyConfig>,
     pub agent_to_agent: SessionAgentToAgent,
+    /// The budget of every spawn tree's root (a session that was not spawned): its children's
+    /// budgets are reserved from it. None: roots are unlimited.
+    pub budget: Option<Budget>,
 }
 
 impl Default for SessionConfig {
@@ -415,6 +477,7 @@ impl Default for SessionConfig {
             scope: SessionScope::default(),
             send_policy: None,
             agent_to_agent: SessionAgentToAgent::default(),
+            budget: None,
         }
     }
 }
@@ -813,6 +876,7 @@ impl Config {
         }
         self.validate_sandbox()?;
         self.validate_runner_limits()?;
+        self.validate_budgets()?;
         let server = &self.server;
         for (key, value) in [
             ("maxConnections", server.max_connections),
@@ -851,7 +915,23 @@ impl Config {
         Ok(())
     }
 
-    /// An agent whose sessions can run sandboxed needs a sandbox backend (and Linux).
+    fn validate_budgets(&self) -> Result<(), String> {
+        let configured = [
+            ("session.budget".to_string(), self.session.budget.as_ref()),
+            ("agents.defaults.subagents.budget".to_string(), self.agents.defaults.subagents.budget.as_ref()),
+        ]
+        .into_iter()
+        .chain(self.agents.list.iter().enumerate().map(|(i, a)| {
+            (format!("agents.list[{i}].subagents.budget"), a.subagents.as_ref().and_then(|s| s.budget.as_ref()))
+        }));
+        for (path, budget) in configured {
+            if let Some(b) = budget {
+                b.validate(&path)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The longest cancel grace any agent has: how long a cancelled run may take to stop.
     pub fn longest_cancel_grace(&self) -> std::time::Duration {
         let defaults = &self.agents.defaults.runner;
@@ -860,6 +940,7 @@ impl Config {
         std::time::Duration::from_secs(longest)
     }
 
+    /// An agent whose sessions can run sandboxed needs a sandbox backend (and Linux).
     fn validate_sandbox(&self) -> Result<(), String> {
         let defaults_mode = self.agents.defaults.sandbox.mode;
         let backend_off = |r: &RunnerConfig| r.sandbox.as_ref().and_then(|s| s.backend) == Some(SandboxBackend::Off);

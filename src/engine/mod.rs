@@ -5,6 +5,7 @@
 
 pub mod ask;
 pub mod attachments;
+pub mod budget;
 pub mod chain;
 pub mod context;
 mod deliver;

@@ -271,6 +271,7 @@ impl Scheduler {
                 self.hand_over().await;
                 continue;
             } else if !self.stop_claiming.is_cancelled() {
+                crate::engine::budget::stop_overtime(&self);
                 self.stop_flagged();
                 crate::engine::steer::offer_pending(&self);
                 crate::engine::ask::deliver_answers(&self);

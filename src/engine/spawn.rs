@@ -7,7 +7,8 @@
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::chain::{self, Limits, Provenance, SourceTool};
+use super::budget::{BudgetRefusal, Reservation};
+use super::chain::{self, Provenance, SourceTool};
 use super::context::{ANNOUNCE_SKIP, NO_REPLY, is_skip};
 use super::flow::{Cleanup, Flow, SpawnFlow, Tagged};
 use super::{Engine, TurnResult};
@@ -16,6 +17,7 @@ use crate::access::caller::Caller;
 use crate::config::{Config, key_scope};
 use crate::engine::scheduler::Scheduler;
 use crate::keys::{self, AgentId, SessionKey};
+use crate::policy::budget::Limits;
 use crate::store::{
     AnnounceKind, AttachmentReceipt, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun,
     NewSession, RunMode, RunRow, RunStatus, SessionRow, Store, StoreError,
@@ -38,6 +40,8 @@ pub struct SpawnRequest {
     pub require_sandbox: bool,
     pub attachments: Vec<super::attachments::Incoming>,
     pub idempotency_key: Option<String>,
+    /// The budget asked for (validated); none: the configured default, else a share of the requester's.
+    pub budget: Option<crate::config::Budget>,
     /// The arguments as given: an idempotency key re-attaches only to the same ones.
     pub raw: Value,
 }
@@ -89,10 +93,11 @@ impl Engine<'_> {
                 run_id: hit.run_id.unwrap_or_default(),
                 child_key: SessionKey::from_canonical(child),
                 queued,
+                budget: result.and_then(|r| r.get("budget")).cloned(),
             };
             return Ok(SpawnAccepted { spawned, inbox_after: access.last_seq_of(&caller.key)?, attachments: None });
         }
-        let hop = chain::next_hop(access, caller, Limits::Hops)?;
+        let hop = chain::next_hop(access, caller, chain::Limits::Hops)?;
         let rt = self.runtime("sessions_spawn")?;
         let spec = crate::runner::resolve_runner(config, &req.agent, &rt.state_dir, &rt.runner.exe)
             .map_err(ToolError::invalid)?;
@@ -138,6 +143,8 @@ impl Engine<'_> {
             idempotency: req.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
             attachments: staged.as_ref(),
             child_session_id,
+            budget: super::budget::asked(config, &req.agent, req.budget.as_ref()),
+            child_runner: spec.kind,
         };
         let spawned = start(&rt.store, &rt.config, &plan).map_err(refusal)?;
         let attachments = staged.as_ref().map(super::attachments::Staged::summary);
@@ -214,6 +221,8 @@ fn refusal(refused: Refused) -> ToolError {
         )),
         Refused::Store(e) => e.into(),
         Refused::Attachments(e) => ToolError::error(format!("attachments: {e}")),
+        Refused::Budget(BudgetRefusal::Store(e)) => e.into(),
+        Refused::Budget(b) => ToolError::forbidden(b.message()),
     }
 }
 
@@ -239,6 +248,10 @@ struct SpawnPlan<'a> {
     attachments: Option<&'a super::attachments::Staged>,
     /// The child's sessionId (chosen first: a sandboxed child's workdir is named after it).
     child_session_id: String,
+    /// The budget it asks (empty: none of its own).
+    budget: Limits,
+    /// Whether the child's runner can report usage depends on its kind.
+    child_runner: crate::config::RunnerKind,
 }
 
 /// What the spawn created.
@@ -247,6 +260,8 @@ pub struct Spawned {
     pub run_id: String,
     pub child_key: SessionKey,
     pub queued: bool,
+    /// Its budget as granted (`{limit, clamped?, shared?}`); none when no budget applies.
+    pub budget: Option<Value>,
 }
 
 /// Why admission refused (all `forbidden`, naming the limit).
@@ -257,6 +272,7 @@ enum Refused {
     Store(StoreError),
     /// The staged attachments could not be moved into place; nothing was committed.
     Attachments(String),
+    Budget(BudgetRefusal),
 }
 
 impl From<StoreError> for Refused {
@@ -318,6 +334,15 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
         tx.insert_session(&child)?;
         let child_id: i64 = tx.session_id(&child_key)?;
         tx.set_spawn_run(child_id, &run_id)?;
+        let reservation = Reservation {
+            requester: tx.find_session_id(&plan.caller.key)?,
+            requester_is_root: plan.depth == 1,
+            child: child_id,
+            child_agent: &plan.target_agent,
+            asked: plan.budget,
+            child_runner: plan.child_runner,
+        };
+        let budget = super::budget::reserve(tx, config, &reservation).map_err(Refused::Budget)?.to_json();
         let flow = SpawnFlow {
             requester: plan.caller.key.to_string(),
             cleanup: if plan.cleanup_delete { Cleanup::Delete } else { Cleanup::Keep },
@@ -356,14 +381,14 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
             extra: Some(Flow::Tagged(Tagged::Spawn(flow)).to_json()),
         })?;
         if let Some((key, hash)) = plan.idempotency {
-            let result = json!({"childSessionKey": child_key.as_str(), "queued": queued});
+            let result = json!({"childSessionKey": child_key.as_str(), "queued": queued, "budget": budget});
             tx.remember_key(&plan.caller.key, key, "sessions_spawn", hash, &run_id, &result)?;
         }
         // Last, so that nothing after it can fail but the commit (whose failure drops the files).
         if let Some(staged) = plan.attachments {
             staged.place().map_err(Refused::Attachments)?;
         }
-        Ok(Spawned { run_id: run_id.clone(), child_key: child_key.clone(), queued })
+        Ok(Spawned { run_id: run_id.clone(), child_key: child_key.clone(), queued, budget })
     })
 }
 
@@ -374,6 +399,7 @@ fn status_text(run: &RunRow) -> String {
         RunStatus::Timeout => "timed out".to_string(),
         RunStatus::Interrupted => "interrupted".to_string(),
         RunStatus::Cancelled => "cancelled".to_string(),
+        RunStatus::BudgetExceeded => run.error.clone().unwrap_or_else(|| "budget exceeded".to_string()),
         s => format!("failed: {}", run.error.clone().unwrap_or_else(|| s.to_string())),
     }
 }
@@ -416,6 +442,11 @@ pub fn announce_text(
     }
     if let Some(cost) = child.cost {
         stats.push(format!("est ${cost:.4}"));
+    }
+    match rt.store.budget_of(child.id) {
+        Ok(Some(account)) => stats.push(account.spent_text()),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(child = %child.key, error = %e, "reading the child's budget for its announce failed"),
     }
     stats.push(format!("sessionKey {}", child.key));
     stats.push(format!("sessionId {}", child.session_id));
@@ -669,6 +700,8 @@ mod tests {
             idempotency: None,
             attachments: Some(staged),
             child_session_id: uuid::Uuid::new_v4().to_string(),
+            budget: Limits::default(),
+            child_runner: crate::config::RunnerKind::Jsonl,
         }
     }
 

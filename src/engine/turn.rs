@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::budget::RunMeter;
 use super::context::{self, is_skip};
 use super::flow::Flow;
 use crate::config::RunnerKind;
@@ -168,9 +169,9 @@ pub async fn run_turn(
 ) -> Result<TurnResult, StoreError> {
     let store = &rt.store;
     let config = &rt.config;
-    let fail = |error: String| -> Result<TurnResult, StoreError> {
+    let end = |status: RunStatus, error: String| -> Result<TurnResult, StoreError> {
         let f = Finished {
-            status: RunStatus::Error,
+            status,
             reply: None,
             messages: vec![],
             usage: None,
@@ -182,8 +183,9 @@ pub async fn run_turn(
             cli_usage_total: None,
         };
         store.finish_run(&run.run_id, &f)?;
-        Ok(TurnResult { status: RunStatus::Error, reply: None, silent: false })
+        Ok(TurnResult { status, reply: None, silent: false })
     };
+    let fail = |error: String| end(RunStatus::Error, error);
     let Some(session) = store.session_by_key(&run.session_key)? else {
         return fail(format!("session {} no longer exists", run.session_key));
     };
@@ -215,6 +217,11 @@ pub async fn run_turn(
     let history = store.context_before(session.id, input_seq, 2000)?;
     let messages = context::fit_context(&history, spec.context_budget_bytes);
     let resume = spec.resume(session.external_session_id.as_deref(), session.aborted_last_run == Some(true));
+    let totals_before = if resume.is_some() { store.cli_usage_total(session.id)? } else { None };
+    let meter = match RunMeter::open(rt, &run.run_id, session.id, totals_before.clone())? {
+        Ok(meter) => meter,
+        Err(exhausted) => return end(RunStatus::BudgetExceeded, exhausted),
+    };
     let token = format!("smcp_run_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
     store.insert_run_token(
         &sha256_hex(&token),
@@ -268,20 +275,19 @@ pub async fn run_turn(
         let workdir = spec.workdir.clone();
         Launch { run_id: run.run_id.clone(), program: spec.command.clone(), args: argv, env, workdir, uid_gid: None }
     };
-    let hooks = Hooks { on_spawn: &on_spawn, on_delta, on_input: Some(&asks), on_usage: None };
+    let on_usage = |usage: &Value| meter.on_usage(usage);
+    let on_usage: Option<&(dyn Fn(&Value) + Send + Sync)> = meter.is_drawing().then_some(&on_usage);
+    let hooks = Hooks { on_spawn: &on_spawn, on_delta, on_input: Some(&asks), on_usage };
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &hooks, Some(steers)).await;
-    let status = match outcome.status {
-        RunStatus::Cancelled if rt.shutting_down() => RunStatus::Interrupted,
-        s => s,
+    let (status, error) = match outcome.status {
+        RunStatus::Cancelled if rt.shutting_down() => (RunStatus::Interrupted, outcome.error),
+        s => meter.outcome(s, outcome.error),
     };
     let mut usage = outcome.usage;
-    let cli_usage_total = match usage.as_mut().filter(|u| u.get("cumulative") == Some(&Value::Bool(true))) {
-        Some(total) => {
-            let before = if resume.is_some() { store.cli_usage_total(session.id)? } else { None };
-            Some(turn_usage(total, before.as_ref()))
-        }
-        None => None,
-    };
+    let cli_usage_total = usage
+        .as_mut()
+        .filter(|u| u.get("cumulative") == Some(&Value::Bool(true)))
+        .map(|total| turn_usage(total, totals_before.as_ref()));
     let silent = outcome.reply.as_deref().is_some_and(is_skip);
     let mut messages = outcome.messages;
     for m in &mut messages {
@@ -302,7 +308,7 @@ pub async fn run_turn(
         cost: usage.as_ref().and_then(|u| u.get("costUsd")).and_then(Value::as_f64),
         usage,
         model: outcome.model,
-        error: outcome.error,
+        error,
         exit_status: outcome.exit_status,
         external_session_id: outcome.external_session_id,
         cli_usage_total,

@@ -1,8 +1,9 @@
 //! Pure decisions from facts: visibility, agent-to-agent, send policy, which tools a caller
-//! gets, and approvals decided by rule. No I/O here: `access/` loads the facts from the store and config and asks these
+//! gets, approvals decided by rule, and budgets (what a spawn is granted, when spending crosses). No I/O here: `access/` loads the facts from the store and config and asks these
 //! functions, so every tool gets the same answer for the same facts.
 
 mod approvals;
+pub mod budget;
 mod send_policy;
 mod tool_set;
 mod visibility;

@@ -7,6 +7,7 @@
 //! existing store is migrated, and a store written by a newer version is refused.
 
 mod asks;
+mod budgets;
 mod cancel;
 mod import;
 mod ledger;
@@ -32,6 +33,7 @@ use rusqlite::{Connection, OpenFlags, Transaction};
 use sha2::{Digest, Sha256};
 
 pub use asks::{Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk};
+pub use budgets::{Crossing, Meter};
 pub use cancel::CancelRequest;
 pub use import::{ImportedSession, Merged, SessionExtras};
 pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};

@@ -12,7 +12,7 @@ use super::text_enum::text_enum;
 use super::{NewMessage, Result, Store, now_ms};
 use crate::keys::{AgentId, SessionKey};
 
-/// Where a run is: waiting, running, or one of the five ways it ends. Stored as its name.
+/// Where a run is: waiting, running, or one of the six ways it ends. Stored as its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
@@ -24,11 +24,14 @@ pub enum RunStatus {
     Cancelled,
     /// The server stopped (or its owner died) before the run finished.
     Interrupted,
+    /// Stopped because its budget (or an ancestor's it shares) was spent.
+    #[serde(rename = "budget_exceeded")]
+    BudgetExceeded,
 }
 
 text_enum!(RunStatus {
     Queued => "queued", Running => "running", Ok => "ok", Error => "error", Timeout => "timeout",
-    Cancelled => "cancelled", Interrupted => "interrupted",
+    Cancelled => "cancelled", Interrupted => "interrupted", BudgetExceeded => "budget_exceeded",
 });
 
 impl RunStatus {
@@ -401,6 +404,9 @@ impl Store {
             )?;
             let tokens = |k: &str| f.usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_i64).unwrap_or(0);
             let (tin, tout) = (tokens("inputTokens"), tokens("outputTokens"));
+            let final_usage =
+                f.usage.as_ref().map(|_| (tin + tout, f.cost.map_or(0, |c| (c * 1e6).round() as i64)));
+            super::budgets::settle_run(tx, run_id, final_usage, now)?;
             tx.execute(
                 "UPDATE sessions SET tokens_in = tokens_in + ?2, tokens_out = tokens_out + ?3,
                      tokens_total = tokens_total + ?2 + ?3, cost = CASE WHEN ?4 IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END,
@@ -460,6 +466,7 @@ impl Store {
             let runs: Vec<RunRow> =
                 tx.prepare(&sql)?.query_map([owner], run_from_row)?.collect::<rusqlite::Result<_>>()?;
             for r in &runs {
+                super::budgets::settle_run(tx, &r.run_id, None, now_ms())?;
                 tx.execute(
                     "UPDATE runs SET status = 'interrupted', ended_at = ?2, lease_until = NULL,
                          error = 'interrupted: the process running it died; it was not re-run'

@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -301,4 +301,88 @@ CREATE TABLE asks (
 CREATE INDEX asks_open ON asks (deadline_at) WHERE state = 'open';
 CREATE INDEX asks_run ON asks (run_id);
 CREATE INDEX asks_target_open ON asks (target_key) WHERE state = 'open';
+"#;
+
+/// Version 7: budgets for spawn trees. A session with a budget is an *account*: its limits, what
+/// its open children reserved from it, and what was spent against it (its own runs, the runs of
+/// descendants that share it, and the whole spend of reserved children once they closed). A run
+/// that draws on accounts has a live row while it runs, so that its usage counts as it happens.
+/// A run stopped for its budget ends `budget_exceeded`, which needs the runs table rebuilt (SQLite
+/// cannot change a CHECK in place).
+const V7: &str = r#"
+CREATE TABLE budgets (
+    session              INTEGER PRIMARY KEY REFERENCES sessions (id),
+    limit_tokens         INTEGER,
+    limit_cost_micros    INTEGER,
+    limit_runtime_ms     INTEGER,
+    reserved_tokens      INTEGER NOT NULL DEFAULT 0,
+    reserved_cost_micros INTEGER NOT NULL DEFAULT 0,
+    reserved_runtime_ms  INTEGER NOT NULL DEFAULT 0,
+    spent_tokens         INTEGER NOT NULL DEFAULT 0,
+    spent_cost_micros    INTEGER NOT NULL DEFAULT 0,
+    spent_runtime_ms     INTEGER NOT NULL DEFAULT 0,
+    exceeded             TEXT CHECK (exceeded IN ('tokens', 'costUsd', 'runtimeSeconds')),
+    exceeded_at          INTEGER,
+    unmetered            INTEGER NOT NULL DEFAULT 0,
+    clamped              TEXT,
+    created_at           INTEGER NOT NULL,
+    closed_at            INTEGER
+);
+CREATE TABLE budget_live (
+    run_id          TEXT PRIMARY KEY,
+    session         INTEGER NOT NULL REFERENCES sessions (id),
+    tokens_account  INTEGER,
+    cost_account    INTEGER,
+    runtime_account INTEGER,
+    tokens          INTEGER NOT NULL DEFAULT 0,
+    cost_micros     INTEGER NOT NULL DEFAULT 0,
+    reported        INTEGER NOT NULL DEFAULT 0,
+    started_at      INTEGER NOT NULL
+);
+CREATE INDEX budget_live_tokens ON budget_live (tokens_account) WHERE tokens_account IS NOT NULL;
+CREATE INDEX budget_live_cost ON budget_live (cost_account) WHERE cost_account IS NOT NULL;
+CREATE INDEX budget_live_runtime ON budget_live (runtime_account) WHERE runtime_account IS NOT NULL;
+
+CREATE TABLE runs_v7 (
+    run_id          TEXT PRIMARY KEY,
+    session         INTEGER NOT NULL REFERENCES sessions (id),
+    mode            TEXT NOT NULL,
+    status          TEXT NOT NULL CHECK (status IN ('queued', 'running', 'ok', 'error', 'timeout', 'cancelled', 'interrupted', 'budget_exceeded')),
+    input           TEXT NOT NULL,
+    provenance      TEXT,
+    requester_key   TEXT,
+    chain_id        TEXT,
+    hop             INTEGER NOT NULL DEFAULT 0,
+    announce_kind   TEXT,
+    owner           TEXT,
+    lease_until     INTEGER,
+    waiting_on      TEXT,
+    supervisor_pid  INTEGER,
+    supervisor_pgid INTEGER,
+    supervisor_start INTEGER,
+    model           TEXT,
+    thinking        TEXT,
+    timeout_ms      INTEGER,
+    usage           TEXT,
+    cost            REAL,
+    exit_status     INTEGER,
+    error           TEXT,
+    reply           TEXT,
+    input_seq       INTEGER,
+    extra           TEXT,
+    created_at      INTEGER NOT NULL,
+    started_at      INTEGER,
+    ended_at        INTEGER,
+    cancel_requested_at INTEGER,
+    steps_done_at   INTEGER
+);
+INSERT INTO runs_v7 SELECT * FROM runs;
+DROP TABLE runs;
+ALTER TABLE runs_v7 RENAME TO runs;
+CREATE INDEX runs_session_status ON runs (session, status);
+CREATE INDEX runs_status_created ON runs (status, created_at);
+CREATE INDEX runs_waiting_on ON runs (waiting_on) WHERE waiting_on IS NOT NULL;
+CREATE INDEX runs_requester_mode ON runs (requester_key, mode, status);
+CREATE INDEX runs_cancel_requested ON runs (owner) WHERE cancel_requested_at IS NOT NULL AND status = 'running';
+CREATE INDEX runs_steps_pending ON runs (ended_at) WHERE steps_done_at IS NULL;
 "#;

@@ -1,4 +1,5 @@
-//! Sub-agent bookkeeping: admission counts, the announce mark, and the archive sweep.
+//! Sub-agent bookkeeping: admission counts, the announce mark (which closes the child's budget),
+//! and the archive sweep.
 
 use rusqlite::{Transaction, params};
 
@@ -44,6 +45,7 @@ impl Store {
     pub fn mark_announced(&self, session: i64, delete: bool, archive_after_ms: Option<i64>) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {
             let now = now_ms();
+            super::budgets::close_account(tx, session)?;
             if delete {
                 tx.execute(
                     "UPDATE sessions SET announced_at = ?2, state = 2, deleted_at = ?2 WHERE id = ?1",

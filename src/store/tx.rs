@@ -36,6 +36,12 @@ impl Tx<'_> {
         Ok(super::sessions::session_id(self.tx, key)?)
     }
 
+    /// The row id of a session, if it exists.
+    pub fn find_session_id(&self, key: &SessionKey) -> Result<Option<i64>> {
+        use rusqlite::OptionalExtension;
+        Ok(super::sessions::session_id(self.tx, key).optional()?)
+    }
+
     /// Appends a message to a session; returns its seq.
     pub fn append_message(&self, session: i64, m: &NewMessage) -> Result<i64> {
         Ok(super::messages::append_message(self.tx, session, m)?)
@@ -61,6 +67,26 @@ impl Tx<'_> {
             params![run_id, now],
         )?;
         Ok(())
+    }
+
+    /// The budget accounts `session` draws on: its own, then its ancestors', nearest first.
+    pub fn budget_chain(&self, session: i64) -> Result<Vec<crate::policy::budget::Account>> {
+        Ok(super::budgets::chain(self.tx, session, super::now_ms())?)
+    }
+
+    /// Opens `session`'s budget account (kept as it is when it has one).
+    pub fn open_budget(
+        &self,
+        session: i64,
+        limits: &crate::policy::budget::Limits,
+        clamped: &[crate::policy::budget::Dim],
+    ) -> Result<()> {
+        Ok(super::budgets::open_account(self.tx, session, limits, clamped)?)
+    }
+
+    /// Reserves `amount` of `dim` in `account` for a child.
+    pub fn reserve_budget(&self, account: i64, dim: crate::policy::budget::Dim, amount: i64) -> Result<()> {
+        Ok(super::budgets::reserve(self.tx, account, dim, amount)?)
     }
 
     /// Records an open ask.

@@ -55,6 +55,23 @@ pub struct Params {
     attach_as: Option<AttachAs>,
     /// Pass the same key again to get the first spawn's answer instead of a second child.
     idempotency_key: Option<String>,
+    /// Limits for the child and everything it spawns, reserved from what you have left (a
+    /// dimension you leave out is shared with you). Over it, the child is stopped and announced
+    /// `Status: budget exceeded`.
+    budget: Option<BudgetParam>,
+}
+
+#[derive(JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct BudgetParam {
+    /// Input plus output tokens (a whole number, at least 1).
+    #[schemars(range(min = 1))]
+    tokens: Option<u64>,
+    /// Cost in US dollars, as the agent reports it (more than 0).
+    cost_usd: Option<f64>,
+    /// Wall time of its runs, added up, in seconds (more than 0).
+    runtime_seconds: Option<f64>,
 }
 
 #[derive(JsonSchema)]
@@ -128,6 +145,11 @@ pub struct SpawnOk {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub attachments: Option<Value>,
+    /// The child's budget: {limit: {tokens?, costUsd?, runtimeSeconds?}, clamped?: [dims cut to
+    /// what was left], shared?: [dims it draws from your budget without a reservation]}.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
+    pub budget: Option<Value>,
     /// As a task's final result: the child's final reply.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reply: Option<String>,
@@ -268,6 +290,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
     };
     a.opt_value("attachAs");
     let idempotency_key = a.opt_string("idempotencyKey", 256)?;
+    let budget = a.opt_value("budget").map(|v| parse_budget(&v)).transpose()?;
     a.finish()?;
     Ok(SpawnRequest {
         task,
@@ -280,8 +303,42 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
         require_sandbox,
         attachments,
         idempotency_key,
+        budget,
         raw,
     })
+}
+
+/// `budget`: an object of positive amounts, each field checked on its own so that the error names it.
+fn parse_budget(v: &Value) -> Result<crate::config::Budget, ToolError> {
+    const SHAPE: &str = "{tokens?, costUsd?, runtimeSeconds?}";
+    let Some(fields) = v.as_object() else {
+        return Err(ToolError::invalid(format!("budget must be an object {SHAPE}, got {v}")));
+    };
+    let mut b = crate::config::Budget::default();
+    for (name, value) in fields {
+        let Some(n) = value.as_f64() else {
+            return Err(ToolError::invalid(format!("budget.{name} must be a number, got {value}")));
+        };
+        match name.as_str() {
+            "tokens" => {
+                let whole = value.as_u64().filter(|t| *t >= 1);
+                b.tokens = Some(whole.ok_or_else(|| {
+                    ToolError::invalid(format!(
+                        "budget.tokens must be a whole number of tokens, at least 1, got {value}"
+                    ))
+                })?);
+            }
+            "costUsd" => b.cost_usd = Some(n),
+            "runtimeSeconds" => b.runtime_seconds = Some(n),
+            other => {
+                return Err(ToolError::invalid(format!(
+                    "budget.{other} is not a budget field; allowed: tokens, costUsd, runtimeSeconds"
+                )));
+            }
+        }
+    }
+    b.validate("budget").map_err(ToolError::invalid)?;
+    Ok(b)
 }
 
 async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
@@ -312,6 +369,7 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
         note,
         inbox: caller.external.then(|| json!({"sessionKey": me, "afterSeq": inbox_after})),
         attachments: None,
+        budget: spawned.budget,
         reply: None,
         error: None,
         reply_seq: None,
@@ -337,6 +395,7 @@ pub fn task_result(access: &Access, run: &RunRow, budget: usize) -> SpawnOk {
         note: "The child's run has ended; its announce (Status/Result/Notes) also reaches your session.".into(),
         inbox: None,
         attachments: None,
+        budget: None,
         reply: if error.is_none() { crate::sanitize::run_text(run.reply.as_deref()) } else { None },
         error,
         reply_seq: None,

@@ -28,6 +28,7 @@ use crate::engine::ask::Responded;
 use crate::engine::steer::{Disposition, SteerRequest};
 use crate::engine::subagents::{CancelOutcome, Until, WaitOutcome};
 use crate::policy::ToolName;
+use crate::policy::budget::Account;
 use crate::sanitize::json_len;
 
 pub const DEFAULT_LIMIT: u64 = 20;
@@ -198,6 +199,12 @@ pub struct ListOk {
     pub children: Vec<ChildRow>,
     /// Over your whole tree, not only this page.
     pub totals: Totals,
+    /// Your own budget, which your children's budgets are reserved from: {limit, spent, reserved,
+    /// remaining, exceeded?, unmetered?} over its limited dimensions (tokens, costUsd,
+    /// runtimeSeconds). Absent when you have none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
+    pub budget: Option<Value>,
     /// More children than returned; pass nextCursor to continue.
     pub has_more: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -243,6 +250,11 @@ pub struct ChildRow {
     pub last_activity: Option<String>,
     /// Its questions and approvals waiting for an answer (answer with action "respond").
     pub pending_requests: Vec<Request>,
+    /// Its own budget: {limit, spent, reserved, remaining, exceeded?, unmetered?}. Absent when it
+    /// has none (it then shares its parent's, if any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
+    pub budget: Option<Value>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -424,6 +436,7 @@ fn list(ctx: &Ctx, mut a: ArgReader) -> Result<ListOk, ToolError> {
             tokens: Tokens { input: t.tokens_in, output: t.tokens_out, total: t.tokens_in + t.tokens_out },
             cost: t.cost,
         },
+        budget: access.own_budget(ctx.caller)?.map(|a| a.to_json()),
         has_more,
         limit_applied: super::limit_applied(clamped),
     };
@@ -458,6 +471,7 @@ fn child_row(ctx: &Ctx, c: &Child, last: Option<&Value>) -> ChildRow {
         cost: row.cost,
         last_activity: last.map(|m| crate::sanitize::redact(&crate::sanitize::preview(m, ACTIVITY_CHARS)).0),
         pending_requests: c.open_asks.iter().map(|a| request(ctx, a)).collect(),
+        budget: c.budget.as_ref().map(Account::to_json),
     }
 }
 

@@ -1,0 +1,342 @@
+//! Budgets (schema v7): the accounts of sessions with a budget, the reservation a spawn makes from
+//! its requester's, the live usage of the runs that draw on them, and the settling of a run's
+//! spend at its end and of a child's at its close. What is allowed is `policy::budget`'s to say;
+//! this file reads and writes the amounts, each change in the transaction that needs it.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use super::{Result, Store, now_ms};
+use crate::policy::budget::{self, Account, Amounts, Dim, Limits};
+
+const ACCOUNT_COLUMNS: &str = "b.session, b.limit_tokens, b.limit_cost_micros, b.limit_runtime_ms,
+    b.reserved_tokens, b.reserved_cost_micros, b.reserved_runtime_ms,
+    b.spent_tokens, b.spent_cost_micros, b.spent_runtime_ms, b.exceeded, b.unmetered";
+
+/// The column of `budget_live` naming the account a run draws `dim` from.
+fn draw_column(dim: Dim) -> &'static str {
+    match dim {
+        Dim::Tokens => "tokens_account",
+        Dim::CostUsd => "cost_account",
+        Dim::RuntimeSeconds => "runtime_account",
+    }
+}
+
+/// The columns of `budgets` holding `dim`'s reserved and spent amounts.
+fn amount_columns(dim: Dim) -> (&'static str, &'static str) {
+    match dim {
+        Dim::Tokens => ("reserved_tokens", "spent_tokens"),
+        Dim::CostUsd => ("reserved_cost_micros", "spent_cost_micros"),
+        Dim::RuntimeSeconds => ("reserved_runtime_ms", "spent_runtime_ms"),
+    }
+}
+
+fn account_from_row(r: &Row) -> rusqlite::Result<Account> {
+    let exceeded: Option<String> = r.get(10)?;
+    Ok(Account {
+        session: r.get(0)?,
+        limits: Limits { tokens: r.get(1)?, cost_micros: r.get(2)?, runtime_ms: r.get(3)? },
+        reserved: Amounts { tokens: r.get(4)?, cost_micros: r.get(5)?, runtime_ms: r.get(6)? },
+        spent: Amounts { tokens: r.get(7)?, cost_micros: r.get(8)?, runtime_ms: r.get(9)? },
+        live: Amounts::default(),
+        exceeded: exceeded.as_deref().and_then(Dim::parse),
+        unmetered: r.get(11)?,
+    })
+}
+
+/// What the runs drawing on `account` have used so far (their runtime up to `now`).
+fn live_of(c: &Connection, account: i64, now: i64) -> rusqlite::Result<Amounts> {
+    c.prepare_cached(
+        "SELECT (SELECT coalesce(sum(tokens), 0) FROM budget_live WHERE tokens_account = ?1),
+                (SELECT coalesce(sum(cost_micros), 0) FROM budget_live WHERE cost_account = ?1),
+                (SELECT coalesce(sum(max(?2 - started_at, 0)), 0) FROM budget_live WHERE runtime_account = ?1)",
+    )?
+    .query_row(params![account, now], |r| {
+        Ok(Amounts { tokens: r.get(0)?, cost_micros: r.get(1)?, runtime_ms: r.get(2)? })
+    })
+}
+
+fn account(c: &Connection, session: i64, now: i64) -> rusqlite::Result<Option<Account>> {
+    let sql = format!("SELECT {ACCOUNT_COLUMNS} FROM budgets b WHERE b.session = ?1");
+    let Some(mut a) = c.prepare_cached(&sql)?.query_row([session], account_from_row).optional()? else {
+        return Ok(None);
+    };
+    a.live = live_of(c, session, now)?;
+    Ok(Some(a))
+}
+
+/// The session's own account and its ancestors', nearest first.
+pub(super) fn chain(c: &Connection, session: i64, now: i64) -> rusqlite::Result<Vec<Account>> {
+    let sql = format!(
+        "SELECT {ACCOUNT_COLUMNS} FROM budgets b JOIN sessions s ON s.id = b.session
+         WHERE b.session = ?1 OR b.session IN (SELECT ancestor FROM session_tree WHERE session = ?1)
+         ORDER BY b.session = ?1 DESC, s.spawn_depth DESC"
+    );
+    let mut accounts: Vec<Account> =
+        c.prepare_cached(&sql)?.query_map([session], account_from_row)?.collect::<rusqlite::Result<_>>()?;
+    for a in &mut accounts {
+        a.live = live_of(c, a.session, now)?;
+    }
+    Ok(accounts)
+}
+
+/// Opens an account (a root's the first time it spawns, a child's at its spawn); an existing one
+/// is kept as it is.
+pub(super) fn open_account(c: &Connection, session: i64, limits: &Limits, clamped: &[Dim]) -> rusqlite::Result<()> {
+    let clamped = (!clamped.is_empty()).then(|| clamped.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(","));
+    c.execute(
+        "INSERT OR IGNORE INTO budgets (session, limit_tokens, limit_cost_micros, limit_runtime_ms, clamped, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![session, limits.tokens, limits.cost_micros, limits.runtime_ms, clamped, now_ms()],
+    )?;
+    Ok(())
+}
+
+/// Adds `amount` of `dim` to what `account` holds reserved for its children.
+pub(super) fn reserve(c: &Connection, account: i64, dim: Dim, amount: i64) -> rusqlite::Result<()> {
+    let (reserved, _) = amount_columns(dim);
+    c.execute(
+        &format!("UPDATE budgets SET {reserved} = {reserved} + ?2 WHERE session = ?1"),
+        params![account, amount],
+    )?;
+    Ok(())
+}
+
+/// A limit crossed: which account, by how much, and the runs drawing on it then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossing {
+    pub dim: Dim,
+    pub account_key: String,
+    pub used: i64,
+    pub limit: i64,
+    pub runs: Vec<String>,
+}
+
+impl Crossing {
+    /// `budget exceeded: 10,480 tokens of 10,000 tokens (the budget of KEY)`.
+    pub fn text(&self) -> String {
+        format!(
+            "budget exceeded: {} of {} (the budget of {})",
+            self.dim.show(self.used),
+            self.dim.show(self.limit),
+            self.account_key
+        )
+    }
+}
+
+/// How a run may start, for its budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Meter {
+    /// No account limits it.
+    Unlimited,
+    /// It draws on accounts; its usage counts live.
+    Drawing,
+    /// An account it would draw on has nothing left: it does not start.
+    Exhausted(Crossing),
+}
+
+/// For each dimension, the account `chain` draws it from.
+fn draws(chain: &[Account]) -> [(Dim, Option<i64>); 3] {
+    Dim::ALL.map(|d| (d, budget::drawn_from(chain, d).map(|a| a.session)))
+}
+
+fn key_of(c: &Connection, session: i64) -> rusqlite::Result<String> {
+    c.prepare_cached("SELECT key FROM sessions WHERE id = ?1")?.query_row([session], |r| r.get(0))
+}
+
+/// If `a` is over its limit in `dim` (or, with `at_limit`, has nothing left), the crossing.
+fn crossing(c: &Connection, a: &Account, dim: Dim, at_limit: bool) -> rusqlite::Result<Option<Crossing>> {
+    let (Some(limit), used) = (a.limits.get(dim), a.used().get(dim)) else { return Ok(None) };
+    if used < limit || (used == limit && !at_limit) {
+        return Ok(None);
+    }
+    let column = draw_column(dim);
+    let runs = c
+        .prepare_cached(&format!("SELECT run_id FROM budget_live WHERE {column} = ?1 ORDER BY run_id"))?
+        .query_map([a.session], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Some(Crossing { dim, account_key: key_of(c, a.session)?, used, limit, runs }))
+}
+
+/// Records the first dimension an account crossed.
+fn mark_exceeded(c: &Connection, account: i64, dim: Dim, now: i64) -> rusqlite::Result<()> {
+    c.execute(
+        "UPDATE budgets SET exceeded = ?2, exceeded_at = ?3 WHERE session = ?1 AND exceeded IS NULL",
+        params![account, dim.as_str(), now],
+    )?;
+    Ok(())
+}
+
+/// The accounts a live run draws on, per dimension.
+fn live_draws(c: &Connection, run_id: &str) -> rusqlite::Result<Option<[(Dim, Option<i64>); 3]>> {
+    c.prepare_cached("SELECT tokens_account, cost_account, runtime_account FROM budget_live WHERE run_id = ?1")?
+        .query_row([run_id], |r| {
+            Ok([(Dim::Tokens, r.get(0)?), (Dim::CostUsd, r.get(1)?), (Dim::RuntimeSeconds, r.get(2)?)])
+        })
+        .optional()
+}
+
+/// The first crossing among the accounts a run draws on.
+fn first_crossing(c: &Connection, draws: &[(Dim, Option<i64>)], now: i64) -> rusqlite::Result<Option<Crossing>> {
+    for (dim, account_id) in draws {
+        let Some(a) = account_id.map(|id| account(c, id, now)).transpose()?.flatten() else { continue };
+        if let Some(x) = crossing(c, &a, *dim, false)? {
+            mark_exceeded(c, a.session, *dim, now)?;
+            return Ok(Some(x));
+        }
+    }
+    Ok(None)
+}
+
+/// Settles a run's spend into the accounts it drew on and drops its live row, in the transaction
+/// that records its end: `usage` is its final (tokens, micro-dollars), else what it reported live.
+pub(super) fn settle_run(c: &Connection, run_id: &str, usage: Option<(i64, i64)>, now: i64) -> rusqlite::Result<()> {
+    let row = c
+        .prepare_cached(
+            "SELECT tokens_account, cost_account, runtime_account, tokens, cost_micros, reported, started_at
+             FROM budget_live WHERE run_id = ?1",
+        )?
+        .query_row([run_id], |r| {
+            let accounts: [Option<i64>; 3] = [r.get(0)?, r.get(1)?, r.get(2)?];
+            Ok((accounts, r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, bool>(5)?, r.get::<_, i64>(6)?))
+        })
+        .optional()?;
+    let Some(([tokens_acct, cost_acct, runtime_acct], live_tokens, live_cost, reported, started)) = row else {
+        return Ok(());
+    };
+    c.execute("DELETE FROM budget_live WHERE run_id = ?1", [run_id])?;
+    let (tokens, cost) = usage.unwrap_or((live_tokens, live_cost));
+    let spend = [(Dim::Tokens, tokens_acct, tokens), (Dim::CostUsd, cost_acct, cost)];
+    for (dim, account, amount) in spend.into_iter().chain([(Dim::RuntimeSeconds, runtime_acct, (now - started).max(0))])
+    {
+        let Some(account) = account else { continue };
+        let (_, spent) = amount_columns(dim);
+        c.execute(&format!("UPDATE budgets SET {spent} = {spent} + ?2 WHERE session = ?1"), params![account, amount])?;
+    }
+    if usage.is_none() && !reported {
+        for account in [tokens_acct, cost_acct].into_iter().flatten() {
+            c.execute("UPDATE budgets SET unmetered = 1 WHERE session = ?1", [account])?;
+        }
+    }
+    let draws = [(Dim::Tokens, tokens_acct), (Dim::CostUsd, cost_acct), (Dim::RuntimeSeconds, runtime_acct)];
+    first_crossing(c, &draws, now)?; // a final count above the last live one is recorded as such
+    Ok(())
+}
+
+/// A child's flow ended: its account closes, and what it used — its spend, plus what its own open
+/// children still hold reserved, counted as spent so that they never make its requester's tree
+/// overspend — moves from reserved to spent in the accounts it reserved from.
+pub(super) fn close_account(c: &Connection, session: i64) -> rusqlite::Result<()> {
+    let now = now_ms();
+    let closed =
+        c.execute("UPDATE budgets SET closed_at = ?2 WHERE session = ?1 AND closed_at IS NULL", params![session, now])?;
+    if closed == 0 {
+        return Ok(());
+    }
+    let accounts = chain(c, session, now)?;
+    let Some((own, above)) = accounts.split_first().filter(|(own, _)| own.session == session) else { return Ok(()) };
+    let used = own.used();
+    for dim in Dim::ALL {
+        let (Some(limit), Some(from)) = (own.limits.get(dim), budget::drawn_from(above, dim)) else { continue };
+        let (reserved, spent) = amount_columns(dim);
+        c.execute(
+            &format!(
+                "UPDATE budgets SET {reserved} = max({reserved} - ?2, 0), {spent} = {spent} + ?3 WHERE session = ?1"
+            ),
+            params![from.session, limit, used.get(dim)],
+        )?;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Before a run starts: whether it draws on a budget, and if one it would draw on has nothing
+    /// left. A drawing run gets its live row here.
+    pub fn start_meter(&self, run_id: &str, session: i64) -> Result<Meter> {
+        self.write_sql(|tx| -> Result<Meter> {
+            let now = now_ms();
+            let accounts = chain(tx, session, now)?;
+            let draws = draws(&accounts);
+            if draws.iter().all(|(_, a)| a.is_none()) {
+                return Ok(Meter::Unlimited);
+            }
+            for (dim, id) in &draws {
+                let Some(a) = id.and_then(|id| accounts.iter().find(|a| a.session == id)) else { continue };
+                if let Some(x) = crossing(tx, a, *dim, true)? {
+                    return Ok(Meter::Exhausted(x));
+                }
+            }
+            tx.execute(
+                "INSERT OR REPLACE INTO budget_live (run_id, session, tokens_account, cost_account, runtime_account, started_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![run_id, session, draws[0].1, draws[1].1, draws[2].1, now],
+            )?;
+            Ok(Meter::Drawing)
+        })
+    }
+
+    /// A live usage report of a running run (its totals so far): recorded, and the first limit it
+    /// makes an account cross, with the runs to stop.
+    pub fn record_usage(&self, run_id: &str, tokens: i64, cost_micros: i64) -> Result<Option<Crossing>> {
+        self.write_sql(|tx| -> Result<Option<Crossing>> {
+            let updated = tx.execute(
+                "UPDATE budget_live SET tokens = max(tokens, ?2), cost_micros = max(cost_micros, ?3), reported = 1
+                 WHERE run_id = ?1",
+                params![run_id, tokens, cost_micros],
+            )?;
+            if updated == 0 {
+                return Ok(None);
+            }
+            let draws = live_draws(tx, run_id)?.unwrap_or([
+                (Dim::Tokens, None),
+                (Dim::CostUsd, None),
+                (Dim::RuntimeSeconds, None),
+            ]);
+            Ok(first_crossing(tx, &draws, now_ms())?)
+        })
+    }
+
+    /// Accounts whose runtime limit the runs drawing on them crossed by now.
+    pub fn runtime_crossings(&self) -> Result<Vec<Crossing>> {
+        self.write_sql(|tx| -> Result<Vec<Crossing>> {
+            let now = now_ms();
+            let ids: Vec<i64> = tx
+                .prepare_cached("SELECT DISTINCT runtime_account FROM budget_live WHERE runtime_account IS NOT NULL")?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut out = Vec::new();
+            for id in ids {
+                let Some(a) = account(tx, id, now)? else { continue };
+                if let Some(x) = crossing(tx, &a, Dim::RuntimeSeconds, false)? {
+                    mark_exceeded(tx, id, Dim::RuntimeSeconds, now)?;
+                    out.push(x);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Whether a running run draws on an account that crossed a limit: the crossing, if so.
+    pub fn run_over_budget(&self, run_id: &str) -> Result<Option<Crossing>> {
+        self.read(|c| {
+            let Some(draws) = live_draws(c, run_id)? else { return Ok(None) };
+            let now = now_ms();
+            for (drawn, id) in draws {
+                let Some(a) = id.map(|id| account(c, id, now)).transpose()?.flatten() else { continue };
+                let Some(dim) = a.exceeded.or_else(|| a.crossed().filter(|d| *d == drawn)) else { continue };
+                let (used, limit) = (a.used().get(dim), a.limits.get(dim).unwrap_or(0));
+                return Ok(Some(Crossing { dim, account_key: key_of(c, a.session)?, used, limit, runs: vec![] }));
+            }
+            Ok(None)
+        })
+    }
+
+    /// A session's own account, as it stands now.
+    pub fn budget_of(&self, session: i64) -> Result<Option<Account>> {
+        self.read(|c| account(c, session, now_ms()))
+    }
+
+    /// The account `session` draws each dimension from (its own, else the nearest ancestor's).
+    pub fn budget_chain(&self, session: i64) -> Result<Vec<Account>> {
+        self.read(|c| chain(c, session, now_ms()))
+    }
+}

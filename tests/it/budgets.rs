@@ -1,0 +1,231 @@
+//! Budgets for spawn trees, black-box (issue 19): a child over its token budget is stopped through
+//! the cancel path and announced `budget exceeded` with what it spent; reservations come out of
+//! the root's `session.budget` and return when a child ends; concurrent spawns never reserve more
+//! than is left; a grandchild sharing its parent's budget stops with it; bad budgets are refused
+//! by field with nothing created.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{Client, TestEnv, scripted_agent, wait_until};
+use serde_json::{Value, json};
+
+/// Children burn tokens: `burn N` reports usage 1,000 tokens more every 100 ms, N times, then
+/// answers; `spawn <rest>` spawns a child (no budget of its own) with task `<rest>` and then burns
+/// 10 reports itself; `idle` sleeps two minutes; anything else answers at once with 100 tokens.
+fn script() -> Value {
+    let reports =
+        |n: usize| (1..=n).map(|i| json!({"inputTokens": i * 600, "outputTokens": i * 400})).collect::<Vec<_>>();
+    json!({"rules": [
+        {"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
+        {"match": {"mode": "completion"}, "reply": "noted"},
+        {"match": {"mode": "spawn", "inputRegex": "^spawn (.*)$"},
+         "call": {"tool": "sessions_spawn", "arguments": {"task": "{1}"}},
+         "usage": reports(10), "usageIntervalMs": 100, "reply": "spawned: {result}"},
+        {"match": {"input": "burn 20"}, "usage": reports(20), "usageIntervalMs": 100, "reply": "burnt 20"},
+        {"match": {"input": "burn 3"}, "usage": reports(3), "usageIntervalMs": 50, "reply": "burnt 3"},
+        {"match": {"input": "idle"}, "sleepMs": 120_000, "reply": "woke"}
+    ], "default": {"usage": {"inputTokens": 60, "outputTokens": 40}, "reply": "RESULT: {input}"}})
+}
+
+fn env_with(subagents: Value, session: Value) -> TestEnv {
+    let mut env = TestEnv::new();
+    let main = scripted_agent(&env, "main", &script(), json!({}));
+    let mut defaults =
+        json!({"maxChildrenPerAgent": 100, "maxConcurrent": 100, "maxSpawnDepth": 2, "announceStep": false});
+    for (k, v) in subagents.as_object().unwrap() {
+        defaults[k] = v.clone();
+    }
+    env.set_config(
+        &json!({"agents": {"list": [main], "defaults": {"subagents": defaults}}, "session": session}).to_string(),
+    );
+    env
+}
+
+fn spawn(c: &mut Client, task: &str, budget: Value) -> Value {
+    c.call("sessions_spawn", json!({"task": task, "budget": budget}))
+}
+
+fn wait_all(c: &mut Client, keys: &[&str]) -> Value {
+    let w =
+        c.call("subagents", json!({"action": "wait", "childSessionKeys": keys, "until": "all", "timeoutSeconds": 60}));
+    assert_eq!(w["status"], "ok", "{w}");
+    w
+}
+
+/// Cancels the children these spawn answers started (idle ones would outlive the test).
+fn cancel(c: &mut Client, spawned: &[&Value]) {
+    for s in spawned {
+        let x = c.call("subagents", json!({"action": "cancel", "childSessionKey": s["childSessionKey"]}));
+        assert_eq!(x["status"], "ok", "{x}");
+    }
+}
+
+fn child_row<'a>(list: &'a Value, key: &str) -> &'a Value {
+    list["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["sessionKey"] == key)
+        .unwrap_or_else(|| panic!("{key}: {list}"))
+}
+
+#[test]
+fn a_child_over_its_token_budget_is_stopped_and_announced_budget_exceeded_with_what_it_spent() {
+    let env = env_with(json!({}), json!({}));
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, "burn 20", json!({"tokens": 3500}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    assert_eq!(r["budget"], json!({"limit": {"tokens": 3500}}), "{r}");
+    let key = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = wait_all(&mut c, &[&key]);
+    let f = &w["finished"][0];
+    assert_eq!(f["runState"], "budget_exceeded", "{w}");
+    let outcome = f["outcome"].as_str().unwrap();
+    assert!(
+        outcome.starts_with(&format!("Status: budget exceeded: 4,000 tokens of 3,500 tokens (the budget of {key})")),
+        "stopped at the first report over 3,500 (4,000): {outcome}"
+    );
+    assert!(outcome.contains("budget 4,000/3,500 tokens"), "the Stats line shows spent/budget: {outcome}");
+    let run = common::runs_of(&env.show(&key), Some("spawn")).pop().unwrap();
+    assert_eq!(run["status"], "budget_exceeded", "{run}");
+    assert_ne!(run["reply"], "burnt 20", "it never got to its reply: {run}");
+    let list = c.call("subagents", json!({"action": "list"}));
+    let row = child_row(&list, &key);
+    assert_eq!(row["budget"]["limit"], json!({"tokens": 3500}), "{row}");
+    assert_eq!(row["budget"]["spent"], json!({"tokens": 4000}), "{row}");
+    assert_eq!(row["budget"]["remaining"], json!({"tokens": -500}), "{row}");
+    assert_eq!(row["budget"]["exceeded"], "tokens", "{row}");
+    let show = env.show(&key);
+    assert_eq!(show["budget"]["spent"], json!({"tokens": 4000}), "show keeps it: {show}");
+    c.close();
+}
+
+#[test]
+fn a_roots_budget_is_reserved_by_its_children_refused_by_name_when_short_and_returned_when_they_end() {
+    let env = env_with(json!({}), json!({"budget": {"tokens": 10_000}}));
+    let mut c = env.serve(None);
+    let first = spawn(&mut c, "idle", json!({"tokens": 6000}));
+    assert_eq!(first["status"], "accepted", "{first}");
+    let short = spawn(&mut c, "idle", json!({"tokens": 6000}));
+    assert_eq!(short["status"], "forbidden", "{short}");
+    let err = short["error"].as_str().unwrap();
+    assert!(err.contains("budget.tokens asks 6,000 tokens but the requester has 4,000 tokens left"), "{err}");
+    let small = spawn(&mut c, "quick", json!({"tokens": 1000}));
+    assert_eq!(small["status"], "accepted", "{small}");
+    let small_key = small["childSessionKey"].as_str().unwrap();
+    wait_all(&mut c, &[small_key]);
+    // The quick child spent 100 of its 1,000: the rest went back.
+    let list = c.call("subagents", json!({"action": "list"}));
+    assert_eq!(list["budget"]["limit"], json!({"tokens": 10_000}), "the tree's own budget: {list}");
+    assert_eq!(list["budget"]["reserved"]["tokens"], 6000, "{list}");
+    assert_eq!(list["budget"]["spent"]["tokens"], 100, "{list}");
+    assert_eq!(list["budget"]["remaining"]["tokens"], 3900, "{list}");
+    // A child asking nothing shares the root's budget; the spawn says so.
+    let shared = spawn(&mut c, "quick", json!(null));
+    assert_eq!(shared["budget"], json!({"limit": {}, "shared": ["tokens"]}), "{shared}");
+    cancel(&mut c, &[&first]);
+    c.close();
+}
+
+#[test]
+fn clamping_grants_what_is_left_and_says_so() {
+    let env = env_with(json!({"budgetOverflow": "clamp"}), json!({"budget": {"tokens": 5000, "costUsd": 1.0}}));
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, "idle", json!({"tokens": 8000, "costUsd": 0.25}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    assert_eq!(r["budget"], json!({"limit": {"tokens": 5000, "costUsd": 0.25}, "clamped": ["tokens"]}), "{r}");
+    let none_left = spawn(&mut c, "idle", json!({"tokens": 1}));
+    assert_eq!(none_left["status"], "forbidden", "{none_left}");
+    assert!(none_left["error"].as_str().unwrap().contains("tokens has 0 tokens left"), "{none_left}");
+    cancel(&mut c, &[&r]);
+    c.close();
+}
+
+#[test]
+fn fifty_concurrent_spawns_never_reserve_more_than_the_roots_budget() {
+    let env = env_with(json!({}), json!({"budget": {"tokens": 10_000}}));
+    let mut c = env.serve(None);
+    let ids: Vec<u64> =
+        (0..50).map(|_| c.start_call("sessions_spawn", json!({"task": "idle", "budget": {"tokens": 300}}))).collect();
+    let answers: Vec<Value> = ids.into_iter().map(|id| c.finish_call("sessions_spawn", id)).collect();
+    let accepted = answers.iter().filter(|a| a["status"] == "accepted").count();
+    assert_eq!(accepted, 33, "10,000 / 300 = 33 fit, whatever the interleaving");
+    for refused in answers.iter().filter(|a| a["status"] != "accepted") {
+        assert!(refused["error"].as_str().unwrap().contains("the requester has 100 tokens left"), "{refused}");
+    }
+    let list = c.call("subagents", json!({"action": "list", "limit": 100}));
+    assert_eq!(list["budget"]["reserved"]["tokens"], 9900, "{list}");
+    cancel(&mut c, &answers.iter().filter(|a| a["status"] == "accepted").collect::<Vec<_>>());
+    c.close();
+}
+
+#[test]
+fn a_grandchild_sharing_its_parents_budget_is_stopped_with_it_and_the_tree_stays_within_the_root() {
+    let env = env_with(json!({}), json!({"budget": {"tokens": 50_000}}));
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, "spawn burn 20", json!({"tokens": 8000}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = wait_all(&mut c, &[&child]);
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("Status: budget exceeded"), "{outcome}");
+    // The child and its grandchild draw on the child's 8,000 together; both stop, and what the
+    // tree spent is over 8,000 by at most one report of each run that was running (1,000 each).
+    let list = c.call("subagents", json!({"action": "list"}));
+    let spent = list["budget"]["spent"]["tokens"].as_i64().unwrap();
+    assert!((8000..=10_000).contains(&spent), "the root was charged the child's whole spend: {list}");
+    assert_eq!(list["budget"]["reserved"]["tokens"], 0, "{list}");
+    let grandchild = list["children"].as_array().unwrap().iter().find(|r| r["depth"] == 2).expect("a grandchild");
+    assert_eq!(grandchild["runState"], "budget_exceeded", "{grandchild}");
+    c.close();
+}
+
+#[test]
+fn bad_budgets_are_refused_by_field_and_create_nothing() {
+    let env = env_with(json!({}), json!({"budget": {"tokens": 1000}}));
+    let mut c = env.serve(None);
+    let cases = [
+        (json!(-5), "budget must be an object"),
+        (json!({"tokens": 0}), "budget.tokens must be a whole number of tokens, at least 1, got 0"),
+        (json!({"tokens": -3}), "budget.tokens must be a whole number of tokens, at least 1, got -3"),
+        (json!({"tokens": 1.5}), "budget.tokens must be a whole number of tokens, at least 1, got 1.5"),
+        (json!({"tokens": "lots"}), "budget.tokens must be a number, got \"lots\""),
+        (json!({"costUsd": 0}), "budget.costUsd must be a finite number from 0.000001"),
+        (json!({"runtimeSeconds": -1}), "budget.runtimeSeconds must be a finite number from 0.001"),
+        (json!({"seconds": 5}), "budget.seconds is not a budget field; allowed: tokens, costUsd, runtimeSeconds"),
+        (json!({}), "budget must give at least one of tokens, costUsd, runtimeSeconds"),
+        (json!({"tokens": 1001}), "budget.tokens asks 1,001 tokens but the requester has 1,000 tokens left"),
+    ];
+    for (budget, needle) in cases {
+        let r = spawn(&mut c, "quick", budget.clone());
+        let err = r["error"].as_str().unwrap_or_else(|| panic!("{budget} was refused: {r}"));
+        assert!(err.contains(needle), "{budget}: {err}");
+    }
+    let ls = env.run(&["ls", "--json"]);
+    let all: Value = serde_json::from_slice(&ls.stdout).unwrap();
+    let keys: Vec<&str> = all["sessions"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["agent:main:main"], "nothing was created: {all}");
+    let list = c.call("subagents", json!({"action": "list"}));
+    assert_eq!(list["budget"]["reserved"]["tokens"], 0, "nothing was reserved: {list}");
+    c.close();
+}
+
+#[test]
+fn a_runtime_budget_stops_a_child_at_the_next_tick() {
+    let env = env_with(json!({}), json!({}));
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, "idle", json!({"runtimeSeconds": 1.5}));
+    let key = r["childSessionKey"].as_str().unwrap().to_string();
+    let started = std::time::Instant::now();
+    let w = wait_all(&mut c, &[&key]);
+    assert!(started.elapsed() < Duration::from_secs(30), "it did not sleep its two minutes");
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("Status: budget exceeded: "), "{outcome}");
+    let show = env.show(&key);
+    let spent = show["budget"]["spent"]["runtimeSeconds"].as_f64().unwrap();
+    assert!((1.5..10.0).contains(&spent), "{show}");
+    wait_until(Duration::from_secs(10), "no run left", || (env.unfinished_runs() == 0).then_some(()));
+    c.close();
+}
