@@ -43,9 +43,10 @@
 //!    `isError` set from the status, within the answer budget.
 //! 5. `sessions_send` and `sessions_spawn` call the engine instead (`tools::Ctx::engine`):
 //!    `engine::Engine::send` / `spawn` do the admission (idempotency replay, send policy, chain
-//!    limits, the spawn caps) and commit the run in one `store::Tx`; the scheduler claims and runs
-//!    it (`engine::scheduler`, `engine::turn`), and its steps (`engine::steps`) carry the reply
-//!    back. `Engine::await_reply` waits for it when the caller asked to; `subagents` waits for,
+//!    limits, the spawn caps, a spawn's budget reserved by `engine::budget` under
+//!    `policy::budget`'s rules) and commit the run in one `store::Tx`; the scheduler claims and
+//!    runs it (`engine::scheduler`, `engine::turn`, whose budget meter counts usage live and
+//!    stops a run over its budget), and its steps (`engine::steps`) carry the reply back. `Engine::await_reply` waits for it when the caller asked to; `subagents` waits for,
 //!    cancels and steers children through `Engine::wait_subagents` / `cancel_subagent` /
 //!    `steer_subagent`.
 //! 6. When the client declared the Tasks extension, `sessions_send` (with a wait) and

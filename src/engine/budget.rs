@@ -11,7 +11,7 @@ use crate::config::{Budget, Config, RunnerKind};
 use crate::engine::scheduler::Scheduler;
 use crate::keys::AgentId;
 use crate::policy::budget::{self, Dim, Granted, Limits};
-use crate::store::{Crossing, Meter, RunStatus, StoreError, Tx};
+use crate::store::{Crossing, Meter, RunStatus, SessionRow, StoreError, Tx};
 
 /// The budget a spawn asks: its own `budget`, else the child agent's configured one, else the
 /// default for every spawn; none means the child shares its requester's.
@@ -50,7 +50,12 @@ impl Reserved {
 #[derive(Debug)]
 pub enum BudgetRefusal {
     Short(budget::Shortfall),
-    Unmetered { agent: String, dim: Dim },
+    Unmetered {
+        agent: String,
+        dim: Dim,
+    },
+    /// The requester's tree was stopped for its budget.
+    Exceeded(String),
     Store(StoreError),
 }
 
@@ -68,6 +73,9 @@ impl BudgetRefusal {
                 "agent \"{agent}\" runs the text runner, which reports no usage, so a {} budget cannot be kept for it; the operator can allow it with agents.defaults.subagents.allowUnmetered=true",
                 dim.as_str()
             ),
+            BudgetRefusal::Exceeded(text) => {
+                format!("the requester's tree is over its budget ({text}); no sub-agent can start in it")
+            }
             BudgetRefusal::Store(e) => e.to_string(),
         }
     }
@@ -94,7 +102,7 @@ pub fn reserve(tx: &Tx, config: &Config, r: &Reservation) -> Result<Reserved, Bu
             if r.requester_is_root
                 && let Some(root) = &config.session.budget
             {
-                tx.open_budget(requester, &Limits::of(root), &[])?;
+                tx.set_root_budget(requester, &Limits::of(root))?;
             }
             tx.budget_chain(requester)?
         }
@@ -140,10 +148,12 @@ impl RunMeter {
     pub fn open(
         rt: &Arc<Scheduler>,
         run_id: &str,
-        session: i64,
+        session: &SessionRow,
         totals_before: Option<Value>,
     ) -> Result<Result<RunMeter, String>, StoreError> {
-        let drawing = match rt.store.start_meter(run_id, session)? {
+        // A root's own runs spend from its budget too, from its first run on.
+        let root = rt.config.session.budget.as_ref().filter(|_| session.spawned_by.is_none()).map(Limits::of);
+        let drawing = match rt.store.start_meter(run_id, session.id, root.as_ref())? {
             Meter::Exhausted(x) => return Ok(Err(format!("{}; the run did not start", x.text()))),
             Meter::Drawing => true,
             Meter::Unlimited => false,
@@ -214,8 +224,211 @@ pub fn stop_overtime(rt: &Scheduler) {
 
 #[cfg(test)]
 mod tests {
-    use super::spend_of;
-    use serde_json::json;
+    use super::*;
+    use crate::keys::{SessionKey, SessionKind};
+    use crate::store::{NewSession, Store};
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// The largest single usage report of the property below.
+    const REPORT: i64 = 500;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A child of the `parent`-th open session, asking `tokens` (none: it shares).
+        Spawn { parent: usize, tokens: Option<i64> },
+        /// The `session`-th open session's run reports `delta` more tokens (a run starts first).
+        Report { session: usize, delta: i64 },
+        /// Its run ends.
+        End { session: usize },
+        /// A child whose children all closed closes (its announce).
+        Close { session: usize },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0usize..8, proptest::option::of(1i64..6_000)).prop_map(|(parent, tokens)| Op::Spawn { parent, tokens }),
+            (0usize..8, 1i64..=REPORT).prop_map(|(session, delta)| Op::Report { session, delta }),
+            (0usize..8, 1i64..=REPORT).prop_map(|(session, delta)| Op::Report { session, delta }),
+            (0usize..8).prop_map(|session| Op::End { session }),
+            (0usize..8).prop_map(|session| Op::Close { session }),
+        ]
+    }
+
+    /// One session of the model the property keeps beside the store.
+    struct Node {
+        id: i64,
+        key: SessionKey,
+        depth: i64,
+        parent: Option<usize>,
+        /// Its own limit and the node it was reserved from.
+        own: Option<(i64, Option<usize>)>,
+        closed: bool,
+        run: Option<(String, i64)>,
+    }
+
+    struct World {
+        store: Store,
+        config: Config,
+        nodes: Vec<Node>,
+        /// Every token any run reported: what the tree really spent.
+        spent: i64,
+        _dir: tempfile::TempDir,
+    }
+
+    impl World {
+        fn new(budget: i64) -> World {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(&dir.path().join("s.db")).unwrap();
+            let mut config = Config::default();
+            config.session.budget = Some(Budget { tokens: Some(budget as u64), ..Budget::default() });
+            let key = SessionKey::from_canonical("agent:main:main");
+            let id = store
+                .insert_session(&NewSession::new(key.clone(), AgentId::main(), SessionKind::Main, true))
+                .unwrap()
+                .id;
+            let root = Node { id, key, depth: 0, parent: None, own: None, closed: false, run: None };
+            World { store, config, nodes: vec![root], spent: 0, _dir: dir }
+        }
+
+        fn open(&self, i: usize) -> Option<usize> {
+            let open: Vec<usize> = (0..self.nodes.len()).filter(|n| !self.nodes[*n].closed).collect();
+            (!open.is_empty()).then(|| open[i % open.len()])
+        }
+
+        /// The nearest ancestor-or-self with an account (the root has one from its first spawn).
+        fn account_of(&self, mut n: usize) -> Option<usize> {
+            loop {
+                if n == 0 || self.nodes[n].own.is_some() {
+                    return Some(n);
+                }
+                n = self.nodes[n].parent?;
+            }
+        }
+
+        fn spawn(&mut self, parent: usize, tokens: Option<i64>) {
+            let Some(p) = self.open(parent).filter(|p| self.nodes[*p].depth < 3) else { return };
+            let key = SessionKey::for_agent(&AgentId::main(), &format!("subagent:{}", uuid::Uuid::new_v4()));
+            let mut new = NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false);
+            new.spawned_by = Some(self.nodes[p].key.clone());
+            new.spawn_depth = self.nodes[p].depth + 1;
+            let asked = Limits { tokens, ..Limits::default() };
+            let (parent_id, root) = (self.nodes[p].id, self.nodes[p].depth == 0);
+            let config = &self.config;
+            let made = self.store.write(|tx| -> Result<i64, BudgetRefusal> {
+                tx.insert_session(&new)?;
+                let child = tx.session_id(&key)?;
+                let agent = AgentId::main();
+                let r = Reservation {
+                    requester: Some(parent_id),
+                    requester_is_root: root,
+                    child,
+                    child_agent: &agent,
+                    asked,
+                    child_runner: RunnerKind::Jsonl,
+                };
+                reserve(tx, config, &r).map(|_| child)
+            });
+            let Ok(id) = made else { return };
+            let from = self.account_of(p);
+            let own = tokens.map(|t| (t, from));
+            self.nodes.push(Node {
+                id,
+                key,
+                depth: self.nodes[p].depth + 1,
+                parent: Some(p),
+                own,
+                closed: false,
+                run: None,
+            });
+            if let Some(f) = from {
+                let a = self.store.budget_of(self.nodes[f].id).unwrap().unwrap();
+                assert!(a.used().tokens <= a.limits.tokens.unwrap(), "a grant left its account over: {a:?}");
+            }
+        }
+
+        fn report(&mut self, session: usize, delta: i64) {
+            let Some(n) = self.open(session) else { return };
+            if self.nodes[n].run.is_none() {
+                let run_id = uuid::Uuid::new_v4().to_string();
+                let root = (n == 0).then(|| Limits::of(self.config.session.budget.as_ref().unwrap()));
+                match self.store.start_meter(&run_id, self.nodes[n].id, root.as_ref()).unwrap() {
+                    Meter::Exhausted(_) => return,
+                    _ => self.nodes[n].run = Some((run_id, 0)),
+                }
+            }
+            let (run_id, total) = self.nodes[n].run.clone().unwrap();
+            self.spent += delta;
+            self.nodes[n].run = Some((run_id.clone(), total + delta));
+            if let Some(crossing) = self.store.record_usage(&run_id, total + delta, 0).unwrap() {
+                // The cancel path: every stopped run ends with what it reported.
+                let stopped: Vec<usize> = (0..self.nodes.len())
+                    .filter(|m| self.nodes[*m].run.as_ref().is_some_and(|(id, _)| crossing.runs.contains(id)))
+                    .collect();
+                assert!(stopped.contains(&n), "the crossing run is stopped: {crossing:?}");
+                stopped.into_iter().for_each(|m| self.end(m));
+            }
+        }
+
+        fn end(&mut self, n: usize) {
+            if let Some((run_id, _)) = self.nodes[n].run.take() {
+                self.store.settle_live_for_test(&run_id).unwrap();
+            }
+        }
+
+        fn close(&mut self, session: usize) {
+            let Some(n) = self.open(session).filter(|n| *n != 0) else { return };
+            if self.nodes.iter().any(|c| c.parent == Some(n) && !c.closed) {
+                return;
+            }
+            self.end(n);
+            self.store.mark_announced(self.nodes[n].id, false, None).unwrap();
+            self.nodes[n].closed = true;
+        }
+
+        /// Every open account holds reserved exactly its open children's limits.
+        fn check_reservations(&self) {
+            let mut expected: HashMap<usize, i64> = HashMap::new();
+            for node in self.nodes.iter().filter(|n| !n.closed) {
+                if let Some((limit, Some(from))) = node.own {
+                    *expected.entry(from).or_default() += limit;
+                }
+            }
+            for (i, node) in self.nodes.iter().enumerate().filter(|(i, n)| !n.closed && (*i == 0 || n.own.is_some())) {
+                let Some(a) = self.store.budget_of(node.id).unwrap() else { continue };
+                assert_eq!(a.reserved.tokens, expected.get(&i).copied().unwrap_or(0), "node {i}: {a:?}");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Issue 19: whatever the spawns, reports and closes, every account holds reserved exactly
+        /// what its open children were granted, no grant leaves its account over, and the tree
+        /// never spends more than its root's budget plus one report.
+        #[test]
+        fn a_tree_never_spends_past_its_root_by_more_than_one_report(
+            budget in 2_000i64..20_000,
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let mut w = World::new(budget);
+            for op in ops {
+                match op {
+                    Op::Spawn { parent, tokens } => w.spawn(parent, tokens),
+                    Op::Report { session, delta } => w.report(session, delta),
+                    Op::End { session } => if let Some(n) = w.open(session) { w.end(n) },
+                    Op::Close { session } => w.close(session),
+                }
+                w.check_reservations();
+                prop_assert!(w.spent <= budget + REPORT, "spent {} of {budget}", w.spent);
+            }
+        }
+    }
 
     #[test]
     fn a_report_counts_input_and_output_and_a_clis_totals_only_past_the_last_turn() {

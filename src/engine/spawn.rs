@@ -682,6 +682,10 @@ mod tests {
     use crate::engine::attachments;
 
     fn plan<'a>(caller: &'a Caller, staged: &'a attachments::Staged) -> SpawnPlan<'a> {
+        SpawnPlan { attachments: Some(staged), ..plain_plan(caller, Limits::default()) }
+    }
+
+    fn plain_plan(caller: &Caller, budget: Limits) -> SpawnPlan<'_> {
         SpawnPlan {
             caller,
             caller_channel: "webchat".into(),
@@ -698,10 +702,56 @@ mod tests {
             chain_id: "chain".into(),
             hop: 0,
             idempotency: None,
-            attachments: Some(staged),
+            attachments: None,
             child_session_id: uuid::Uuid::new_v4().to_string(),
-            budget: Limits::default(),
+            budget,
             child_runner: crate::config::RunnerKind::Jsonl,
+        }
+    }
+
+    /// Issue 19: fifty spawns at once under one root budget, round after round (1,000 rounds in
+    /// the extended tier), never reserve more than the budget; each refused one asked more than
+    /// was left in the end, and the root's reserved amount is exactly what its children hold.
+    #[test]
+    fn concurrent_spawns_never_reserve_more_than_the_requesters_budget() {
+        const BUDGET: i64 = 10_000;
+        let rounds = if std::env::var_os("SESSIONS_MCP_EXTENDED").is_some() { 1000 } else { 30 };
+        let mut config = Config::default();
+        config.session.budget = Some(crate::config::Budget { tokens: Some(BUDGET as u64), ..Default::default() });
+        let sub = &mut config.agents.defaults.subagents;
+        (sub.max_children_per_agent, sub.max_concurrent, sub.max_queued) = (1000, 1000, 1000);
+        let caller = Caller::external_main();
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..rounds {
+            let store = Store::open(&dir.path().join(format!("r{round}.db"))).unwrap();
+            let root = crate::store::NewSession::new(
+                caller.key.clone(),
+                AgentId::main(),
+                crate::keys::SessionKind::Main,
+                true,
+            );
+            let root_id = store.insert_session(&root).unwrap().id;
+            let asks: Vec<i64> = (0..50).map(|i| 100 + (i * 7919 + round * 104_729) % 900).collect();
+            let granted: Vec<Option<i64>> = std::thread::scope(|s| {
+                let handles: Vec<_> = asks
+                    .iter()
+                    .map(|&tokens| {
+                        let (store, config, caller) = (&store, &config, &caller);
+                        let budget = Limits { tokens: Some(tokens), ..Limits::default() };
+                        s.spawn(move || start(store, config, &plain_plan(caller, budget)).ok().map(|_| tokens))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let total: i64 = granted.iter().flatten().sum();
+            assert!(total <= BUDGET, "round {round}: reserved {total} of {BUDGET}");
+            let left = BUDGET - total;
+            for (asked, got) in asks.iter().zip(&granted) {
+                assert!(got.is_some() || *asked > left, "round {round}: {asked} was refused with {left} left");
+            }
+            let account = store.budget_of(root_id).unwrap().expect("the root's account");
+            assert_eq!(account.reserved.tokens, total, "round {round}");
+            assert_eq!(store.all_sessions().unwrap().len(), 1 + granted.iter().flatten().count(), "round {round}");
         }
     }
 

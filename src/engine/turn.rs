@@ -218,7 +218,7 @@ pub async fn run_turn(
     let messages = context::fit_context(&history, spec.context_budget_bytes);
     let resume = spec.resume(session.external_session_id.as_deref(), session.aborted_last_run == Some(true));
     let totals_before = if resume.is_some() { store.cli_usage_total(session.id)? } else { None };
-    let meter = match RunMeter::open(rt, &run.run_id, session.id, totals_before.clone())? {
+    let meter = match RunMeter::open(rt, &run.run_id, &session, totals_before.clone())? {
         Ok(meter) => meter,
         Err(exhausted) => return end(RunStatus::BudgetExceeded, exhausted),
     };

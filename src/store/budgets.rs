@@ -12,15 +12,6 @@ const ACCOUNT_COLUMNS: &str = "b.session, b.limit_tokens, b.limit_cost_micros, b
     b.reserved_tokens, b.reserved_cost_micros, b.reserved_runtime_ms,
     b.spent_tokens, b.spent_cost_micros, b.spent_runtime_ms, b.exceeded, b.unmetered";
 
-/// The column of `budget_live` naming the account a run draws `dim` from.
-fn draw_column(dim: Dim) -> &'static str {
-    match dim {
-        Dim::Tokens => "tokens_account",
-        Dim::CostUsd => "cost_account",
-        Dim::RuntimeSeconds => "runtime_account",
-    }
-}
-
 /// The columns of `budgets` holding `dim`'s reserved and spent amounts.
 fn amount_columns(dim: Dim) -> (&'static str, &'static str) {
     match dim {
@@ -79,14 +70,30 @@ pub(super) fn chain(c: &Connection, session: i64, now: i64) -> rusqlite::Result<
     Ok(accounts)
 }
 
-/// Opens an account (a root's the first time it spawns, a child's at its spawn); an existing one
-/// is kept as it is.
+/// Opens a child's account at its spawn.
 pub(super) fn open_account(c: &Connection, session: i64, limits: &Limits, clamped: &[Dim]) -> rusqlite::Result<()> {
     let clamped = (!clamped.is_empty()).then(|| clamped.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(","));
     c.execute(
         "INSERT OR IGNORE INTO budgets (session, limit_tokens, limit_cost_micros, limit_runtime_ms, clamped, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![session, limits.tokens, limits.cost_micros, limits.runtime_ms, clamped, now_ms()],
+    )?;
+    Ok(())
+}
+
+/// Opens a root's account with the configured limits, or brings an open one to them: a changed
+/// `session.budget` applies at the root's next spawn, and clears an exceeded mark (the operator
+/// gave it more, or less, on purpose).
+pub(super) fn set_root_account(c: &Connection, session: i64, limits: &Limits) -> rusqlite::Result<()> {
+    c.execute(
+        "INSERT INTO budgets (session, limit_tokens, limit_cost_micros, limit_runtime_ms, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (session) DO UPDATE SET limit_tokens = excluded.limit_tokens,
+             limit_cost_micros = excluded.limit_cost_micros, limit_runtime_ms = excluded.limit_runtime_ms,
+             exceeded = NULL, exceeded_at = NULL
+         WHERE limit_tokens IS NOT excluded.limit_tokens OR limit_cost_micros IS NOT excluded.limit_cost_micros
+             OR limit_runtime_ms IS NOT excluded.limit_runtime_ms",
+        params![session, limits.tokens, limits.cost_micros, limits.runtime_ms, now_ms()],
     )?;
     Ok(())
 }
@@ -143,18 +150,22 @@ fn key_of(c: &Connection, session: i64) -> rusqlite::Result<String> {
     c.prepare_cached("SELECT key FROM sessions WHERE id = ?1")?.query_row([session], |r| r.get(0))
 }
 
-/// If `a` is over its limit in `dim` (or, with `at_limit`, has nothing left), the crossing.
+/// If `a` is over its limit in `dim` (or, with `at_limit`, has nothing left), the crossing, with
+/// the live runs of its subtree: any of them spending on would add to its excess (a child within
+/// its reservation included, once it overshoots that), so all stop.
 fn crossing(c: &Connection, a: &Account, dim: Dim, at_limit: bool) -> rusqlite::Result<Option<Crossing>> {
     let (Some(limit), used) = (a.limits.get(dim), a.used().get(dim)) else { return Ok(None) };
     if used < limit || (used == limit && !at_limit) {
         return Ok(None);
     }
-    let column = draw_column(dim);
-    let runs = c
-        .prepare_cached(&format!("SELECT run_id FROM budget_live WHERE {column} = ?1 ORDER BY run_id"))?
-        .query_map([a.session], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(Some(Crossing { dim, account_key: key_of(c, a.session)?, used, limit, runs }))
+    Ok(Some(Crossing { dim, account_key: key_of(c, a.session)?, used, limit, runs: subtree_runs(c, a.session)? }))
+}
+
+/// The nearest account of `chain` marked exceeded, as a crossing.
+pub(super) fn exceeded_in(c: &Connection, chain: &[Account]) -> rusqlite::Result<Option<Crossing>> {
+    let Some((a, dim)) = chain.iter().find_map(|a| a.exceeded.map(|d| (a, d))) else { return Ok(None) };
+    let (used, limit) = (a.used().get(dim), a.limits.get(dim).unwrap_or(0));
+    Ok(Some(Crossing { dim, account_key: key_of(c, a.session)?, used, limit, runs: vec![] }))
 }
 
 /// Records the first dimension an account crossed.
@@ -175,16 +186,66 @@ fn live_draws(c: &Connection, run_id: &str) -> rusqlite::Result<Option<[(Dim, Op
         .optional()
 }
 
-/// The first crossing among the accounts a run draws on.
+/// The first crossing among the accounts a run draws on. An account over its limit is over its
+/// reservation in the account above it, which answers for the excess: an ancestor the excess
+/// pushes over its own limit is crossed too, and the highest such one stops its whole subtree, so
+/// that no part of a tree keeps spending once its root is spent: the tree then overspends its
+/// root by at most the one report that crossed (and what runs report before their cancel lands).
 fn first_crossing(c: &Connection, draws: &[(Dim, Option<i64>)], now: i64) -> rusqlite::Result<Option<Crossing>> {
     for (dim, account_id) in draws {
         let Some(a) = account_id.map(|id| account(c, id, now)).transpose()?.flatten() else { continue };
-        if let Some(x) = crossing(c, &a, *dim, false)? {
-            mark_exceeded(c, a.session, *dim, now)?;
-            return Ok(Some(x));
+        let Some(mut x) = crossing(c, &a, *dim, false)? else { continue };
+        mark_exceeded(c, a.session, *dim, now)?;
+        if let Some(top) = over_ancestor(c, &a, *dim, now)? {
+            x = Crossing {
+                account_key: key_of(c, top.session)?,
+                used: top.used.get(*dim) + top.excess,
+                limit: top.limits.get(*dim).unwrap_or(0),
+                runs: subtree_runs(c, top.session)?,
+                dim: *dim,
+            };
         }
+        return Ok(Some(x));
     }
     Ok(None)
+}
+
+/// An ancestor account pushed over its limit by the excess of one below it.
+struct Over {
+    session: i64,
+    limits: Limits,
+    used: Amounts,
+    /// The excess it answers for, from below (not yet in its own amounts).
+    excess: i64,
+}
+
+/// Walks up from `a` (over its limit in `dim`) while the excess pushes each account that limits
+/// `dim` over its own; marks them exceeded and returns the highest.
+fn over_ancestor(c: &Connection, a: &Account, dim: Dim, now: i64) -> rusqlite::Result<Option<Over>> {
+    let Some(limit) = a.limits.get(dim) else { return Ok(None) };
+    let mut excess = a.used().get(dim) - limit;
+    let mut top = None;
+    for p in chain(c, a.session, now)?.into_iter().skip(1) {
+        let Some(p_limit) = p.limits.get(dim) else { continue };
+        let over = p.used().get(dim) + excess - p_limit;
+        if over <= 0 {
+            break;
+        }
+        mark_exceeded(c, p.session, dim, now)?;
+        top = Some(Over { session: p.session, limits: p.limits, used: p.used(), excess });
+        excess = over;
+    }
+    Ok(top)
+}
+
+/// The live runs of a session and of its descendants.
+fn subtree_runs(c: &Connection, session: i64) -> rusqlite::Result<Vec<String>> {
+    c.prepare_cached(
+        "SELECT run_id FROM budget_live WHERE session = ?1
+            OR session IN (SELECT session FROM session_tree WHERE ancestor = ?1) ORDER BY run_id",
+    )?
+    .query_map([session], |r| r.get(0))?
+    .collect()
 }
 
 /// Settles a run's spend into the accounts it drew on and drops its live row, in the transaction
@@ -250,14 +311,22 @@ pub(super) fn close_account(c: &Connection, session: i64) -> rusqlite::Result<()
 
 impl Store {
     /// Before a run starts: whether it draws on a budget, and if one it would draw on has nothing
-    /// left. A drawing run gets its live row here.
-    pub fn start_meter(&self, run_id: &str, session: i64) -> Result<Meter> {
+    /// left. A drawing run gets its live row here. `root`: the session is a root with these
+    /// configured limits, whose account opens (or is brought to them) first.
+    pub fn start_meter(&self, run_id: &str, session: i64, root: Option<&Limits>) -> Result<Meter> {
         self.write_sql(|tx| -> Result<Meter> {
             let now = now_ms();
+            if let Some(limits) = root {
+                set_root_account(tx, session, limits)?;
+            }
             let accounts = chain(tx, session, now)?;
             let draws = draws(&accounts);
             if draws.iter().all(|(_, a)| a.is_none()) {
                 return Ok(Meter::Unlimited);
+            }
+            // Nothing starts in a tree an exceeded account is part of, nor on an account spent to its limit.
+            if let Some(x) = exceeded_in(tx, &accounts)? {
+                return Ok(Meter::Exhausted(x));
             }
             for (dim, id) in &draws {
                 let Some(a) = id.and_then(|id| accounts.iter().find(|a| a.session == id)) else { continue };
@@ -315,18 +384,16 @@ impl Store {
         })
     }
 
-    /// Whether a running run draws on an account that crossed a limit: the crossing, if so.
+    /// Whether a running run is in a tree whose budget was exceeded (its own account or an
+    /// ancestor's, nearest first): that crossing, if so.
     pub fn run_over_budget(&self, run_id: &str) -> Result<Option<Crossing>> {
         self.read(|c| {
-            let Some(draws) = live_draws(c, run_id)? else { return Ok(None) };
-            let now = now_ms();
-            for (drawn, id) in draws {
-                let Some(a) = id.map(|id| account(c, id, now)).transpose()?.flatten() else { continue };
-                let Some(dim) = a.exceeded.or_else(|| a.crossed().filter(|d| *d == drawn)) else { continue };
-                let (used, limit) = (a.used().get(dim), a.limits.get(dim).unwrap_or(0));
-                return Ok(Some(Crossing { dim, account_key: key_of(c, a.session)?, used, limit, runs: vec![] }));
-            }
-            Ok(None)
+            let session: Option<i64> = c
+                .prepare_cached("SELECT session FROM budget_live WHERE run_id = ?1")?
+                .query_row([run_id], |r| r.get(0))
+                .optional()?;
+            let Some(session) = session else { return Ok(None) };
+            exceeded_in(c, &chain(c, session, now_ms())?)
         })
     }
 
@@ -338,5 +405,14 @@ impl Store {
     /// The account `session` draws each dimension from (its own, else the nearest ancestor's).
     pub fn budget_chain(&self, session: i64) -> Result<Vec<Account>> {
         self.read(|c| chain(c, session, now_ms()))
+    }
+}
+
+#[cfg(test)]
+impl Store {
+    /// Settles a live run as its end would, with what it reported (the property tests' runs have
+    /// no runs rows to finish).
+    pub fn settle_live_for_test(&self, run_id: &str) -> Result<()> {
+        self.write_sql(|tx| -> Result<()> { Ok(settle_run(tx, run_id, None, now_ms())?) })
     }
 }

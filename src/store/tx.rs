@@ -74,7 +74,7 @@ impl Tx<'_> {
         Ok(super::budgets::chain(self.tx, session, super::now_ms())?)
     }
 
-    /// Opens `session`'s budget account (kept as it is when it has one).
+    /// Opens a child's budget account.
     pub fn open_budget(
         &self,
         session: i64,
@@ -82,6 +82,16 @@ impl Tx<'_> {
         clamped: &[crate::policy::budget::Dim],
     ) -> Result<()> {
         Ok(super::budgets::open_account(self.tx, session, limits, clamped)?)
+    }
+
+    /// Opens a root's account with the configured limits, or brings its open one to them.
+    pub fn set_root_budget(&self, session: i64, limits: &crate::policy::budget::Limits) -> Result<()> {
+        Ok(super::budgets::set_root_account(self.tx, session, limits)?)
+    }
+
+    /// The nearest account of `chain` marked exceeded, as a crossing.
+    pub fn exceeded_in(&self, chain: &[crate::policy::budget::Account]) -> Result<Option<super::Crossing>> {
+        Ok(super::budgets::exceeded_in(self.tx, chain)?)
     }
 
     /// Reserves `amount` of `dim` in `account` for a child.
