@@ -13,7 +13,8 @@
 //! turn of the same process, whose result is the run's. And permission prompts at the runner
 //! level: with `--permission-prompt-tool stdio`, Claude Code's prompt before a `Write` becomes an
 //! approval request whose answer (allow, or deny with a message) decides the write in the same
-//! run; without a prompt tool, `-p` denies the write at once.
+//! run; without a prompt tool, `-p` denies the write at once. And a budget: a Claude Code child
+//! whose model loops on a tool is stopped mid-turn when its live usage crosses its token budget.
 //!
 //! The CLI is `SESSIONS_MCP_CLAUDE`, else `claude` on PATH (`.ci/run --extended` installs npm
 //! `@anthropic-ai/claude-code`). Without it the test prints why and passes — except in CI's
@@ -41,7 +42,7 @@ const STEER: &str = "Also say PINEAPPLE";
 /// [`STEER`] anywhere in the messages → "Steered: PINEAPPLE (<n> messages)"; text with SLEEP → a
 /// Bash call that touches `tool-started` in its working directory and sleeps 3 s; text with WAIT →
 /// the answer after a 4 s wait. For permission prompts: text with WRITE → a `Write` call (see
-/// [`write_step`]).
+/// [`write_step`]). For budgets: text with LOOP → a call after every result (see [`loop_step`]).
 fn fake_api() -> u16 {
     fake_api_reporting(None)
 }
@@ -68,6 +69,9 @@ fn answer(stream: TcpStream, seen: Option<UnboundedSender<Value>>) {
     if last_user_text(&request).contains("WAIT") {
         std::thread::sleep(std::time::Duration::from_secs(4));
     }
+    if is_loop_request(&request) {
+        std::thread::sleep(LOOP_LATENCY);
+    }
     let mut out = stream;
     let _ = out.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n");
     let _ = out.write_all(reply_events(&request).as_bytes());
@@ -93,7 +97,11 @@ fn reply_events(request: &Value) -> String {
     let blocks = last_user_blocks(request);
     let result = blocks.iter().find(|b| b["type"] == "tool_result");
     let text = last_user_text(request);
-    let (block, stop) = if let Some(next) = paging_step(&messages) {
+    let looping = loop_step(&messages);
+    let (input_tokens, output_tokens) = if looping.is_some() { LOOP_USAGE } else { (10, 6) };
+    let (block, stop) = if let Some(next) = looping {
+        next
+    } else if let Some(next) = paging_step(&messages) {
         next
     } else if let Some(next) = write_step(&messages) {
         next
@@ -131,11 +139,11 @@ fn reply_events(request: &Value) -> String {
     let events = [
         json!({"type": "message_start", "message": {"id": format!("msg_{}", messages.len()), "type": "message",
             "role": "assistant", "model": "claude-sonnet-4-5", "content": [], "stop_reason": null,
-            "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1}}}),
         json!({"type": "content_block_start", "index": 0, "content_block": start}),
         json!({"type": "content_block_delta", "index": 0, "delta": delta}),
         json!({"type": "content_block_stop", "index": 0}),
-        json!({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 6}}),
+        json!({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": output_tokens}}),
         json!({"type": "message_stop"}),
     ];
     events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect()
@@ -224,6 +232,45 @@ fn paging_step(messages: &[Value]) -> Option<(Value, &'static str)> {
     }
 }
 
+/// How many `sessions_list` calls a LOOP turn makes before it answers.
+const LOOP_CALLS: usize = 50;
+
+/// The input and output tokens each message of a LOOP turn reports (the output in its
+/// `message_delta`, the `message_start` saying 1, as the real API streams it).
+const LOOP_USAGE: (i64, i64) = (400, 100);
+
+/// How long the API takes to answer each request of a LOOP turn: a stop lands while the next
+/// request waits, as it would against the real API, which takes longer still.
+const LOOP_LATENCY: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// How the ids of a LOOP turn's calls begin (then the call's number, from 0).
+const LOOP_ID: &str = "toolu_loop_";
+
+/// A model that keeps going: after a turn that says LOOP, it calls `sessions_list`, and again
+/// after each result, [`LOOP_CALLS`] times; then it answers `looped <n>`.
+fn loop_step(messages: &[Value]) -> Option<(Value, &'static str)> {
+    let last = messages.iter().rev().find(|m| m["role"] == "user")?;
+    let answers_a_call = last["content"].to_string().contains(LOOP_ID);
+    if !answers_a_call && !text_of(&last["content"]).contains("LOOP") {
+        return None;
+    }
+    let done = messages
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "tool_result" && b["tool_use_id"].as_str().is_some_and(|id| id.starts_with(LOOP_ID)))
+        .count();
+    if done == LOOP_CALLS {
+        return Some((json!({"type": "text", "text": format!("looped {done}")}), "end_turn"));
+    }
+    let id = format!("{LOOP_ID}{done}");
+    Some((json!({"type": "tool_use", "id": id, "name": "mcp__sessions__sessions_list", "input": {}}), "tool_use"))
+}
+
+/// Whether the request is one of a LOOP turn's.
+fn is_loop_request(request: &Value) -> bool {
+    loop_step(request["messages"].as_array().map_or(&[], Vec::as_slice)).is_some()
+}
+
 /// A model that delegates: after a turn that says DELEGATE, it spawns a `claude` child, then
 /// calls `subagents` wait, then reports the wait's answer as it reached it (`waited: <text>`).
 /// With ASK HOST instead, the child is the caller's own (scripted) agent, whose task makes it ask
@@ -276,7 +323,17 @@ enum Prompt {
 /// An env with agents `main` (the caller, may spawn `claude` children) and `claude` (the real CLI
 /// against a fake API), plus `extra` config keys; and the variables `serve` needs for the CLI.
 fn claude_env(claude: &PathBuf, prompt: Prompt, extra: Value) -> (TestEnv, Vec<(&'static str, String)>) {
-    let port = fake_api();
+    claude_env_on(fake_api(), claude, prompt, &[], extra)
+}
+
+/// [`claude_env`] with the fake API on `port` and `more_args` for the CLI.
+fn claude_env_on(
+    port: u16,
+    claude: &PathBuf,
+    prompt: Prompt,
+    more_args: &[&str],
+    extra: Value,
+) -> (TestEnv, Vec<(&'static str, String)>) {
     let mut env = TestEnv::new();
     let passthrough = [
         "ANTHROPIC_BASE_URL",
@@ -306,6 +363,7 @@ fn claude_env(claude: &PathBuf, prompt: Prompt, extra: Value) -> (TestEnv, Vec<(
         args[7] = json!("Write");
         args.as_array_mut().unwrap().extend([json!("--permission-prompt-tool"), json!("stdio")]);
     }
+    args.as_array_mut().unwrap().extend(more_args.iter().map(|a| json!(a)));
     let runner = json!({
         "kind": "claude-stream-json",
         "command": claude,
@@ -390,6 +448,59 @@ fn a_claude_child_allowed_sessions_list_lists_its_own_tree_through_this_server()
     let show = env.show(&child);
     let call = common::first_tool_call(show["messages"].as_array().unwrap());
     assert_eq!(call["name"], "mcp__sessions__sessions_list");
+}
+
+/// Budgets with the real CLI: a Claude Code child whose model would call a tool [`LOOP_CALLS`]
+/// times is stopped when the usage it reports live crosses its token budget, and announced
+/// `budget exceeded` with what it spent — over the budget by less than one API message's usage
+/// (the CLI runs with `--include-partial-messages`, as the README configures it, so each
+/// message's output count arrives as it streams). The API hears from it at most once more (the
+/// request already on its way), and no process of its run is left.
+#[test]
+fn a_claude_child_is_stopped_at_its_token_budget_and_announced_budget_exceeded() {
+    let Some(claude) = cli_or_skip() else { return };
+    const LIMIT: i64 = 1700;
+    let per_message = LOOP_USAGE.0 + LOOP_USAGE.1;
+    let (seen, mut requests) = tokio::sync::mpsc::unbounded_channel();
+    let allow = json!({"tools": {"subagents": {"tools": {"allow": ["sessions_list"]}}}});
+    let port = fake_api_reporting(Some(seen));
+    let (env, vars) = claude_env_on(port, &claude, Prompt::Plain, &["--include-partial-messages"], allow);
+    let mut c = serve(&env, &vars);
+    let spawn = json!({"task": "LOOP over the sessions", "agentId": "claude", "budget": {"tokens": LIMIT}});
+    let r = c.call("sessions_spawn", spawn);
+    assert_eq!(r["status"], "accepted", "{r}");
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 120}));
+    let finished = &w["finished"][0];
+    assert_eq!(finished["runState"], "budget_exceeded", "{w}");
+    let outcome = finished["outcome"].as_str().unwrap_or_default();
+    let status = outcome.lines().next().unwrap_or_default();
+    let shown = status
+        .strip_prefix("Status: budget exceeded: ")
+        .and_then(|rest| rest.strip_suffix(&format!(" tokens of 1,700 tokens (the budget of {child})")))
+        .unwrap_or_else(|| panic!("{outcome}"));
+    let spent: i64 = shown.replace(',', "").parse().unwrap();
+    eprintln!("spent {spent} tokens of {LIMIT}");
+    assert!(spent > LIMIT && spent < LIMIT + per_message, "stopped within one message of the budget: {outcome}");
+    assert!(outcome.contains(&format!("budget {shown}/1,700 tokens")), "the Stats line: {outcome}");
+    let list = c.call("subagents", json!({"action": "list"}));
+    let row = &list["children"][0];
+    assert_eq!(row["runState"], "budget_exceeded", "{row}");
+    assert_eq!(row["budget"]["spent"], json!({"tokens": spent}), "{row}");
+    assert_eq!(row["budget"]["exceeded"], "tokens", "{row}");
+    let run = common::runs_of(&env.show(&child), Some("spawn")).pop().unwrap();
+    assert_eq!(run["status"], "budget_exceeded", "{run}");
+    common::assert_no_process_carries(
+        &[run["runId"].as_str().unwrap().to_string()],
+        std::time::Duration::from_secs(10),
+    );
+    let mut asked = 0;
+    while let Ok(request) = requests.try_recv() {
+        asked += i64::from(is_loop_request(&request));
+    }
+    eprintln!("the API got {asked} of the loop's requests");
+    assert!(asked <= spent / per_message + 1, "{asked} requests for {spent} tokens of {per_message} a message");
+    c.close();
 }
 
 #[test]
