@@ -141,8 +141,11 @@ pub enum Meter {
     Exhausted(Crossing),
 }
 
+/// For each dimension, the account (session row id) a run draws it from, if any.
+type Draws = [(Dim, Option<i64>); 3];
+
 /// For each dimension, the account `chain` draws it from.
-fn draws(chain: &[Account]) -> [(Dim, Option<i64>); 3] {
+fn draws(chain: &[Account]) -> Draws {
     Dim::ALL.map(|d| (d, budget::drawn_from(chain, d).map(|a| a.session)))
 }
 
@@ -178,7 +181,7 @@ fn mark_exceeded(c: &Connection, account: i64, dim: Dim, now: i64) -> rusqlite::
 }
 
 /// The accounts a live run draws on, per dimension.
-fn live_draws(c: &Connection, run_id: &str) -> rusqlite::Result<Option<[(Dim, Option<i64>); 3]>> {
+fn live_draws(c: &Connection, run_id: &str) -> rusqlite::Result<Option<Draws>> {
     c.prepare_cached("SELECT tokens_account, cost_account, runtime_account FROM budget_live WHERE run_id = ?1")?
         .query_row([run_id], |r| {
             Ok([(Dim::Tokens, r.get(0)?), (Dim::CostUsd, r.get(1)?), (Dim::RuntimeSeconds, r.get(2)?)])
