@@ -172,11 +172,13 @@ pub struct Account {
 
 impl Account {
     /// What it spent (its settled spend and its running runs'), per limited dimension, against
-    /// the limit: `budget 4,200/10,000 tokens, $0.0100/$0.5000`.
+    /// the limit: `budget 4,200/10,000 tokens, $0.0100/$0.5000`, marked `(unmetered)` when a run
+    /// drawing on it reported no usage.
     pub fn spent_text(&self) -> String {
         let spent = self.spent.plus(self.live);
         let dims = Dim::ALL.into_iter().filter_map(|d| self.limits.get(d).map(|l| d.show_of(spent.get(d), l)));
-        format!("budget {}", dims.collect::<Vec<_>>().join(", "))
+        let unmetered = if self.unmetered { " (unmetered)" } else { "" };
+        format!("budget {}{unmetered}", dims.collect::<Vec<_>>().join(", "))
     }
 
     /// Spent, running and reserved: what the account answers for.

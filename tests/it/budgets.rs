@@ -31,7 +31,7 @@ fn script() -> Value {
 
 fn env_with(subagents: Value, session: Value) -> TestEnv {
     let mut env = TestEnv::new();
-    let main = scripted_agent(&env, "main", &script(), json!({}));
+    let main = scripted_agent(&env, "main", &script(), json!({"maxConcurrent": 12}));
     let mut defaults =
         json!({"maxChildrenPerAgent": 100, "maxConcurrent": 100, "maxSpawnDepth": 2, "announceStep": false});
     for (k, v) in subagents.as_object().unwrap() {
@@ -228,4 +228,69 @@ fn a_runtime_budget_stops_a_child_at_the_next_tick() {
     assert!((1.5..10.0).contains(&spent), "{show}");
     wait_until(Duration::from_secs(10), "no run left", || (env.unfinished_runs() == 0).then_some(()));
     c.close();
+}
+
+/// The measured overshoot under concurrency: ten children share the root's 20,000 tokens and burn
+/// 1,000 tokens every 100 ms each, all at once. The report that crosses stops the whole tree; what
+/// the others report before their cancel lands is the rest of the overshoot.
+#[test]
+fn ten_children_burning_a_shared_root_budget_at_once_overspend_it_by_little() {
+    const BUDGET: i64 = 20_000;
+    let env = env_with(json!({}), json!({"budget": {"tokens": BUDGET}}));
+    let mut c = env.serve(None);
+    let keys: Vec<String> = (0..10)
+        .map(|_| {
+            let r = spawn(&mut c, "burn 20", json!(null));
+            assert_eq!(r["budget"]["shared"], json!(["tokens"]), "{r}");
+            r["childSessionKey"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let w = wait_all(&mut c, &keys.iter().map(String::as_str).collect::<Vec<_>>());
+    let stopped = w["finished"].as_array().unwrap().iter().filter(|f| f["runState"] == "budget_exceeded").count();
+    assert_eq!(stopped, 10, "the whole tree stops once the root is spent: {w}");
+    let list = c.call("subagents", json!({"action": "list"}));
+    let spent = list["budget"]["spent"]["tokens"].as_i64().unwrap();
+    let tree: i64 = list["children"].as_array().unwrap().iter().map(|r| r["tokens"]["total"].as_i64().unwrap()).sum();
+    assert_eq!(spent, tree, "the root's account is charged exactly what its children used: {list}");
+    eprintln!("budgets: ten sharing children spent {spent} of {BUDGET} (overshoot {})", spent - BUDGET);
+    assert!(spent > BUDGET && spent <= BUDGET + 10 * 1000, "over by at most one report per running child: {spent}");
+    c.close();
+}
+
+/// A token budget cannot be kept for an agent that reports no usage: spawning into a `text`
+/// runner is refused unless the operator allows it, and then the child's account says so.
+#[test]
+fn a_token_budget_refuses_an_agent_that_cannot_meter_unless_allowed_and_then_says_unmetered() {
+    let body = "cat > /dev/null; echo done\n";
+    for allow in [false, true] {
+        let mut env = TestEnv::new();
+        let main = scripted_agent(&env, "main", &script(), json!({}));
+        let texty = common::shell_agent(&env, "texty", body, &[], json!({"kind": "text"}));
+        let subagents = json!({"allowUnmetered": allow, "announceStep": false});
+        let mut main_entry = main;
+        main_entry["subagents"] = json!({"allowAgents": ["texty"]});
+        env.set_config(
+            &json!({"agents": {"list": [main_entry, texty], "defaults": {"subagents": subagents}}}).to_string(),
+        );
+        let mut c = env.serve(None);
+        let r = c.call("sessions_spawn", json!({"task": "t", "agentId": "texty", "budget": {"tokens": 100}}));
+        if !allow {
+            assert_eq!(r["status"], "forbidden", "{r}");
+            let err = r["error"].as_str().unwrap();
+            assert!(err.contains("agent \"texty\" runs the text runner, which reports no usage"), "{err}");
+            assert!(err.contains("agents.defaults.subagents.allowUnmetered=true"), "{err}");
+            let runtime_only =
+                c.call("sessions_spawn", json!({"task": "t", "agentId": "texty", "budget": {"runtimeSeconds": 60}}));
+            assert_eq!(runtime_only["status"], "accepted", "runtime needs no usage: {runtime_only}");
+            wait_all(&mut c, &[runtime_only["childSessionKey"].as_str().unwrap()]);
+        } else {
+            assert_eq!(r["status"], "accepted", "{r}");
+            let key = r["childSessionKey"].as_str().unwrap().to_string();
+            let w = wait_all(&mut c, &[&key]);
+            let outcome = w["finished"][0]["outcome"].as_str().unwrap();
+            assert!(outcome.contains("budget 0/100 tokens (unmetered)"), "{outcome}");
+            assert_eq!(env.show(&key)["budget"]["unmetered"], true);
+        }
+        c.close();
+    }
 }
