@@ -463,17 +463,26 @@ pub fn announce_text(
     text
 }
 
-/// The Result of a child: its final reply, else its last tool result, else nothing.
-fn child_result(rt: &Scheduler, child: &SessionRow, reply: Option<&str>) -> Result<String, StoreError> {
+/// The Result of a child: its final reply, else its last tool result, else nothing. A child that
+/// was stopped (cancelled, or over its budget) gets its last own words instead: the last tool
+/// result of an interrupted agent is the agent's note about the interruption, not a result.
+fn child_result(
+    rt: &Scheduler,
+    child: &SessionRow,
+    reply: Option<&str>,
+    status: RunStatus,
+) -> Result<String, StoreError> {
     if let Some(r) = reply.filter(|r| !r.trim().is_empty()) {
         return Ok(r.to_string());
     }
+    let stopped = matches!(status, RunStatus::Cancelled | RunStatus::BudgetExceeded);
+    let fallback = if stopped { "assistant" } else { "toolResult" };
     let page = rt.store.history_tail(child.id, 50, true)?;
     Ok(page
         .messages
         .iter()
         .rev()
-        .find(|m| m.role == "toolResult")
+        .find(|m| m.role == fallback)
         .map(|m| crate::runner::protocol::content_text(&m.content))
         .unwrap_or_default())
 }
@@ -502,7 +511,7 @@ pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
     if run.mode == RunMode::Announce {
         // The Notes step ended: announce with its reply (ANNOUNCE_SKIP adds nothing).
         let notes = result.reply.as_deref().filter(|r| !is_skip(r));
-        let result_text = child_result(rt, &child, task_reply(rt, &child, &spawn_run)?.as_deref())?;
+        let result_text = child_result(rt, &child, task_reply(rt, &child, &spawn_run)?.as_deref(), RunStatus::Ok)?;
         return announce(rt, &child, &spawn_run, &result_text, notes);
     }
     let reply = if run.mode == RunMode::Spawn { spawn_run.reply.clone() } else { result.reply.clone() };
@@ -517,12 +526,12 @@ pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
     if ok && rt.config.agents.defaults.subagents.announce_step {
         return queue_notes(rt, &child, run);
     }
-    let result_text = child_result(rt, &child, reply.as_deref())?;
     let status_run = if run.mode == RunMode::Spawn {
         spawn_run.clone()
     } else {
         RunRow { status: result.status, ..spawn_run.clone() }
     };
+    let result_text = child_result(rt, &child, reply.as_deref(), status_run.status)?;
     announce(rt, &child, &status_run, &result_text, None)
 }
 
@@ -533,7 +542,7 @@ pub fn announce_cancelled(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow
     if child.announced_at.is_some() || rt.store.active_run_of(child.id)?.is_some() {
         return Ok(()); // announced already, or the run still stopping announces when it ends
     }
-    let result_text = child_result(rt, child, task_reply(rt, child, spawn_run)?.as_deref())?;
+    let result_text = child_result(rt, child, task_reply(rt, child, spawn_run)?.as_deref(), RunStatus::Cancelled)?;
     let status_run = RunRow { status: RunStatus::Cancelled, ..spawn_run.clone() };
     announce(rt, child, &status_run, &result_text, None)
 }
