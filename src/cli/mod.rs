@@ -137,6 +137,16 @@ enum Command {
         /// Seconds to wait for the reply (0 = just queue it).
         #[arg(long, default_value_t = 120)]
         timeout: u64,
+        /// Inject as this user of the key's channel (as its bridge would): the reply goes out
+        /// through the channel's deliverer.
+        #[arg(long)]
+        sender: Option<String>,
+        /// The sender's display name (with --sender).
+        #[arg(long, requires = "sender")]
+        sender_name: Option<String>,
+        /// The channel's message id (with --sender): the same id twice is taken once.
+        #[arg(long, requires = "sender")]
+        message_id: Option<String>,
         #[command(flatten)]
         paths: Paths,
     },
@@ -317,7 +327,10 @@ pub fn main() -> ExitCode {
         }
         Command::Doctor { fix_modes, paths } => operator::doctor(&paths, fix_modes),
         Command::Daemon { force, paths } => block_on(daemon(paths, force)),
-        Command::Inject { key, text, timeout, paths } => block_on(operator::inject(paths, key, text, timeout)),
+        Command::Inject { key, text, timeout, sender, sender_name, message_id, paths } => {
+            let sender = sender.map(|id| operator::InjectSender { id, name: sender_name, message_id });
+            block_on(operator::inject(paths, key, text, timeout, sender))
+        }
         Command::Agent { script } => crate::programs::scripted_agent::run(script.as_deref()),
         Command::Connect => block_on(crate::programs::connect::connect()),
         Command::Supervise(args) => crate::runner::supervise::run(&args),

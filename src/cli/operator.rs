@@ -11,6 +11,8 @@ use crate::access::Access;
 use crate::cli::Env;
 use crate::config::Config;
 use crate::config::key_scope;
+use crate::engine::chain::ChannelUser;
+use crate::engine::inject::{Injected, Origin};
 use crate::keys::{self, SessionRef};
 use crate::store::{SendPolicyOverride, SessionRow, SessionState, Store, now_ms};
 use crate::tools::sessions_list::list_row;
@@ -489,7 +491,33 @@ fn send_command(text: &str) -> Option<Option<&'static str>> {
 
 /// `sessions-mcp inject KEY TEXT`: the owner's message into a session (a new chain). An external
 /// session gets it in its inbox; a driven one runs it, and the reply is printed.
-pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, timeout: u64) -> ExitCode {
+/// `--sender` of `inject`: the message is a channel user's, on the key's own channel.
+pub struct InjectSender {
+    pub id: String,
+    pub name: Option<String>,
+    pub message_id: Option<String>,
+}
+
+fn channel_user(key: &keys::SessionKey, s: InjectSender) -> Result<Origin, String> {
+    let channel = keys::channel_in_key(key)
+        .ok_or_else(|| format!("--sender needs a channel session key (agent:<id>:<channel>:group:<id>…), got {key}"))?;
+    let user = ChannelUser {
+        channel: channel.to_string(),
+        sender_id: s.id,
+        sender_name: s.name,
+        thread_id: None,
+        message_id: s.message_id,
+    };
+    crate::engine::inject::channel_origin(key, user, None)
+}
+
+pub async fn inject(
+    paths: crate::cli::Paths,
+    raw_key: String,
+    text: String,
+    timeout: u64,
+    sender: Option<InjectSender>,
+) -> ExitCode {
     let env = match paths.resolve() {
         Ok(env) => env,
         Err(e) => return crate::cli::fail(e),
@@ -512,17 +540,28 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
             }
         };
     }
-    match crate::engine::inject::start(&store, &config, &env.state_dir, &key, &text) {
+    let origin = match sender {
+        None => Origin::Operator,
+        Some(s) => match channel_user(&key, s) {
+            Ok(origin) => origin,
+            Err(e) => return crate::cli::fail(e),
+        },
+    };
+    match crate::engine::inject::start(&store, &config, &env.state_dir, &key, &text, &origin) {
         Err(e) => failed(e),
-        Ok(None) => {
+        Ok(Injected::Appended) => {
             println!("appended to the external session {key}'s inbox");
             ExitCode::SUCCESS
         }
-        Ok(Some(run_id)) if timeout == 0 => {
+        Ok(Injected::Duplicate(run)) => {
+            println!("message already received (run {})", run.unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Ok(Injected::Queued(run_id)) if timeout == 0 => {
             println!("queued run {run_id}");
             ExitCode::SUCCESS
         }
-        Ok(Some(run_id)) => {
+        Ok(Injected::Queued(run_id)) => {
             let rt = match crate::engine::scheduler::Scheduler::start(
                 store,
                 config,
@@ -535,6 +574,11 @@ pub async fn inject(paths: crate::cli::Paths, raw_key: String, text: String, tim
             };
             rt.wake();
             let waited = rt.wait(&run_id, std::time::Duration::from_secs(timeout), &Default::default()).await;
+            // The reply's delivery to a channel is a step after the run: see it through before
+            // this short-lived owner lets go (a retried delivery is left for the next owner).
+            if let Err(e) = crate::engine::settle_run(&rt, &run_id, std::time::Duration::from_secs(30)).await {
+                tracing::warn!(run = %run_id, error = %e, "the reply's delivery is left for the next owner");
+            }
             rt.shutdown(false).await;
             match waited {
                 Ok(crate::engine::scheduler::Waited::Finished(run)) if run.status == crate::store::RunStatus::Ok => {

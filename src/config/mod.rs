@@ -691,6 +691,27 @@ pub struct ChannelConfig {
     pub deliver: Option<Vec<String>>,
     /// Reserved: whether the deliverer supports threads.
     pub threads: bool,
+    /// The channel's inbound side: the bridge that posts its users' messages into sessions.
+    pub bridge: Option<ChannelBridge>,
+}
+
+/// A bridge posts a channel's inbound messages to `POST /channels/<name>/messages` of
+/// `serve --http`, with one of its bearer tokens: a token is bound to this channel only.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ChannelBridge {
+    /// The hex sha256 of each bearer token the bridge may use.
+    pub tokens: Vec<BridgeToken>,
+    /// The agent whose sessions its messages go to, unless a message names one (default: the
+    /// default agent).
+    pub agent_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BridgeToken {
+    /// Hex sha256 of the bearer token.
+    pub sha256: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -887,9 +908,21 @@ impl Config {
                 return Err(format!("server.{key} must be at least 1, got 0"));
             }
         }
+        let hex64 = |h: &str| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit());
         for (i, t) in self.server.tokens.iter().enumerate() {
-            if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if !hex64(&t.sha256) {
                 return Err(format!("server.tokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"));
+            }
+        }
+        for (name, channel) in &self.channels {
+            let Some(bridge) = &channel.bridge else { continue };
+            if let Some(i) = bridge.tokens.iter().position(|t| !hex64(&t.sha256)) {
+                return Err(format!(
+                    "channels.{name}.bridge.tokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"
+                ));
+            }
+            if let Some(agent) = &bridge.agent_id {
+                AgentId::parse(agent).map_err(|e| format!("channels.{name}.bridge.agentId: {e}"))?;
             }
         }
         Ok(())

@@ -87,6 +87,8 @@ pub enum SourceTool {
     Subagents,
     /// A question or approval a run asked, and its answer when no session gave it.
     InputRequest,
+    /// A user's message on a channel, posted by the channel's bridge.
+    ChannelBridge,
 }
 
 impl SourceTool {
@@ -98,8 +100,20 @@ impl SourceTool {
             SourceTool::Inject => "inject",
             SourceTool::Subagents => "subagents",
             SourceTool::InputRequest => "input_request",
+            SourceTool::ChannelBridge => "channel_bridge",
         }
     }
+}
+
+/// Who wrote a message on a channel, as its bridge says (data, never authority: it decides no
+/// permission, it is only recorded and shown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelUser {
+    pub channel: String,
+    pub sender_id: String,
+    pub sender_name: Option<String>,
+    pub thread_id: Option<String>,
+    pub message_id: Option<String>,
 }
 
 /// Where a message or run input came from, as stored beside it and shown in histories.
@@ -107,8 +121,8 @@ impl SourceTool {
 pub enum Provenance {
     /// From another session (a send, a reply step, a spawn's task, a child's announce).
     InterSession { from: Option<SessionKey>, channel: Option<String>, tool: SourceTool, chain: Option<String> },
-    /// From the operator (`sessions-mcp inject`).
-    ExternalUser { tool: SourceTool, chain: Option<String> },
+    /// From a person: the operator (`sessions-mcp inject`), or a user on a channel (`user`).
+    ExternalUser { tool: SourceTool, chain: Option<String>, user: Option<ChannelUser> },
     /// From the server itself (a child's Notes step).
     InternalSystem { tool: SourceTool, chain: Option<String> },
 }
@@ -121,8 +135,16 @@ impl Provenance {
                 "kind": "inter_session", "sourceSessionKey": from.as_ref().map(SessionKey::as_str),
                 "sourceChannel": channel, "sourceTool": tool.as_str(), "chainId": chain,
             }),
-            Provenance::ExternalUser { tool, chain } => {
-                json!({"kind": "external_user", "sourceTool": tool.as_str(), "chainId": chain})
+            Provenance::ExternalUser { tool, chain, user } => {
+                let mut out = json!({"kind": "external_user", "sourceTool": tool.as_str(), "chainId": chain});
+                if let Some(u) = user {
+                    out["sourceChannel"] = json!(u.channel);
+                    out["senderId"] = json!(u.sender_id);
+                    out["senderName"] = json!(u.sender_name);
+                    out["threadId"] = json!(u.thread_id);
+                    out["messageId"] = json!(u.message_id);
+                }
+                out
             }
             Provenance::InternalSystem { tool, chain } => {
                 json!({"kind": "internal_system", "sourceTool": tool.as_str(), "chainId": chain})

@@ -39,10 +39,12 @@ pub fn record(
     })
 }
 
-/// Where a key's channel delivers: `to` and `threadId` from the key, else the delivery context.
+/// Where a key's channel delivers: `to` and `threadId` from the key, else the delivery context
+/// (the route of the session's last inbound message).
 fn address(key: &SessionKey, row: Option<&SessionRow>) -> (Option<String>, Option<String>) {
     let parts: Vec<&str> = key.rest().split(':').collect();
-    let thread = parts.windows(2).find(|w| w[0] == "thread" || w[0] == "topic").map(|w| w[1].to_string());
+    let in_key = parts.windows(2).find(|w| w[0] == "thread" || w[0] == "topic").map(|w| w[1].to_string());
+    let thread = in_key.or_else(|| row.and_then(|r| r.last_thread_id.clone()));
     if parts.len() >= 3 && matches!(parts[1], "group" | "channel") {
         let kind = if matches!(parts[0], "discord" | "slack") { "channel" } else { parts[1] };
         return (Some(format!("{kind}:{}", parts[2])), thread);
@@ -153,5 +155,19 @@ async fn attempt(argv: &[String], payload: &Value) -> Result<(), Attempt> {
                 code => Err(Attempt::Failed(format!("the deliverer exited with {code:?}: {}", tail.trim()))),
             }
         }
+    }
+}
+
+/// Takes a run's steps and attempts its deliveries until none is left on its way, up to
+/// `timeout`: for a short-lived owner (`inject`) that must not exit with a reply undelivered.
+pub async fn settle_run(rt: &Scheduler, run_id: &str, timeout: Duration) -> Result<(), StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        crate::engine::catch_up(rt, 0);
+        deliver_due(rt).await;
+        if rt.store.run_settled(run_id)? || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

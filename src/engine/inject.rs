@@ -1,45 +1,109 @@
-//! `sessions-mcp inject`: the owner's message into a session, starting a new chain (hop 0).
+//! Messages from outside into a session, each starting a new chain (hop 0): the operator's
+//! (`sessions-mcp inject`) and a channel user's, posted by the channel's bridge
+//! (`POST /channels/<name>/messages`). An external session gets the message in its inbox; a
+//! driven one runs it (mode `inject`), and its reply goes out through the session's channel
+//! deliverer (the steps after the run).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::json;
 
-use super::chain::{Provenance, SourceTool};
+use super::chain::{ChannelUser, Provenance, SourceTool};
 use crate::access::Access;
 use crate::config::{Config, key_scope};
 use crate::keys::{self, SessionKey};
-use crate::store::{NewMessage, NewRun, NewSession, RunMode, Store};
+use crate::store::{NewMessage, NewRun, NewSession, Route, RunMode, Store, StoreError};
 
-/// Appends to an external session (returns None) or queues an `inject` run (returns its id).
-/// The send policy gates it; the session is created (driven) when it does not exist.
+/// Who a message from outside comes from.
+#[derive(Debug, Clone)]
+pub enum Origin {
+    /// The operator, at the command line.
+    Operator,
+    /// A user on a channel, as its bridge tells it, and where a reply to them goes.
+    Channel(Box<(ChannelUser, Route)>),
+}
+
+/// What became of a message from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Injected {
+    /// Appended to an external session's inbox.
+    Appended,
+    /// Queued as a run of a driven session.
+    Queued(String),
+    /// The bridge posted this message id before: nothing new happened (the first run's id).
+    Duplicate(Option<String>),
+}
+
+/// Why a message from outside was not taken: the send policy, the session's agent has no runner,
+/// or the store failed. Each says what to change.
+#[derive(Debug, Clone)]
+pub enum InjectError {
+    Policy(String),
+    NoRunner(String),
+    Store(String),
+}
+
+impl std::fmt::Display for InjectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (InjectError::Policy(m) | InjectError::NoRunner(m) | InjectError::Store(m)) = self;
+        f.write_str(m)
+    }
+}
+
+impl From<InjectError> for crate::access::ToolError {
+    fn from(e: InjectError) -> Self {
+        match e {
+            InjectError::Policy(m) => crate::access::ToolError::forbidden(m),
+            InjectError::NoRunner(m) => crate::access::ToolError::invalid(m),
+            InjectError::Store(m) => crate::access::ToolError::error(m),
+        }
+    }
+}
+
+/// Appends the message to an external session, or queues an `inject` run. The send policy gates
+/// it; the session is created (driven) when it does not exist.
 pub fn start(
     store: &Store,
     config: &Arc<Config>,
     state_dir: &Path,
     key: &SessionKey,
     text: &str,
-) -> Result<Option<String>, String> {
+    origin: &Origin,
+) -> Result<Injected, InjectError> {
     let agent = key.agent_id(&config.default_agent());
-    let row = store.session_by_key(key).map_err(|e| e.to_string())?;
+    let row = store.session_by_key(key).map_err(|e| InjectError::Store(e.to_string()))?;
     let decision = Access::new(store.clone(), config.clone()).send_decision(key, row.as_ref());
     if !decision.allowed() {
-        return Err(decision.refusal(config.session.send_policy.as_ref()));
+        return Err(InjectError::Policy(decision.refusal(config.session.send_policy.as_ref())));
     }
     let external = row.as_ref().is_some_and(|r| r.external);
     if !external {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        crate::runner::resolve_runner(config, &agent, state_dir, &exe)?;
+        let exe = std::env::current_exe().map_err(|e| InjectError::Store(e.to_string()))?;
+        crate::runner::resolve_runner(config, &agent, state_dir, &exe).map_err(InjectError::NoRunner)?;
     }
     let chain = uuid::Uuid::new_v4().to_string();
-    let provenance = Provenance::ExternalUser { tool: SourceTool::Inject, chain: Some(chain.clone()) }.to_json();
+    let (tool, user, route) = match origin {
+        Origin::Operator => (SourceTool::Inject, None, None),
+        Origin::Channel(channel) => (SourceTool::ChannelBridge, Some(channel.0.clone()), Some(&channel.1)),
+    };
+    let dedupe = user.as_ref().and_then(|u| u.message_id.as_ref()).map(|id| format!("message:{id}"));
+    let provenance = Provenance::ExternalUser { tool, chain: Some(chain.clone()), user }.to_json();
     let scope = key_scope(config, &agent);
     let run_id = uuid::Uuid::new_v4().to_string();
     store
-        .write(|tx| -> Result<Option<String>, crate::store::StoreError> {
+        .write(|tx| -> Result<Injected, StoreError> {
+            if let Some(k) = &dedupe
+                && let Some(hit) = tx.idempotency(key, k)?
+            {
+                return Ok(Injected::Duplicate(hit.run_id));
+            }
             tx.insert_session(&NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
             let id: i64 = tx.session_id(key)?;
-            if external {
+            if let Some(route) = route {
+                tx.set_route(id, route)?;
+            }
+            let injected = if external {
                 let m = NewMessage {
                     role: "user".into(),
                     content: json!(text),
@@ -48,14 +112,59 @@ pub fn start(
                     ..Default::default()
                 };
                 tx.append_message(id, &m)?;
-                return Ok(None);
+                Injected::Appended
+            } else {
+                tx.enqueue(&NewRun {
+                    provenance: Some(provenance.clone()),
+                    chain_id: Some(chain.clone()),
+                    ..NewRun::new(run_id.clone(), id, RunMode::Inject, json!({"role": "user", "content": text}))
+                })?;
+                Injected::Queued(run_id.clone())
+            };
+            if let Some(k) = &dedupe {
+                tx.remember_key(key, k, "channel_bridge", "", &run_id, &json!({}))?;
             }
-            tx.enqueue(&NewRun {
-                provenance: Some(provenance.clone()),
-                chain_id: Some(chain.clone()),
-                ..NewRun::new(run_id.clone(), id, RunMode::Inject, json!({"role": "user", "content": text}))
-            })?;
-            Ok(Some(run_id.clone()))
+            Ok(injected)
         })
-        .map_err(|e| e.to_string())
+        .map_err(|e| InjectError::Store(e.to_string()))
+}
+
+/// A channel user's message for `key`, checked against the bridge's channel: the key must name
+/// that channel (a bridge cannot post into another channel's sessions, nor into a session that is
+/// on no channel). A reply goes to the key's thread and, in a direct chat, to the sender.
+pub fn channel_origin(key: &SessionKey, user: ChannelUser, account_id: Option<String>) -> Result<Origin, String> {
+    let Some(channel) = keys::channel_in_key(key) else {
+        return Err(format!(
+            "{key} is not a session of a channel; a bridge posts to keys like agent:<id>:{}:group:<id>",
+            user.channel
+        ));
+    };
+    if channel != user.channel {
+        return Err(format!("{key} is a session of channel {channel:?}, not of {:?}", user.channel));
+    }
+    let parts: Vec<&str> = key.rest().split(':').collect();
+    let in_key = parts.windows(2).find(|w| w[0] == "thread" || w[0] == "topic").map(|w| w[1].to_string());
+    if let (Some(a), Some(b)) = (&in_key, &user.thread_id)
+        && a != b
+    {
+        return Err(format!("threadId {b:?} does not match the thread of {key} ({a:?})"));
+    }
+    let direct = parts.get(1) == Some(&"direct");
+    let route = Route {
+        channel: channel.to_string(),
+        to: direct.then(|| format!("user:{}", user.sender_id)),
+        thread_id: in_key.or_else(|| user.thread_id.clone()),
+        account_id,
+    };
+    Ok(Origin::Channel(Box::new((user, route))))
+}
+
+impl super::Engine<'_> {
+    /// A message from outside into `key` (see [`start`]), on this runtime; the run starts at once.
+    pub fn inject(&self, key: &SessionKey, text: &str, origin: &Origin) -> Result<Injected, crate::access::ToolError> {
+        let rt = self.runtime("a channel message")?;
+        let injected = start(&rt.store, &rt.config, &rt.state_dir, key, text, origin)?;
+        rt.wake();
+        Ok(injected)
+    }
 }

@@ -19,7 +19,7 @@ mod steps;
 pub mod subagents;
 mod turn;
 
-pub use deliver::deliver_due;
+pub use deliver::{deliver_due, settle_run};
 pub use steps::{catch_up, step_id, take_steps};
 pub use turn::{TurnResult, channel_of_row, run_turn};
 

@@ -62,7 +62,7 @@ fn after_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), St
             spawn::completion_read(rt, run, result)?;
             completion_delivery(rt, run, result).and_then(|_| spawn::after_child_run(rt, run, result))
         }
-        RunMode::Inject => Ok(()),
+        RunMode::Inject => inject_reply(rt, run, result),
     }
 }
 
@@ -261,6 +261,17 @@ fn announce_delivery(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Resul
 /// After a completion run in a driven requester: its reply goes to the requester's channel.
 fn completion_delivery(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     to_channel(rt, run, result, DeliveryKind::Completion)
+}
+
+/// After a message from outside ran: its reply goes out through the session's channel deliverer
+/// when the channel has one (a channel user wrote it there); otherwise it stays in the transcript.
+fn inject_reply(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
+    let row = rt.store.session_by_key(&run.session_key)?;
+    let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
+    if rt.config.channels.get(&channel).and_then(|c| c.deliver.as_ref()).is_none_or(Vec::is_empty) {
+        return Ok(());
+    }
+    to_channel(rt, run, result, DeliveryKind::Reply)
 }
 
 /// Delivers a run's reply to its session's channel, under the send policy.

@@ -82,7 +82,8 @@ pub fn max_body_bytes(config: &crate::config::Config) -> usize {
     base64 + a.max_files as usize * per_file + crate::tools::sessions_spawn::MAX_TASK_BYTES * 6 + 64 * 1024
 }
 
-/// The `/mcp` router with bearer authentication, plus `/health`.
+/// The `/mcp` router with bearer authentication, plus `/health` and the channel bridges'
+/// `/channels/<name>/messages`.
 pub fn router(
     access: Access,
     runtime: Option<Arc<Scheduler>>,
@@ -90,6 +91,7 @@ pub fn router(
     options: &HttpOptions,
 ) -> axum::Router {
     let factory_access = access.clone();
+    let bridges = super::bridge::router(access.clone(), runtime.clone());
     // One hub per listener: a caller's subscriptions count over all its MCP sessions here.
     let hub = Hub::new(access.clone(), access.config().server.max_subscriptions);
     let sse = options
@@ -126,7 +128,10 @@ pub fn router(
     if let Some(sse) = sse {
         app = app.merge(sse);
     }
-    app.layer(axum::middleware::from_fn_with_state(auth, bearer)).route("/health", axum::routing::get(health))
+    // Bridges authenticate with their own channel-bound tokens, never with the MCP bearer.
+    app.layer(axum::middleware::from_fn_with_state(auth, bearer))
+        .route("/health", axum::routing::get(health))
+        .merge(bridges)
 }
 
 async fn health() -> axum::Json<serde_json::Value> {

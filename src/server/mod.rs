@@ -2,6 +2,7 @@
 //! `tools/`. The caller is bound to the transport — the stdio process's credentials, or per HTTP
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
+mod bridge;
 mod degraded;
 mod elicit;
 pub mod http;

@@ -141,23 +141,22 @@ impl Store {
 
     /// A caller's idempotency key, if used in the last 24 h.
     pub fn idempotency(&self, caller: &str, key: &str) -> Result<Option<IdempotencyHit>> {
-        self.read(|c| {
-            c.prepare_cached(
-                "SELECT args_hash, run_id, result FROM idempotency WHERE caller = ?1 AND key = ?2 AND created_at > ?3",
-            )?
-            .query_row(params![caller, key, now_ms() - IDEMPOTENCY_TTL_MS], |r| {
-                Ok(IdempotencyHit {
-                    args_hash: r.get(0)?,
-                    run_id: r.get(1)?,
-                    result: r.get::<_, Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()),
-                })
-            })
-            .optional()
-        })
+        self.read(|c| idempotency_hit(c, caller, key))
     }
 }
 
 impl Store {
+    /// Whether the steps after a run were taken and none of its deliveries is still on its way.
+    pub fn run_settled(&self, run_id: &str) -> Result<bool> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT (SELECT steps_done_at IS NOT NULL FROM runs WHERE run_id = ?1)
+                    AND NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND status IN ('queued', 'running'))",
+            )?
+            .query_row([run_id], |r| Ok(r.get::<_, Option<bool>>(0)?.unwrap_or(true)))
+        })
+    }
+
     /// The run's reply delivery that is still queued, if any.
     pub fn pending_delivery(&self, run_id: &str) -> Result<Option<i64>> {
         self.read(|c| {
@@ -258,4 +257,23 @@ impl Store {
                 .execute("UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'", [])?)
         })
     }
+}
+
+/// A caller's idempotency key, if used in the last 24 h (inside a transaction too).
+pub(super) fn idempotency_hit(
+    c: &rusqlite::Connection,
+    caller: &str,
+    key: &str,
+) -> rusqlite::Result<Option<IdempotencyHit>> {
+    c.prepare_cached(
+        "SELECT args_hash, run_id, result FROM idempotency WHERE caller = ?1 AND key = ?2 AND created_at > ?3",
+    )?
+    .query_row(params![caller, key, now_ms() - IDEMPOTENCY_TTL_MS], |r| {
+        Ok(IdempotencyHit {
+            args_hash: r.get(0)?,
+            run_id: r.get(1)?,
+            result: r.get::<_, Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()),
+        })
+    })
+    .optional()
 }

@@ -41,7 +41,7 @@ pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
 pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, RunMode, RunRow, RunStatus};
 pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
-pub use sessions::{ListQuery, NewSession, SendPolicyOverride, SessionRow, SessionState, SliceScope};
+pub use sessions::{ListQuery, NewSession, Route, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub use spawn::SpawnCounts;
 pub use steer::{NewSteer, SteerRow, SteerState};
 pub use subagents::{AnnounceRow, ChildRows, SubtreeCancel, TreeTotals};

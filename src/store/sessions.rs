@@ -53,6 +53,8 @@ pub struct SessionRow {
     pub last_channel: Option<String>,
     pub last_to: Option<String>,
     pub last_account_id: Option<String>,
+    /// The thread the session's last inbound channel message came in (replies go there).
+    pub last_thread_id: Option<String>,
     pub delivery_context: Option<Value>,
     pub label: Option<String>,
     pub display_name: Option<String>,
@@ -90,7 +92,7 @@ const COLUMNS: &str = "id, key, session_id, agent_id, kind, state, driver, chat_
     last_to, last_account_id, delivery_context, label, display_name, spawned_by, spawn_depth, subagent_role, \
     sandboxed, send_policy, model, thinking_level, verbose_level, context_tokens, system_sent, \
     aborted_last_run, tokens_in, tokens_out, tokens_total, cost, transcript_path, created_at, updated_at, \
-    archived_at, deleted_at, spawn_run, announced_at, external_session_id, cancelled_at";
+    archived_at, deleted_at, spawn_run, announced_at, external_session_id, cancelled_at, last_thread_id";
 
 /// The column list `SessionRow::from_row` reads.
 pub(super) fn session_columns() -> &'static str {
@@ -142,6 +144,7 @@ impl SessionRow {
             announced_at: r.get(36)?,
             external_session_id: r.get(37)?,
             cancelled_at: r.get(38)?,
+            last_thread_id: r.get(39)?,
         })
     }
 }
@@ -428,4 +431,14 @@ fn list_slice(c: &Connection, q: &ListQuery) -> rusqlite::Result<Vec<SessionRow>
         out.push(SessionRow::from_row(row)?);
     }
     Ok(out)
+}
+
+/// Where a session's replies on its channel go (`Tx::set_route`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub channel: String,
+    /// The address on the channel (`user:<id>` for a direct chat; group keys carry their own).
+    pub to: Option<String>,
+    pub thread_id: Option<String>,
+    pub account_id: Option<String>,
 }

@@ -142,6 +142,23 @@ impl Tx<'_> {
         Ok(super::ledger::remember_key(self.tx, caller.as_str(), key, tool, args_hash, run_id, result)?)
     }
 
+    /// A caller's idempotency key, if used in the last 24 h: read in the transaction that would
+    /// use it, so that two posts of one message cannot both pass.
+    pub fn idempotency(&self, caller: &SessionKey, key: &str) -> Result<Option<super::IdempotencyHit>> {
+        Ok(super::ledger::idempotency_hit(self.tx, caller.as_str(), key)?)
+    }
+
+    /// Where a session's channel replies go: the channel, the address on it, the thread and the
+    /// account its last inbound message came from.
+    pub fn set_route(&self, session: i64, route: &super::Route) -> Result<()> {
+        self.tx.execute(
+            "UPDATE sessions SET last_channel = ?2, last_to = coalesce(?3, last_to), last_thread_id = ?4,
+                 last_account_id = coalesce(?5, last_account_id) WHERE id = ?1",
+            params![session, route.channel, route.to, route.thread_id, route.account_id],
+        )?;
+        Ok(())
+    }
+
     /// A requester's children by state (the spawn caps count them).
     pub fn spawn_counts(&self, requester: &SessionKey) -> Result<SpawnCounts> {
         Ok(super::spawn::spawn_counts(self.tx, requester.as_str())?)

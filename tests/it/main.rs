@@ -10,6 +10,7 @@ mod architecture;
 mod asking;
 mod attachments;
 mod bad_inputs;
+mod bridges;
 mod budgets;
 mod callbacks;
 mod claude_code;

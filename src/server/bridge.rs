@@ -1,0 +1,185 @@
+//! The inbound side of channels (README, Channel bridges): `POST /channels/<name>/messages`, where
+//! a channel's bridge (a bot process the operator runs) posts its users' messages. The bridge's
+//! bearer token is bound to its channel in config (`channels.<name>.bridge.tokens`); the message
+//! goes into the session its chat names (`agent:<id>:<name>:group:<id>[:thread:<id>]`), runs
+//! there, and the reply goes back out through the channel's deliverer. What a bridge says — the
+//! text, the sender, the thread — is data: it is recorded as the message's provenance and decides
+//! no permission; the token alone decides which channel's sessions it may reach.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use crate::access::{Access, ErrorStatus};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::engine::chain::ChannelUser;
+use crate::engine::inject::{Injected, channel_origin};
+use crate::engine::scheduler::Scheduler;
+use crate::keys::{AgentId, SessionKey};
+
+/// The path bridges post to.
+pub const PATH: &str = "/channels/{channel}/messages";
+/// Longest message text, in bytes (the same as a spawn's task).
+const MAX_TEXT_BYTES: usize = 64 * 1024;
+/// Longest id a bridge may give (sender, chat, thread, message, account).
+const MAX_ID_BYTES: usize = 256;
+
+#[derive(Clone)]
+struct Bridges {
+    access: Access,
+    runtime: Option<Arc<Scheduler>>,
+}
+
+/// The bridge endpoint, authenticated by bridge tokens only (never by the MCP bearer tokens).
+pub fn router(access: Access, runtime: Option<Arc<Scheduler>>) -> axum::Router {
+    axum::Router::new().route(PATH, axum::routing::post(post_message)).with_state(Bridges { access, runtime })
+}
+
+fn refuse(status: StatusCode, error: String) -> Response {
+    (status, axum::Json(json!({"error": error}))).into_response()
+}
+
+/// The channel whose bridge holds this bearer token, if any.
+fn channel_of_token(config: &Config, headers: &HeaderMap) -> Option<String> {
+    let bearer = headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim();
+    let hash = crate::store::sha256_hex(bearer);
+    config.channels.iter().find_map(|(name, ch)| {
+        let bridge = ch.bridge.as_ref()?;
+        bridge.tokens.iter().any(|t| t.sha256.eq_ignore_ascii_case(&hash)).then(|| name.clone())
+    })
+}
+
+async fn post_message(
+    State(b): State<Bridges>,
+    Path(channel): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let config = b.access.config().clone();
+    let Some(own) = channel_of_token(&config, &headers) else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "a bridge token is required: Authorization: Bearer <token>, whose sha256 is in channels.<name>.bridge.tokens"
+                .into(),
+        );
+    };
+    if own != channel {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            format!("this token is the bridge token of channel {own:?}; it cannot post to channel {channel:?}"),
+        );
+    }
+    let post = match parse(&config, &channel, &body) {
+        Ok(p) => p,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
+    };
+    let origin = match channel_origin(&post.key, post.user, post.account_id) {
+        Ok(o) => o,
+        Err(e) => return refuse(StatusCode::FORBIDDEN, e),
+    };
+    let engine = Engine::new(&b.access, b.runtime.as_ref());
+    match engine.inject(&post.key, &post.text, &origin) {
+        Ok(Injected::Queued(run_id)) => accepted("accepted", &post.key, Some(run_id)),
+        Ok(Injected::Appended) => accepted("appended", &post.key, None),
+        Ok(Injected::Duplicate(run_id)) => accepted("duplicate", &post.key, run_id),
+        Err(e) => {
+            let status = match e.status {
+                ErrorStatus::Forbidden => StatusCode::FORBIDDEN,
+                ErrorStatus::Invalid | ErrorStatus::NotFound => StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorStatus::Error => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            refuse(status, e.message)
+        }
+    }
+}
+
+fn accepted(status: &str, key: &SessionKey, run_id: Option<String>) -> Response {
+    (StatusCode::ACCEPTED, axum::Json(json!({"status": status, "sessionKey": key.as_str(), "runId": run_id})))
+        .into_response()
+}
+
+/// A bridge's post, checked field by field.
+#[derive(Debug)]
+struct Post {
+    key: SessionKey,
+    user: ChannelUser,
+    account_id: Option<String>,
+    text: String,
+}
+
+const FIELDS: [&str; 8] = ["chat", "threadId", "sessionKey", "agentId", "sender", "text", "messageId", "accountId"];
+
+fn parse(config: &Config, channel: &str, body: &[u8]) -> Result<Post, String> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let Value::Object(fields) = value else { return Err("the body must be a JSON object".into()) };
+    if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(format!("{unknown} is not a field of a bridge message; allowed: {}", FIELDS.join(", ")));
+    }
+    let text = string(&fields, "text", MAX_TEXT_BYTES)?.ok_or("text is required")?;
+    let sender = fields.get("sender").and_then(Value::as_object).ok_or("sender is required: {id, name?}")?;
+    let sender_id =
+        string(sender, "id", MAX_ID_BYTES).map_err(|e| format!("sender.{e}"))?.ok_or("sender.id is required")?;
+    let sender_name = string(sender, "name", MAX_ID_BYTES).map_err(|e| format!("sender.{e}"))?;
+    let thread_id = string(&fields, "threadId", MAX_ID_BYTES)?;
+    let key = target(config, channel, &fields, thread_id.as_deref())?;
+    let user = ChannelUser {
+        channel: channel.to_string(),
+        sender_id,
+        sender_name,
+        thread_id,
+        message_id: string(&fields, "messageId", MAX_ID_BYTES)?,
+    };
+    Ok(Post { key, user, account_id: string(&fields, "accountId", MAX_ID_BYTES)?, text })
+}
+
+/// The session a post names: `sessionKey`, or the key its `chat` (and thread) make.
+fn target(config: &Config, channel: &str, f: &Map<String, Value>, thread: Option<&str>) -> Result<SessionKey, String> {
+    let raw = match (string(f, "sessionKey", 600)?, f.get("chat")) {
+        (Some(_), Some(_)) => return Err("give chat or sessionKey, not both".into()),
+        (Some(key), None) => key,
+        (None, Some(chat)) => {
+            let chat = chat.as_object().ok_or("chat must be {type: group|channel|direct, id}")?;
+            let kind = string(chat, "type", 16).map_err(|e| format!("chat.{e}"))?.unwrap_or_default();
+            if !matches!(kind.as_str(), "group" | "channel" | "direct") {
+                return Err(format!("chat.type must be group, channel or direct, got {kind:?}"));
+            }
+            let id = string(chat, "id", MAX_ID_BYTES).map_err(|e| format!("chat.{e}"))?.ok_or("chat.id is required")?;
+            let agent = match string(f, "agentId", 128)? {
+                Some(a) => a,
+                None => config.channels[channel]
+                    .bridge
+                    .as_ref()
+                    .and_then(|b| b.agent_id.clone())
+                    .unwrap_or_else(|| config.default_agent().to_string()),
+            };
+            AgentId::parse(&agent).map_err(|e| format!("agentId: {e}"))?;
+            let thread = thread.map(|t| format!(":thread:{t}")).unwrap_or_default();
+            format!("agent:{agent}:{channel}:{kind}:{id}{thread}")
+        }
+        (None, None) => return Err("chat is required: {type: group|channel|direct, id} (or a sessionKey)".into()),
+    };
+    let scope = crate::config::key_scope(config, &config.default_agent());
+    match crate::keys::parse_ref(&raw, &scope) {
+        Ok(crate::keys::SessionRef::Key(key)) => Ok(key),
+        Ok(_) => Err(format!("{raw:?} is not a session key")),
+        Err(e) => Err(format!("the session key {raw:?} {e}")),
+    }
+}
+
+/// An optional string field of at most `max` bytes, without control characters.
+fn string(f: &Map<String, Value>, name: &str, max: usize) -> Result<Option<String>, String> {
+    match f.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.trim().is_empty() => Err(format!("{name} must not be empty")),
+        Some(Value::String(s)) if s.len() > max => Err(format!("{name} is longer than {max} bytes")),
+        Some(Value::String(s)) if name != "text" && s.chars().any(char::is_control) => {
+            Err(format!("{name} must not contain control characters"))
+        }
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!("{name} must be a string, got {other}")),
+    }
+}

@@ -1,0 +1,225 @@
+//! Channel bridges, black-box (issue 20): a user's message posted by a channel's bridge runs the
+//! session its chat names and the reply reaches the bridge's deliverer in the same thread; the
+//! same message id twice runs once; a bridge token reaches only its own channel's sessions; bad
+//! posts are refused by field and change nothing; the send policy gates inbound messages; and
+//! `sessions-mcp inject --sender` does the same for scripts.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::http_client::http_to;
+use common::{TestEnv, scripted_agent, wait_until};
+use serde_json::{Value, json};
+
+const DISCORD: &str = "discord-bridge-token-0123456789";
+const TELEGRAM: &str = "telegram-bridge-token-0123456789";
+const THREAD_KEY: &str = "agent:main:discord:group:123:thread:456";
+
+fn sha(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+fn fake_channel() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/bridge/fake-channel.sh")
+}
+
+/// Agent `main` answers `heard: <input>`; discord and telegram have a bridge and a deliverer
+/// (the fake channel, recording into `<tmp>/<channel>/outbox.jsonl`); `session` is merged in.
+fn env_with(session: Value) -> TestEnv {
+    let mut env = TestEnv::new();
+    let main = scripted_agent(&env, "main", &json!({"default": {"reply": "heard: {input}"}}), json!({}));
+    let mut channels = json!({});
+    for (name, token) in [("discord", DISCORD), ("telegram", TELEGRAM)] {
+        let dir = env.state_dir().parent().unwrap().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        channels[name] = json!({
+            "deliver": ["/bin/sh", fake_channel().to_str().unwrap(), dir.to_str().unwrap()],
+            "bridge": {"tokens": [{"sha256": sha(token)}]},
+        });
+    }
+    env.set_config(&json!({"agents": {"list": [main]}, "channels": channels, "session": session}).to_string());
+    env
+}
+
+fn outbox(env: &TestEnv, channel: &str) -> Vec<Value> {
+    let path = env.state_dir().parent().unwrap().join(channel).join("outbox.jsonl");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    // Only whole lines: the deliverer may be writing the last one.
+    let whole = text.rsplit_once('\n').map_or("", |(done, _)| done);
+    whole.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {text:?}"))).collect()
+}
+
+fn post(port: u16, channel: &str, token: Option<&str>, body: &str) -> (u16, Value) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(a) = &auth {
+        headers.push(("Authorization", a.as_str()));
+    }
+    let (status, _, body) = http_to(port, "POST", &format!("/channels/{channel}/messages"), &headers, body);
+    (status, serde_json::from_str(&body).unwrap_or_else(|_| json!({"raw": body})))
+}
+
+fn message(text: &str, message_id: &str) -> String {
+    json!({"chat": {"type": "group", "id": "123"}, "threadId": "456", "sender": {"id": "u1", "name": "Ada"},
+           "text": text, "messageId": message_id})
+    .to_string()
+}
+
+fn session_keys(env: &TestEnv) -> Vec<String> {
+    let out = env.run(&["ls", "--json"]);
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    all["sessions"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_bridged_message_runs_its_group_session_and_the_reply_reaches_the_bridge_in_its_thread() {
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("hello", "m-1"));
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["status"], "accepted", "{answer}");
+    assert_eq!(answer["sessionKey"], THREAD_KEY, "{answer}");
+    let delivered = wait_until(Duration::from_secs(20), "the reply at the bridge", || outbox(&env, "discord").pop());
+    assert_eq!(delivered["kind"], "reply", "{delivered}");
+    assert_eq!(delivered["text"], "heard: hello", "{delivered}");
+    assert_eq!(delivered["to"], "channel:123", "{delivered}");
+    assert_eq!(delivered["threadId"], "456", "the reply goes to the message's thread: {delivered}");
+    assert_eq!(delivered["sessionKey"], THREAD_KEY);
+    // The transcript says who wrote it, as data.
+    let show = env.show(THREAD_KEY);
+    let user = show["messages"].as_array().unwrap().iter().find(|m| m["role"] == "user").unwrap().clone();
+    let p = &user["provenance"];
+    assert_eq!(p["kind"], "external_user", "{user}");
+    assert_eq!(p["sourceTool"], "channel_bridge", "{user}");
+    assert_eq!(
+        (&p["sourceChannel"], &p["senderId"], &p["senderName"]),
+        (&json!("discord"), &json!("u1"), &json!("Ada"))
+    );
+    assert_eq!((&p["threadId"], &p["messageId"]), (&json!("456"), &json!("m-1")), "{user}");
+    // The bridge posts the same message again (a retry): nothing new runs.
+    let (status, again) = post(server.port, "discord", Some(DISCORD), &message("hello", "m-1"));
+    assert_eq!((status, &again["status"]), (202, &json!("duplicate")), "{again}");
+    assert_eq!(again["runId"], answer["runId"], "{again}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(common::runs_of(&env.show(THREAD_KEY), None).len(), 1, "one run for one message");
+    assert_eq!(outbox(&env, "discord").len(), 1);
+    assert!(outbox(&env, "telegram").is_empty());
+}
+
+#[test]
+fn a_bridge_token_reaches_only_its_own_channel_and_bad_posts_change_nothing() {
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let port = server.port;
+    let good = message("hi", "m-2");
+    let cases: Vec<(&str, Option<&str>, String, u16, &str)> = vec![
+        ("discord", None, good.clone(), 401, "a bridge token is required"),
+        ("discord", Some("not-a-bridge-token"), good.clone(), 401, "a bridge token is required"),
+        (
+            "discord",
+            Some(TELEGRAM),
+            good.clone(),
+            403,
+            "bridge token of channel \"telegram\"; it cannot post to channel \"discord\"",
+        ),
+        ("nochannel", Some(DISCORD), good.clone(), 403, "it cannot post to channel \"nochannel\""),
+        (
+            "discord",
+            Some(DISCORD),
+            json!({"sessionKey": "agent:main:telegram:group:9", "sender": {"id": "u1"}, "text": "x"}).to_string(),
+            403,
+            "is a session of channel \"telegram\", not of \"discord\"",
+        ),
+        (
+            "discord",
+            Some(DISCORD),
+            json!({"sessionKey": "agent:main:main", "sender": {"id": "u1"}, "text": "x"}).to_string(),
+            403,
+            "is not a session of a channel",
+        ),
+        ("discord", Some(DISCORD), "{not json".into(), 400, "the body is not JSON"),
+        (
+            "discord",
+            Some(DISCORD),
+            json!({"chat": {"type": "group", "id": "1"}, "text": "x"}).to_string(),
+            400,
+            "sender is required",
+        ),
+        (
+            "discord",
+            Some(DISCORD),
+            json!({"chat": {"type": "group", "id": "1"}, "sender": {"id": "u"}, "text": "x", "admin": true})
+                .to_string(),
+            400,
+            "admin is not a field of a bridge message",
+        ),
+        (
+            "discord",
+            Some(DISCORD),
+            json!({"chat": {"type": "forum", "id": "1"}, "sender": {"id": "u"}, "text": "x"}).to_string(),
+            400,
+            "chat.type must be group, channel or direct",
+        ),
+        (
+            "discord",
+            Some(DISCORD),
+            json!({"chat": {"type": "group", "id": "1"}, "sender": {"id": "u"}}).to_string(),
+            400,
+            "text is required",
+        ),
+        (
+            "discord",
+            Some(DISCORD),
+            json!({"chat": {"type": "group", "id": "1"}, "sender": {"id": "u"}, "text": "x", "threadId": 7})
+                .to_string(),
+            400,
+            "threadId must be a string, got 7",
+        ),
+    ];
+    for (channel, token, body, status, needle) in cases {
+        let (got, answer) = post(port, channel, token, &body);
+        assert_eq!(got, status, "{channel} {token:?} {body}: {answer}");
+        let err = answer["error"].as_str().unwrap_or_else(|| panic!("{answer}"));
+        assert!(err.contains(needle), "{body}: {err}");
+    }
+    assert!(session_keys(&env).is_empty(), "nothing was created: {:?}", session_keys(&env));
+    assert!(outbox(&env, "discord").is_empty() && outbox(&env, "telegram").is_empty());
+}
+
+#[test]
+fn the_send_policy_refuses_an_inbound_message_where_a_rule_says_so() {
+    let policy = json!({"sendPolicy": {"default": "allow", "rules": [
+        {"action": "deny", "match": {"channel": "discord", "chatType": "group"}}]}});
+    let env = env_with(policy);
+    let server = env.serve_http(&[]);
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("hello", "m-3"));
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("rule"), "{answer}");
+    // A direct chat on the same channel is not matched by the rule: it runs, and its reply goes
+    // to the sender.
+    let direct = json!({"chat": {"type": "direct", "id": "u7"}, "sender": {"id": "u7"}, "text": "psst"}).to_string();
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &direct);
+    assert_eq!(status, 202, "{answer}");
+    let delivered = wait_until(Duration::from_secs(20), "the direct reply", || outbox(&env, "discord").pop());
+    assert_eq!((&delivered["to"], &delivered["text"]), (&json!("user:u7"), &json!("heard: psst")), "{delivered}");
+    assert_eq!(session_keys(&env), ["agent:main:discord:direct:u7"], "the refused group session was never made");
+}
+
+#[test]
+fn inject_with_a_sender_is_a_channel_users_message_for_scripts() {
+    let env = env_with(json!({}));
+    let out =
+        env.run(&["inject", THREAD_KEY, "from a script", "--sender", "u9", "--message-id", "s-1", "--timeout", "30"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "heard: from a script");
+    let delivered = wait_until(Duration::from_secs(20), "the reply at the bridge", || outbox(&env, "discord").pop());
+    assert_eq!((&delivered["threadId"], &delivered["text"]), (&json!("456"), &json!("heard: from a script")));
+    let again = env.run(&["inject", THREAD_KEY, "from a script", "--sender", "u9", "--message-id", "s-1"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("message already received"), "{again:?}");
+    let refused = env.run(&["inject", "agent:main:main", "x", "--sender", "u9"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--sender needs a channel session key"), "{refused:?}");
+}
