@@ -33,6 +33,9 @@ pub enum RunState {
     Interrupted,
     /// Stopped because its budget (or the one it shares) was spent.
     BudgetExceeded,
+    /// A thread-bound session child between turns: its task announced, it waits for its thread's
+    /// follow-ups until idle too long.
+    Idle,
 }
 
 impl RunState {
@@ -182,6 +185,10 @@ impl Access {
             state = RunState::Waiting; // on an answer
         }
         let announce = announce_state(&row, announce_row.as_ref());
+        let bound = self.store.thread_binding(row.id)?.is_some_and(|b| b.mode == crate::store::BindingMode::Session);
+        if bound && state.is_finished() && row.announced_at.is_some() && row.archived_at.is_none() && active.is_none() {
+            state = RunState::Idle;
+        }
         let budget = self.store.budget_of(row.id)?;
         Ok(Child { row, spawn_run, last_work, state, announce, announce_row, open_asks, budget })
     }

@@ -23,6 +23,8 @@ pub mod defaults {
     pub const MAX_CHILDREN_PER_AGENT: u32 = 5;
     pub const MAX_CONCURRENT_CHILDREN: u32 = 8;
     pub const MAX_QUEUED_CHILDREN: u32 = 100;
+    /// `threadBindings.idleHours`, as the reference's.
+    pub const THREAD_IDLE_HOURS: f64 = 24.0;
     pub const SUBAGENT_RUN_TIMEOUT_SECONDS: u64 = 0;
     pub const ARCHIVE_AFTER_MINUTES: f64 = 60.0;
     pub const SWEEP_INTERVAL_SECONDS: u64 = 60;
@@ -72,7 +74,8 @@ pub struct Config {
     pub session: SessionConfig,
     pub tools: ToolsConfig,
     pub runtime: RuntimeConfig,
-    /// Per-channel delivery: `channels.<name>.deliver` (argv) and `threads` (reserved).
+    /// Per channel: the deliverer (`deliver`, argv), its thread support (`threads`,
+    /// `threadBindings`) and the inbound bridge (`bridge`).
     pub channels: BTreeMap<String, ChannelConfig>,
     pub server: ServerConfig,
     pub security: SecurityConfig,
@@ -468,6 +471,8 @@ pub struct SessionConfig {
     /// The budget of every spawn tree's root (a session that was not spawned): its children's
     /// budgets are reserved from it. None: roots are unlimited.
     pub budget: Option<Budget>,
+    /// Defaults of every channel's `threadBindings`.
+    pub thread_bindings: Option<ThreadBindings>,
 }
 
 impl Default for SessionConfig {
@@ -478,6 +483,7 @@ impl Default for SessionConfig {
             send_policy: None,
             agent_to_agent: SessionAgentToAgent::default(),
             budget: None,
+            thread_bindings: None,
         }
     }
 }
@@ -689,10 +695,38 @@ impl Default for RuntimeConfig {
 pub struct ChannelConfig {
     /// Deliverer command as an argv array (never a shell string).
     pub deliver: Option<Vec<String>>,
-    /// Reserved: whether the deliverer supports threads.
+    /// Whether the deliverer opens threads (`kind: "thread_open"`), so spawns may bind children
+    /// to them.
     pub threads: bool,
     /// The channel's inbound side: the bridge that posts its users' messages into sessions.
     pub bridge: Option<ChannelBridge>,
+    /// Sub-agents bound to threads of this channel (over `session.threadBindings`).
+    pub thread_bindings: Option<ThreadBindings>,
+}
+
+/// Thread-bound sub-agents (`sessions_spawn {thread: true}`), as the reference names them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ThreadBindings {
+    /// Whether spawns may open threads (on a channel: as `threads: true` does).
+    pub enabled: Option<bool>,
+    /// A `mode: "session"` child is archived after this long without activity (default 24).
+    pub idle_hours: Option<f64>,
+    /// … and this long after its spawn whatever its activity (default 0: no limit).
+    pub max_age_hours: Option<f64>,
+    /// Whether sub-agents may be spawned into this channel's threads (default true).
+    pub spawn_subagent_sessions: Option<bool>,
+    /// Reserved by the reference for ACP sessions; accepted, not used.
+    pub spawn_acp_sessions: Option<bool>,
+}
+
+/// What a channel's threads allow, resolved from its settings over `session.threadBindings`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadSettings {
+    /// How long a session-mode child stays without activity, in ms (none: no limit).
+    pub idle_ms: Option<i64>,
+    /// Its longest life, in ms (none: no limit).
+    pub max_age_ms: Option<i64>,
 }
 
 /// A bridge posts a channel's inbound messages to `POST /channels/<name>/messages` of
@@ -963,6 +997,28 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Whether spawns may open threads on `channel`, and for how long a session-mode child stays:
+    /// the channel needs a deliverer and thread support (`threads: true`, or
+    /// `threadBindings.enabled`), and neither it nor `session.threadBindings` turned it off.
+    pub fn thread_settings(&self, channel: &str) -> Option<ThreadSettings> {
+        let ch = self.channels.get(channel)?;
+        ch.deliver.as_ref().filter(|argv| !argv.is_empty())?;
+        let own = ch.thread_bindings.clone().unwrap_or_default();
+        let base = self.session.thread_bindings.clone().unwrap_or_default();
+        let capable = ch.threads || own.enabled == Some(true);
+        let off = own.enabled == Some(false)
+            || base.enabled == Some(false)
+            || own.spawn_subagent_sessions.or(base.spawn_subagent_sessions) == Some(false);
+        if !capable || off {
+            return None;
+        }
+        let hours = |h: Option<f64>| h.filter(|h| *h > 0.0).map(|h| (h * 3_600_000.0) as i64);
+        Some(ThreadSettings {
+            idle_ms: hours(Some(own.idle_hours.or(base.idle_hours).unwrap_or(defaults::THREAD_IDLE_HOURS))),
+            max_age_ms: hours(own.max_age_hours.or(base.max_age_hours)),
+        })
     }
 
     /// The longest cancel grace any agent has: how long a cancelled run may take to stop.

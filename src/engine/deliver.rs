@@ -41,7 +41,7 @@ pub fn record(
 
 /// Where a key's channel delivers: `to` and `threadId` from the key, else the delivery context
 /// (the route of the session's last inbound message).
-fn address(key: &SessionKey, row: Option<&SessionRow>) -> (Option<String>, Option<String>) {
+pub(super) fn address(key: &SessionKey, row: Option<&SessionRow>) -> (Option<String>, Option<String>) {
     let parts: Vec<&str> = key.rest().split(':').collect();
     let in_key = parts.windows(2).find(|w| w[0] == "thread" || w[0] == "topic").map(|w| w[1].to_string());
     let thread = in_key.or_else(|| row.and_then(|r| r.last_thread_id.clone()));
@@ -122,38 +122,50 @@ enum Attempt {
 
 /// Runs the deliverer once. The text is data on stdin, never interpolated into argv.
 async fn attempt(argv: &[String], payload: &Value) -> Result<(), Attempt> {
+    match run_deliverer(argv, payload, DELIVER_TIMEOUT).await {
+        Err(Ran::NotRun(e)) => Err(Attempt::Retry(e)),
+        Err(Ran::Exited(Some(EXIT_RETRY), tail)) => {
+            Err(Attempt::Retry(format!("the deliverer asked to retry: {}", tail.trim())))
+        }
+        Err(Ran::Exited(code, tail)) => {
+            Err(Attempt::Failed(format!("the deliverer exited with {code:?}: {}", tail.trim())))
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
+/// How a deliverer run went wrong: it did not run (or not to the end), or exited non-zero with
+/// this stderr tail.
+pub(super) enum Ran {
+    NotRun(String),
+    Exited(Option<i32>, String),
+}
+
+/// Runs a deliverer with `payload` on stdin and returns its stdout when it exits 0.
+pub(super) async fn run_deliverer(argv: &[String], payload: &Value, timeout: Duration) -> Result<Vec<u8>, Ran> {
     use tokio::io::AsyncWriteExt;
     let Some((program, args)) = argv.split_first() else {
-        return Err(Attempt::Failed("no deliverer configured".into()));
+        return Err(Ran::NotRun("no deliverer configured".into()));
     };
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| Attempt::Retry(format!("cannot start the deliverer {program:?}: {e}")))?;
+        .map_err(|e| Ran::NotRun(format!("cannot start the deliverer {program:?}: {e}")))?;
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(payload.to_string().as_bytes()).await;
     }
-    match tokio::time::timeout(DELIVER_TIMEOUT, child.wait_with_output()).await {
-        Err(_) => Err(Attempt::Retry("the deliverer timed out after 30 s".into())),
-        Ok(Err(e)) => Err(Attempt::Retry(format!("the deliverer failed: {e}"))),
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Err(_) => Err(Ran::NotRun(format!("the deliverer timed out after {} s", timeout.as_secs()))),
+        Ok(Err(e)) => Err(Ran::NotRun(format!("the deliverer failed: {e}"))),
+        Ok(Ok(out)) if out.status.code() == Some(0) => Ok(out.stdout),
         Ok(Ok(out)) => {
-            let tail: String = String::from_utf8_lossy(&out.stderr)
-                .chars()
-                .rev()
-                .take(500)
-                .collect::<String>()
-                .chars()
-                .rev()
-                .collect();
-            match out.status.code() {
-                Some(0) => Ok(()),
-                Some(EXIT_RETRY) => Err(Attempt::Retry(format!("the deliverer asked to retry: {}", tail.trim()))),
-                code => Err(Attempt::Failed(format!("the deliverer exited with {code:?}: {}", tail.trim()))),
-            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: String = stderr.chars().rev().take(500).collect::<String>().chars().rev().collect();
+            Err(Ran::Exited(out.status.code(), tail))
         }
     }
 }

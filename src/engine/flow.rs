@@ -72,6 +72,9 @@ pub struct SpawnFlow {
     /// Where the attachments lie (removed with a deleted child).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachments_path: Option<String>,
+    /// The spawn's `attachAs` hint, as given (reserved: recorded, not acted on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach_as: Option<Value>,
 }
 
 /// What happens to a child session after its announce.

@@ -91,6 +91,11 @@ pub fn start(
     let provenance = Provenance::ExternalUser { tool, chain: Some(chain.clone()), user }.to_json();
     let scope = key_scope(config, &agent);
     let run_id = uuid::Uuid::new_v4().to_string();
+    // A sub-agent's later turns (a thread's follow-up) keep its sub-agent context.
+    let spawn_flow = match row.as_ref().and_then(|r| r.spawn_run.as_deref()) {
+        Some(spawn_run) => store.run(spawn_run).map_err(|e| InjectError::Store(e.to_string()))?.and_then(|r| r.extra),
+        None => None,
+    };
     store
         .write(|tx| -> Result<Injected, StoreError> {
             if let Some(k) = &dedupe
@@ -117,6 +122,7 @@ pub fn start(
                 tx.enqueue(&NewRun {
                     provenance: Some(provenance.clone()),
                     chain_id: Some(chain.clone()),
+                    extra: spawn_flow.clone(),
                     ..NewRun::new(run_id.clone(), id, RunMode::Inject, json!({"role": "user", "content": text}))
                 })?;
                 Injected::Queued(run_id.clone())
@@ -160,6 +166,26 @@ pub fn channel_origin(key: &SessionKey, user: ChannelUser, account_id: Option<St
 }
 
 impl super::Engine<'_> {
+    /// Where a bridge's message for `key` goes: the session-mode child bound to the key's thread
+    /// when there is one (its follow-up), else `key` itself; with the origin to record.
+    pub fn route_bridged(
+        &self,
+        key: &SessionKey,
+        user: ChannelUser,
+        account_id: Option<String>,
+    ) -> Result<(SessionKey, Origin), crate::access::ToolError> {
+        let rt = self.runtime("a channel message")?;
+        let channel = user.channel.clone();
+        if let (Some(to), Some(thread)) = super::deliver::address(key, None)
+            && let Some(child) = rt.store.bound_session(&channel, &to, &thread)?
+        {
+            let route = Route { channel, to: Some(to), thread_id: Some(thread), account_id };
+            return Ok((child, Origin::Channel(Box::new((user, route)))));
+        }
+        let origin = channel_origin(key, user, account_id).map_err(crate::access::ToolError::forbidden)?;
+        Ok((key.clone(), origin))
+    }
+
     /// A message from outside into `key` (see [`start`]), on this runtime; the run starts at once.
     pub fn inject(&self, key: &SessionKey, text: &str, origin: &Origin) -> Result<Injected, crate::access::ToolError> {
         let rt = self.runtime("a channel message")?;

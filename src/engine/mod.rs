@@ -17,6 +17,7 @@ pub mod spawn;
 pub mod steer;
 mod steps;
 pub mod subagents;
+mod threads;
 mod turn;
 
 pub use deliver::{deliver_due, settle_run};

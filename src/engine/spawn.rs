@@ -22,6 +22,7 @@ use crate::store::{
     AnnounceKind, AttachmentReceipt, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun,
     NewSession, RunMode, RunRow, RunStatus, SessionRow, Store, StoreError,
 };
+use crate::store::{BindingMode, Route, ThreadBinding};
 
 /// Longest Result in an announce, in bytes.
 const RESULT_BYTES: usize = 8 * 1024;
@@ -42,6 +43,12 @@ pub struct SpawnRequest {
     pub idempotency_key: Option<String>,
     /// The budget asked for (validated); none: the configured default, else a share of the requester's.
     pub budget: Option<crate::config::Budget>,
+    /// The thread it is bound to (`thread: true`, opened by `Engine::open_thread` first).
+    pub thread: Option<ThreadBinding>,
+    /// `thread: true` with this mode.
+    pub thread_mode: Option<BindingMode>,
+    /// The reserved `attachAs` hint, recorded with the spawn's flow.
+    pub attach_as: Option<Value>,
     /// The arguments as given: an idempotency key re-attaches only to the same ones.
     pub raw: Value,
 }
@@ -145,6 +152,8 @@ impl Engine<'_> {
             child_session_id,
             budget: super::budget::asked(config, &req.agent, req.budget.as_ref()),
             child_runner: spec.kind,
+            thread: req.thread.as_ref(),
+            attach_as: req.attach_as.as_ref(),
         };
         let spawned = start(&rt.store, &rt.config, &plan).map_err(refusal)?;
         let attachments = staged.as_ref().map(super::attachments::Staged::summary);
@@ -252,6 +261,8 @@ struct SpawnPlan<'a> {
     budget: Limits,
     /// Whether the child's runner can report usage depends on its kind.
     child_runner: crate::config::RunnerKind,
+    thread: Option<&'a ThreadBinding>,
+    attach_as: Option<&'a Value>,
 }
 
 /// What the spawn created.
@@ -288,11 +299,19 @@ fn subagent_context(plan: &SpawnPlan, child: &SessionKey) -> String {
     } else {
         "You are a leaf worker: you cannot spawn further sub-agents."
     };
+    let thread = match plan.thread {
+        Some(b) if b.mode == BindingMode::Session => format!(
+            "\nYour replies are posted in thread {} of channel {}. This subagent session is persistent and remains available for thread follow-up messages.",
+            b.thread_id, b.channel
+        ),
+        Some(b) => format!("\nYour replies are posted in thread {} of channel {}.", b.thread_id, b.channel),
+        None => String::new(),
+    };
     format!(
         "Sub-agent context. You are a sub-agent spawned for one task (depth {depth} of {max}).\n\
          Rules: stay on the task; finish it; do not start unrelated work; your session is ephemeral; \
          your final reply is announced to the session that spawned you automatically — do not poll or \
-         message it.\n{spawning}\nLabel: {label}.\nRequester session: {req}.\nRequester channel: {ch}.\nYour session: {child}.",
+         message it.\n{spawning}{thread}\nLabel: {label}.\nRequester session: {req}.\nRequester channel: {ch}.\nYour session: {child}.",
         depth = plan.depth,
         max = plan.max_depth,
         label = plan.label.as_deref().unwrap_or("(none)"),
@@ -343,12 +362,25 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
             child_runner: plan.child_runner,
         };
         let budget = super::budget::reserve(tx, config, &reservation).map_err(Refused::Budget)?.to_json();
+        if let Some(b) = plan.thread {
+            // Its replies go to its thread: the channel and the address live on its row.
+            tx.bind_thread(child_id, b)?;
+            tx.set_channel(child_id, &b.channel)?;
+            let route = Route {
+                channel: b.channel.clone(),
+                to: Some(b.to.clone()),
+                thread_id: Some(b.thread_id.clone()),
+                account_id: None,
+            };
+            tx.set_route(child_id, &route)?;
+        }
         let flow = SpawnFlow {
             requester: plan.caller.key.to_string(),
             cleanup: if plan.cleanup_delete { Cleanup::Delete } else { Cleanup::Keep },
             system: subagent_context(plan, &child_key),
             attachments: plan.attachments.map(|staged| staged.for_request()),
             attachments_path: plan.attachments.map(|staged| staged.path().display().to_string()),
+            attach_as: plan.attach_as.cloned(),
         };
         if let Some(staged) = plan.attachments {
             for r in &staged.receipts {
@@ -496,10 +528,14 @@ fn task_reply(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow) -> Result<
     })
 }
 
-/// After a run in a sub-agent session: announce when its work (and its children's) is done.
+/// After a run in a sub-agent session: a thread-bound child's reply goes to its thread; the
+/// announce goes when its work (and its children's) is done.
 pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     let store = &rt.store;
     let Some(child) = store.session_by_key(&run.session_key)? else { return Ok(()) };
+    if matches!(run.mode, RunMode::Spawn | RunMode::Steer) && store.thread_binding(child.id)?.is_some() {
+        super::steps::to_channel(rt, run, result, DeliveryKind::Reply)?;
+    }
     let (Some(spawn_run_id), None) = (&child.spawn_run, child.announced_at) else { return Ok(()) };
     let Some(spawn_run) = store.run(spawn_run_id)? else { return Ok(()) };
     if child.cancelled_at.is_some() {
@@ -664,7 +700,12 @@ fn finish(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow) -> Result<(), 
     let flow = Flow::of(spawn_run.extra.as_ref());
     let delete = flow.as_ref().and_then(Flow::spawn).is_some_and(|s| s.cleanup == Cleanup::Delete);
     let minutes = rt.config.agents.defaults.subagents.archive_after_minutes;
-    let archive_after = (minutes > 0.0).then_some((minutes * 60_000.0) as i64);
+    let mut archive_after = (minutes > 0.0).then_some((minutes * 60_000.0) as i64);
+    // A session-mode child stays for its thread's follow-ups: its idle time decides.
+    if let Some(b) = rt.store.thread_binding(child.id)?.filter(|b| b.mode == BindingMode::Session) {
+        let now = crate::store::now_ms();
+        archive_after = b.archive_due(now).map(|due| due - now);
+    }
     if delete {
         remove_attachments(rt, spawn_run);
     }
@@ -715,6 +756,8 @@ mod tests {
             child_session_id: uuid::Uuid::new_v4().to_string(),
             budget,
             child_runner: crate::config::RunnerKind::Jsonl,
+            thread: None,
+            attach_as: None,
         }
     }
 

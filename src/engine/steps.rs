@@ -267,6 +267,9 @@ fn completion_delivery(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
 /// when the channel has one (a channel user wrote it there); otherwise it stays in the transcript.
 fn inject_reply(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     let row = rt.store.session_by_key(&run.session_key)?;
+    if let Some(r) = &row {
+        rt.store.touch_binding(r.id)?; // a thread's follow-up keeps a session-mode child alive
+    }
     let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
     if rt.config.channels.get(&channel).and_then(|c| c.deliver.as_ref()).is_none_or(Vec::is_empty) {
         return Ok(());
@@ -275,7 +278,12 @@ fn inject_reply(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(),
 }
 
 /// Delivers a run's reply to its session's channel, under the send policy.
-fn to_channel(rt: &Scheduler, run: &RunRow, result: &TurnResult, kind: DeliveryKind) -> Result<(), StoreError> {
+pub(super) fn to_channel(
+    rt: &Scheduler,
+    run: &RunRow,
+    result: &TurnResult,
+    kind: DeliveryKind,
+) -> Result<(), StoreError> {
     let row = rt.store.session_by_key(&run.session_key)?;
     let channel = channel_of_row(&run.session_key, row.as_ref(), rt);
     let Some(text) = result.ok_reply().map(String::from) else {

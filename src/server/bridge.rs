@@ -17,7 +17,7 @@ use crate::access::{Access, ErrorStatus};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::engine::chain::ChannelUser;
-use crate::engine::inject::{Injected, channel_origin};
+use crate::engine::inject::Injected;
 use crate::engine::scheduler::Scheduler;
 use crate::keys::{AgentId, SessionKey};
 
@@ -77,15 +77,14 @@ async fn post_message(
         Ok(p) => p,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
     };
-    let origin = match channel_origin(&post.key, post.user, post.account_id) {
-        Ok(o) => o,
-        Err(e) => return refuse(StatusCode::FORBIDDEN, e),
-    };
     let engine = Engine::new(&b.access, b.runtime.as_ref());
-    match engine.inject(&post.key, &post.text, &origin) {
-        Ok(Injected::Queued(run_id)) => accepted("accepted", &post.key, Some(run_id)),
-        Ok(Injected::Appended) => accepted("appended", &post.key, None),
-        Ok(Injected::Duplicate(run_id)) => accepted("duplicate", &post.key, run_id),
+    let injected = engine
+        .route_bridged(&post.key, post.user, post.account_id)
+        .and_then(|(key, origin)| Ok((engine.inject(&key, &post.text, &origin)?, key)));
+    match injected {
+        Ok((Injected::Queued(run_id), key)) => accepted("accepted", &key, Some(run_id)),
+        Ok((Injected::Appended, key)) => accepted("appended", &key, None),
+        Ok((Injected::Duplicate(run_id), key)) => accepted("duplicate", &key, run_id),
         Err(e) => {
             let status = match e.status {
                 ErrorStatus::Forbidden => StatusCode::FORBIDDEN,

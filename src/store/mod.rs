@@ -22,6 +22,7 @@ mod spawn;
 mod steer;
 mod subagents;
 mod text_enum;
+mod threads;
 mod tokens;
 mod tx;
 
@@ -45,6 +46,7 @@ pub use sessions::{ListQuery, NewSession, Route, SendPolicyOverride, SessionRow,
 pub use spawn::SpawnCounts;
 pub use steer::{NewSteer, SteerRow, SteerState};
 pub use subagents::{AnnounceRow, ChildRows, SubtreeCancel, TreeTotals};
+pub use threads::{BindingMode, ThreadBinding};
 pub use tokens::{TokenRow, sha256_hex};
 pub use tx::{AttachmentReceipt, Tx};
 

@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -385,4 +385,21 @@ CREATE INDEX runs_waiting_on ON runs (waiting_on) WHERE waiting_on IS NOT NULL;
 CREATE INDEX runs_requester_mode ON runs (requester_key, mode, status);
 CREATE INDEX runs_cancel_requested ON runs (owner) WHERE cancel_requested_at IS NOT NULL AND status = 'running';
 CREATE INDEX runs_steps_pending ON runs (ended_at) WHERE steps_done_at IS NULL;
+"#;
+
+/// Version 8: sub-agents bound to a thread of their requester's channel (`sessions_spawn
+/// {thread: true}`): the thread a child answers in, and, for `mode: "session"`, how long it stays
+/// available for the thread's follow-ups (idle time and age; the archive sweep ends it).
+const V8: &str = r#"
+CREATE TABLE thread_bindings (
+    session     INTEGER PRIMARY KEY REFERENCES sessions (id),
+    channel     TEXT NOT NULL,
+    to_addr     TEXT NOT NULL,
+    thread_id   TEXT NOT NULL,
+    mode        TEXT NOT NULL CHECK (mode IN ('run', 'session')),
+    idle_ms     INTEGER,
+    max_age_ms  INTEGER,
+    created_at  INTEGER NOT NULL
+);
+CREATE INDEX thread_bindings_thread ON thread_bindings (channel, to_addr, thread_id);
 "#;

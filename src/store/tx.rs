@@ -142,6 +142,17 @@ impl Tx<'_> {
         Ok(super::ledger::remember_key(self.tx, caller.as_str(), key, tool, args_hash, run_id, result)?)
     }
 
+    /// Binds a child to its thread.
+    pub fn bind_thread(&self, session: i64, binding: &super::ThreadBinding) -> Result<()> {
+        Ok(super::threads::bind(self.tx, session, binding)?)
+    }
+
+    /// A session's `channel` column: where its replies go when its key names no channel.
+    pub fn set_channel(&self, session: i64, channel: &str) -> Result<()> {
+        self.tx.execute("UPDATE sessions SET channel = ?2 WHERE id = ?1", params![session, channel])?;
+        Ok(())
+    }
+
     /// A caller's idempotency key, if used in the last 24 h: read in the transaction that would
     /// use it, so that two posts of one message cannot both pass.
     pub fn idempotency(&self, caller: &SessionKey, key: &str) -> Result<Option<super::IdempotencyHit>> {

@@ -18,6 +18,7 @@ use crate::access::{Access, RunRow, RunStatus};
 use crate::engine::spawn::{SpawnRequest, Spawned};
 use crate::keys::AgentId;
 use crate::policy::ToolName;
+use crate::store::BindingMode;
 
 pub const MAX_TASK_BYTES: usize = 64 * 1024;
 pub const MAX_ATTACHMENTS: usize = 50;
@@ -41,9 +42,11 @@ pub struct Params {
     /// Kill the child's run after this many seconds (0 = no own limit; can only lower the operator's cap).
     #[schemars(range(min = 0))]
     run_timeout_seconds: Option<f64>,
-    /// Bind the child to a thread: not available in this version (always invalid).
+    /// Bind the child to a new thread of your channel: its replies go there (your channel's
+    /// deliverer must open threads; otherwise refused).
     thread: Option<bool>,
-    /// run (default) | session (needs thread=true, so unavailable in this version).
+    /// run | session (default with thread=true; needs it): a session child stays for the thread's
+    /// follow-up messages until idle for threadBindings.idleHours.
     mode: Option<SpawnMode>,
     /// delete | keep (default keep): what happens to the child session after its announce.
     cleanup: Option<Cleanup>,
@@ -145,6 +148,10 @@ pub struct SpawnOk {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub attachments: Option<Value>,
+    /// The thread the child answers in: {channel, to, threadId}.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
+    pub thread: Option<Value>,
     /// The child's budget: {limit: {tokens?, costUsd?, runtimeSeconds?}, clamped?: [dims cut to
     /// what was left], shared?: [dims it draws from your budget without a reservation]}.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -168,7 +175,8 @@ pub fn spec() -> ToolSpec {
         "Spawn Sub-agent",
         "Start a sub-agent run in a new, isolated child session. Never blocks: the result \
          (Status/Result/Notes) is announced back to your session when the child finishes. \
-         thread=true and mode=\"session\" are not available in this version. Pass an \
+         thread=true binds it to a new thread of your channel (mode \"session\": it stays for the \
+         thread's follow-ups). Pass an \
          idempotencyKey when you may need to call again after a lost connection.",
         false,
     )
@@ -262,16 +270,17 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
     let run_timeout = a.opt_number("runTimeoutSeconds", Bounds { min: 0, max: u32::MAX as u64 })?;
     let thread = a.opt_bool("thread")?.unwrap_or(false);
     let mode = one_of(&mut a, "mode", &["run", "session"])?;
-    if thread {
-        return Err(ToolError::invalid(
-            "thread=true (a child bound to a thread of your channel) is not available in this version; leave thread out and use mode \"run\": the child's result is announced to you when it ends",
-        ));
-    }
-    if mode.as_deref() == Some("session") {
-        return Err(ToolError::invalid(
-            "mode=\"session\" requires thread=true, which is not available in this version; use mode \"run\"",
-        ));
-    }
+    // As the reference: mode defaults to "session" with a thread, and "session" needs one.
+    let thread_mode = match (thread, mode.as_deref()) {
+        (false, Some("session")) => {
+            return Err(ToolError::invalid(
+                "mode=\"session\" requires thread=true so the subagent can stay bound to a thread; pass thread: true (your channel must open threads) or use mode \"run\"",
+            ));
+        }
+        (false, _) => None,
+        (true, Some("run")) => Some(BindingMode::Run),
+        (true, _) => Some(BindingMode::Session),
+    };
     let cleanup_delete = one_of(&mut a, "cleanup", &["delete", "keep"])?.as_deref() == Some("delete");
     let require_sandbox = one_of(&mut a, "sandbox", &["inherit", "require"])?.as_deref() == Some("require");
     let limits = &ctx.access.config().tools.sessions_spawn.attachments;
@@ -288,7 +297,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
             return Err(ToolError::invalid("attachments must be a list of {name, content, encoding?, mimeType?}"));
         }
     };
-    a.opt_value("attachAs");
+    let attach_as = a.opt_value("attachAs");
     let idempotency_key = a.opt_string("idempotencyKey", 256)?;
     let budget = a.opt_value("budget").map(|v| parse_budget(&v)).transpose()?;
     a.finish()?;
@@ -304,6 +313,9 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
         attachments,
         idempotency_key,
         budget,
+        thread: None,
+        thread_mode,
+        attach_as,
         raw,
     })
 }
@@ -342,10 +354,30 @@ fn parse_budget(v: &Value) -> Result<crate::config::Budget, ToolError> {
 }
 
 async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnOk, ToolError> {
-    let request = parse(ctx, args)?;
-    let accepted_spawn = ctx.engine().spawn(ctx.caller, request)?;
+    let mut request = parse(ctx, args)?;
+    let engine = ctx.engine();
+    if let Some(mode) = request.thread_mode {
+        request.thread = Some(engine.open_thread(ctx.caller, mode, request.label.as_deref(), &request.task).await?);
+    }
+    let thread = request.thread.clone();
+    let accepted_spawn = match engine.spawn(ctx.caller, request) {
+        Ok(a) => a,
+        Err(e) => {
+            if let Some(t) = &thread {
+                engine.close_thread(t, &e.message).await;
+            }
+            return Err(e);
+        }
+    };
     let mut ok = accepted(ctx, accepted_spawn.spawned, accepted_spawn.inbox_after);
     ok.attachments = accepted_spawn.attachments;
+    if let Some(t) = thread {
+        ok.mode = t.mode.as_str().into();
+        ok.thread = Some(json!({"channel": t.channel, "to": t.to, "threadId": t.thread_id}));
+        if t.mode == BindingMode::Session {
+            ok.note = "thread-bound session stays active after this task; continue in-thread for follow-ups. Its result is also announced to you.".into();
+        }
+    }
     Ok(ok)
 }
 
@@ -369,6 +401,7 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
         note,
         inbox: caller.external.then(|| json!({"sessionKey": me, "afterSeq": inbox_after})),
         attachments: None,
+        thread: None,
         budget: spawned.budget,
         reply: None,
         error: None,
@@ -395,6 +428,7 @@ pub fn task_result(access: &Access, run: &RunRow, budget: usize) -> SpawnOk {
         note: "The child's run has ended; its announce (Status/Result/Notes) also reaches your session.".into(),
         inbox: None,
         attachments: None,
+        thread: None,
         budget: None,
         reply: if error.is_none() { crate::sanitize::run_text(run.reply.as_deref()) } else { None },
         error,

@@ -482,10 +482,10 @@ fn spawn_rejects_threads_channel_delivery_and_too_many_attachments() {
         (
             "sessions_spawn",
             json!({"task": "x", "thread": true}),
-            "invalid",
-            &["thread=true", "not available in this version", "mode \"run\""],
+            "forbidden",
+            &["thread=true is unavailable", "has no thread-capable deliverer", "nothing was created"],
         ),
-        ("sessions_spawn", json!({"task": "x", "thread": true, "mode": "session"}), "invalid", &["thread"]),
+        ("sessions_spawn", json!({"task": "x", "mode": "session"}), "invalid", &["requires thread=true"]),
         (
             "sessions_spawn",
             json!({"task": "x", "to": "user:42"}),

@@ -1,8 +1,11 @@
 //! Channel bridges, black-box (issue 20): a user's message posted by a channel's bridge runs the
 //! session its chat names and the reply reaches the bridge's deliverer in the same thread; the
 //! same message id twice runs once; a bridge token reaches only its own channel's sessions; bad
-//! posts are refused by field and change nothing; the send policy gates inbound messages; and
-//! `sessions-mcp inject --sender` does the same for scripts.
+//! posts are refused by field and change nothing; the send policy gates inbound messages;
+//! `sessions-mcp inject --sender` does the same for scripts; and a spawn with `thread: true` opens
+//! a thread through the deliverer, the child answers there, a follow-up in the thread is its next
+//! turn (mode "session") until it idles out, and without a thread-capable channel, or with a
+//! deliverer that answers garbage, nothing is created.
 
 use crate::common;
 
@@ -222,4 +225,147 @@ fn inject_with_a_sender_is_a_channel_users_message_for_scripts() {
     let refused = env.run(&["inject", "agent:main:main", "x", "--sender", "u9"]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--sender needs a channel session key"), "{refused:?}");
+}
+
+const GROUP_KEY: &str = "agent:main:discord:group:123";
+
+/// Agent `main` spawns a thread-bound `worker` for `thread <task>` (mode `mode`); the worker
+/// answers `child: <input>`. Discord opens threads; a session child idles out after 2 s.
+fn env_with_threads(mode: &str) -> TestEnv {
+    let mut env = TestEnv::new();
+    let main_script = json!({"rules": [
+        {"match": {"inputRegex": "^thread (.*)$"},
+         "call": {"tool": "sessions_spawn", "arguments": {"task": "{1}", "agentId": "worker", "thread": true, "mode": mode}},
+         "reply": "spawned: {result}"}
+    ], "default": {"reply": "main heard: {input}"}});
+    let mut main = scripted_agent(&env, "main", &main_script, json!({}));
+    main["subagents"] = json!({"allowAgents": ["worker"]});
+    let worker = scripted_agent(&env, "worker", &json!({"default": {"reply": "child: {input}"}}), json!({}));
+    let dir = env.state_dir().parent().unwrap().join("discord");
+    std::fs::create_dir_all(&dir).unwrap();
+    let channels = json!({"discord": {
+        "deliver": ["/bin/sh", fake_channel().to_str().unwrap(), dir.to_str().unwrap()],
+        "threads": true,
+        "threadBindings": {"idleHours": 2.0 / 3600.0},
+        "bridge": {"tokens": [{"sha256": sha(DISCORD)}]},
+    }});
+    let subagents = json!({"announceStep": false, "sweepIntervalSeconds": 1});
+    env.set_config(
+        &json!({"agents": {"list": [main, worker], "defaults": {"subagents": subagents}}, "channels": channels})
+            .to_string(),
+    );
+    env
+}
+
+fn threads(env: &TestEnv) -> Vec<Value> {
+    let path = env.state_dir().parent().unwrap().join("discord").join("threads.jsonl");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let whole = text.rsplit_once('\n').map_or("", |(done, _)| done);
+    whole.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn group_post(port: u16, text: &str, thread: Option<&str>) -> Value {
+    let body =
+        json!({"chat": {"type": "group", "id": "123"}, "threadId": thread, "sender": {"id": "u1"}, "text": text});
+    let (status, answer) = post(port, "discord", Some(DISCORD), &body.to_string());
+    assert_eq!(status, 202, "{answer}");
+    answer
+}
+
+fn child_key(env: &TestEnv) -> String {
+    session_keys(env).into_iter().find(|k| k.contains(":subagent:")).expect("a child")
+}
+
+#[test]
+fn a_thread_bound_session_child_answers_in_its_thread_takes_follow_ups_and_idles_out() {
+    let env = env_with_threads("session");
+    let server = env.serve_http(&[]);
+    group_post(server.port, "thread research the logs", None);
+    let replied = wait_until(Duration::from_secs(20), "the child's reply in its thread", || {
+        outbox(&env, "discord").into_iter().find(|d| d["text"] == "child: research the logs")
+    });
+    assert_eq!((&replied["to"], &replied["threadId"]), (&json!("channel:123"), &json!("t-1")), "{replied}");
+    let opened = &threads(&env)[0];
+    assert_eq!(
+        (&opened["kind"], &opened["to"], &opened["mode"]),
+        (&json!("thread_open"), &json!("channel:123"), &json!("session"))
+    );
+    assert_eq!(opened["requesterSessionKey"], GROUP_KEY, "{opened}");
+    // The spawn's answer, as main's agent saw it, names the thread.
+    let main_reply = wait_until(Duration::from_secs(20), "main's reply", || {
+        outbox(&env, "discord").into_iter().find(|d| d["text"].as_str().unwrap().starts_with("spawned: "))
+    });
+    let spawned: Value =
+        serde_json::from_str(main_reply["text"].as_str().unwrap().trim_start_matches("spawned: ")).unwrap();
+    assert_eq!((&spawned["mode"], &spawned["thread"]["threadId"]), (&json!("session"), &json!("t-1")), "{spawned}");
+    assert!(spawned["note"].as_str().unwrap().contains("continue in-thread for follow-ups"), "{spawned}");
+    let child = child_key(&env);
+    // A follow-up in the thread is the same child's next turn.
+    let follow = group_post(server.port, "and the metrics", Some("t-1"));
+    assert_eq!(follow["sessionKey"], child.as_str(), "the thread's message goes to its child: {follow}");
+    let again = wait_until(Duration::from_secs(20), "the follow-up's reply", || {
+        outbox(&env, "discord").into_iter().find(|d| d["text"] == "child: and the metrics")
+    });
+    assert_eq!(again["threadId"], "t-1", "{again}");
+    let show = env.show(&child);
+    let users: Vec<String> = show["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| common::text_of(&m["content"]))
+        .collect();
+    assert_eq!(users, ["research the logs", "and the metrics"], "one transcript, both turns");
+    // Idle for its 2 s, it is archived; a later message in the thread starts a new session there.
+    wait_until(Duration::from_secs(20), "the idle child to be archived", || {
+        (env.show(&child)["session"]["archived"] == true).then_some(())
+    });
+    let later = group_post(server.port, "anyone there?", Some("t-1"));
+    assert_eq!(later["sessionKey"], format!("{GROUP_KEY}:thread:t-1"), "{later}");
+    assert_eq!(common::runs_of(&env.show(&child), Some("inject")).len(), 1, "the archived child took no turn");
+}
+
+#[test]
+fn a_thread_run_child_answers_in_its_thread_and_is_not_kept_for_follow_ups() {
+    let env = env_with_threads("run");
+    let server = env.serve_http(&[]);
+    group_post(server.port, "thread count the rows", None);
+    let replied = wait_until(Duration::from_secs(20), "the child's reply in its thread", || {
+        outbox(&env, "discord").into_iter().find(|d| d["text"] == "child: count the rows")
+    });
+    assert_eq!(replied["threadId"], "t-1", "{replied}");
+    wait_until(Duration::from_secs(20), "the exchange to end", || (env.unfinished_runs() == 0).then_some(()));
+    let follow = group_post(server.port, "more?", Some("t-1"));
+    assert_eq!(follow["sessionKey"], format!("{GROUP_KEY}:thread:t-1"), "a run child takes no follow-ups: {follow}");
+}
+
+#[test]
+fn thread_true_without_a_thread_capable_channel_or_with_a_broken_deliverer_creates_nothing() {
+    // An external caller's channel is webchat: no threads there.
+    let env = env_with_threads("session");
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "x", "agentId": "worker", "thread": true}));
+    assert_eq!(r["status"], "forbidden", "{r}");
+    let err = r["error"].as_str().unwrap();
+    assert!(
+        err.contains("thread=true is unavailable: your channel \"webchat\" has no thread-capable deliverer"),
+        "{err}"
+    );
+    assert!(err.contains("channels.webchat.threads: true"), "{err}");
+    let r = c.call("sessions_spawn", json!({"task": "x", "mode": "session"}));
+    assert!(r["error"].as_str().unwrap().contains("mode=\"session\" requires thread=true"), "{r}");
+    c.close();
+    assert!(threads(&env).is_empty(), "no thread was asked for");
+    // A deliverer that answers garbage to thread_open fails the spawn; no child is made.
+    let dir = env.state_dir().parent().unwrap().join("discord");
+    std::fs::write(dir.join("thread_open"), "garbage").unwrap();
+    let server = env.serve_http(&[]);
+    group_post(server.port, "thread doomed", None);
+    let reply = wait_until(Duration::from_secs(20), "main's reply", || {
+        outbox(&env, "discord").into_iter().find(|d| d["text"].as_str().unwrap().starts_with("spawned: "))
+    });
+    let text = reply["text"].as_str().unwrap();
+    assert!(text.contains("did not open a thread: it printed \\\"garbage\\\""), "{text}");
+    assert!(text.contains("nothing was created"), "{text}");
+    assert!(!session_keys(&env).iter().any(|k| k.contains(":subagent:")), "{:?}", session_keys(&env));
 }

@@ -207,10 +207,11 @@ fn every_refusal_has_its_status_and_message_and_leaves_nothing_behind() {
         (json!({"task": "x", "attachments": "file.txt"}), "invalid", vec!["attachments"]),
         (
             json!({"task": "x", "thread": true}),
-            "invalid",
-            vec!["thread=true", "not available in this version", "mode \"run\""],
+            "forbidden",
+            vec!["thread=true is unavailable", "\"webchat\" has no thread-capable deliverer", "nothing was created"],
         ),
-        (json!({"task": "x", "thread": true, "mode": "session"}), "invalid", vec!["thread"]),
+        (json!({"task": "x", "thread": true, "mode": "session"}), "forbidden", vec!["thread"]),
+        (json!({"task": "x", "mode": "session"}), "invalid", vec!["mode=\"session\" requires thread=true"]),
         // A bad argument is reported even for an agent that is not allowed (arguments first).
         (json!({"task": "x", "agentId": "helper", "thinking": "extreme"}), "invalid", vec!["thinking"]),
         // Allowlist.
