@@ -33,7 +33,9 @@ fn fake_channel() -> PathBuf {
 /// (the fake channel, recording into `<tmp>/<channel>/outbox.jsonl`); `session` is merged in.
 fn env_with(session: Value) -> TestEnv {
     let mut env = TestEnv::new();
-    let main = scripted_agent(&env, "main", &json!({"default": {"reply": "heard: {input}"}}), json!({}));
+    let script = json!({"rules": [{"match": {"input": "slowly"}, "sleepMs": 2000, "reply": "heard: {input}"}],
+                        "default": {"reply": "heard: {input}"}});
+    let main = scripted_agent(&env, "main", &script, json!({}));
     let mut channels = json!({});
     for (name, token) in [("discord", DISCORD), ("telegram", TELEGRAM)] {
         let dir = env.state_dir().parent().unwrap().join(name);
@@ -209,6 +211,26 @@ fn the_send_policy_refuses_an_inbound_message_where_a_rule_says_so() {
     let delivered = wait_until(Duration::from_secs(20), "the direct reply", || outbox(&env, "discord").pop());
     assert_eq!((&delivered["to"], &delivered["text"]), (&json!("user:u7"), &json!("heard: psst")), "{delivered}");
     assert_eq!(session_keys(&env), ["agent:main:discord:direct:u7"], "the refused group session was never made");
+}
+
+#[test]
+fn a_policy_turned_off_while_a_bridged_message_runs_denies_its_reply_delivery() {
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let key = "agent:main:discord:group:123:thread:456";
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("answer slowly", "m-9"));
+    assert_eq!(status, 202, "{answer}");
+    wait_until(Duration::from_secs(20), "the run to start", || {
+        common::runs_of(&env.try_show(key).ok()?, None).first().is_some_and(|r| r["status"] == "running").then_some(())
+    });
+    let off = env.run(&["policy", key, "off"]);
+    assert!(off.status.success(), "{}", String::from_utf8_lossy(&off.stderr));
+    let delivery = wait_until(Duration::from_secs(20), "the reply's delivery record", || {
+        common::runs_of(&env.show(key), Some("inject"))[0]["deliveries"].as_array()?.first().cloned()
+    });
+    assert_eq!(delivery["status"], "skipped", "{delivery}");
+    assert!(delivery["lastError"].as_str().unwrap_or("").contains("policy"), "{delivery}");
+    assert!(outbox(&env, "discord").is_empty(), "nothing reached the channel");
 }
 
 #[test]
