@@ -60,6 +60,8 @@ pub struct SpawnAccepted {
     pub inbox_after: i64,
     /// The receipts of the attachments moved into the child's workdir.
     pub attachments: Option<Value>,
+    /// An idempotency key named an earlier spawn: this is its answer, nothing new was made.
+    pub replayed: bool,
 }
 
 impl Engine<'_> {
@@ -101,8 +103,10 @@ impl Engine<'_> {
                 child_key: SessionKey::from_canonical(child),
                 queued,
                 budget: result.and_then(|r| r.get("budget")).cloned(),
+                thread: result.and_then(|r| r.get("thread")).filter(|t| t.is_object()).cloned(),
             };
-            return Ok(SpawnAccepted { spawned, inbox_after: access.last_seq_of(&caller.key)?, attachments: None });
+            let inbox_after = access.last_seq_of(&caller.key)?;
+            return Ok(SpawnAccepted { spawned, inbox_after, attachments: None, replayed: true });
         }
         let hop = chain::next_hop(access, caller, chain::Limits::Hops)?;
         let rt = self.runtime("sessions_spawn")?;
@@ -161,7 +165,7 @@ impl Engine<'_> {
             s.keep();
         }
         rt.wake();
-        Ok(SpawnAccepted { spawned, inbox_after, attachments })
+        Ok(SpawnAccepted { spawned, inbox_after, attachments, replayed: false })
     }
 }
 
@@ -273,6 +277,8 @@ pub struct Spawned {
     pub queued: bool,
     /// Its budget as granted (`{limit, clamped?, shared?}`); none when no budget applies.
     pub budget: Option<Value>,
+    /// Its thread (`{channel, to, threadId, mode}`), when it is bound to one.
+    pub thread: Option<Value>,
 }
 
 /// Why admission refused (all `forbidden`, naming the limit).
@@ -412,15 +418,19 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
             timeout_ms: plan.timeout_ms,
             extra: Some(Flow::Tagged(Tagged::Spawn(flow)).to_json()),
         })?;
+        let thread = plan
+            .thread
+            .map(|b| json!({"channel": b.channel, "to": b.to, "threadId": b.thread_id, "mode": b.mode.as_str()}));
         if let Some((key, hash)) = plan.idempotency {
-            let result = json!({"childSessionKey": child_key.as_str(), "queued": queued, "budget": budget});
+            let result =
+                json!({"childSessionKey": child_key.as_str(), "queued": queued, "budget": budget, "thread": thread});
             tx.remember_key(&plan.caller.key, key, "sessions_spawn", hash, &run_id, &result)?;
         }
         // Last, so that nothing after it can fail but the commit (whose failure drops the files).
         if let Some(staged) = plan.attachments {
             staged.place().map_err(Refused::Attachments)?;
         }
-        Ok(Spawned { run_id: run_id.clone(), child_key: child_key.clone(), queued, budget })
+        Ok(Spawned { run_id: run_id.clone(), child_key: child_key.clone(), queued, budget, thread })
     })
 }
 

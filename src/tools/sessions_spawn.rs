@@ -369,15 +369,12 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
             return Err(e);
         }
     };
+    if let Some(t) = thread.as_ref().filter(|_| accepted_spawn.replayed) {
+        // The earlier spawn has its thread already; the one opened for this call is not used.
+        engine.close_thread(t, "this spawn repeated an earlier one (the same idempotencyKey)").await;
+    }
     let mut ok = accepted(ctx, accepted_spawn.spawned, accepted_spawn.inbox_after);
     ok.attachments = accepted_spawn.attachments;
-    if let Some(t) = thread {
-        ok.mode = t.mode.as_str().into();
-        ok.thread = Some(json!({"channel": t.channel, "to": t.to, "threadId": t.thread_id}));
-        if t.mode == BindingMode::Session {
-            ok.note = "thread-bound session stays active after this task; continue in-thread for follow-ups. Its result is also announced to you.".into();
-        }
-    }
     Ok(ok)
 }
 
@@ -392,16 +389,26 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
         "Runs in the background. The completion (Status/Result/Notes) will arrive as your next message; do not poll. To have it within this turn, call subagents {\"action\": \"wait\"}."
             .to_string()
     };
+    let mode = spawned.thread.as_ref().and_then(|t| t["mode"].as_str()).unwrap_or("run").to_string();
+    let note = if mode == BindingMode::Session.as_str() {
+        "thread-bound session stays active after this task; continue in-thread for follow-ups. Its result is also announced to you.".into()
+    } else {
+        note
+    };
+    let thread = spawned.thread.map(|mut t| {
+        t.as_object_mut().map(|o| o.remove("mode"));
+        t
+    });
     SpawnOk {
         status: SpawnStatus::Accepted,
         run_id: spawned.run_id,
         child_session_key: spawned.child_key.to_string(),
-        mode: "run".into(),
+        mode,
         queued: spawned.queued,
         note,
         inbox: caller.external.then(|| json!({"sessionKey": me, "afterSeq": inbox_after})),
         attachments: None,
-        thread: None,
+        thread,
         budget: spawned.budget,
         reply: None,
         error: None,
