@@ -40,6 +40,9 @@ pub struct HttpOptions {
     pub anonymous: Option<crate::access::caller::Caller>,
     /// Requests (SSE streams included) open at once per credential (429 above it).
     pub max_streams_per_credential: usize,
+    /// Serve the channel bridges' `/channels/<name>/messages` (TCP listeners; never the run
+    /// socket, which only a run's own processes reach).
+    pub channel_bridges: bool,
 }
 
 impl HttpOptions {
@@ -52,6 +55,7 @@ impl HttpOptions {
             legacy_sse: false,
             anonymous: None,
             max_streams_per_credential: config.server.max_streams_per_credential as usize,
+            channel_bridges: false,
         }
     }
 
@@ -69,6 +73,7 @@ impl HttpOptions {
             legacy_sse: true,
             anonymous: None,
             max_streams_per_credential: config.server.max_streams_per_credential as usize,
+            channel_bridges: true,
         }
     }
 }
@@ -91,7 +96,7 @@ pub fn router(
     options: &HttpOptions,
 ) -> axum::Router {
     let factory_access = access.clone();
-    let bridges = super::bridge::router(access.clone(), runtime.clone());
+    let bridges = options.channel_bridges.then(|| super::bridge::router(access.clone(), runtime.clone()));
     // One hub per listener: a caller's subscriptions count over all its MCP sessions here.
     let hub = Hub::new(access.clone(), access.config().server.max_subscriptions);
     let sse = options
@@ -129,9 +134,12 @@ pub fn router(
         app = app.merge(sse);
     }
     // Bridges authenticate with their own channel-bound tokens, never with the MCP bearer.
-    app.layer(axum::middleware::from_fn_with_state(auth, bearer))
-        .route("/health", axum::routing::get(health))
-        .merge(bridges)
+    let app =
+        app.layer(axum::middleware::from_fn_with_state(auth, bearer)).route("/health", axum::routing::get(health));
+    match bridges {
+        Some(bridges) => app.merge(bridges),
+        None => app,
+    }
 }
 
 async fn health() -> axum::Json<serde_json::Value> {
