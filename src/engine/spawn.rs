@@ -18,11 +18,12 @@ use crate::config::{Config, key_scope};
 use crate::engine::scheduler::Scheduler;
 use crate::keys::{self, AgentId, SessionKey};
 use crate::policy::budget::Limits;
+pub use crate::store::BindingMode;
 use crate::store::{
     AnnounceKind, AttachmentReceipt, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun,
     NewSession, RunMode, RunRow, RunStatus, SessionRow, Store, StoreError,
 };
-use crate::store::{BindingMode, Route, ThreadBinding};
+use crate::store::{Route, ThreadBinding};
 
 /// Longest Result in an announce, in bytes.
 const RESULT_BYTES: usize = 8 * 1024;

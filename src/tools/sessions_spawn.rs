@@ -15,10 +15,10 @@ use serde_json::json;
 use super::args::Bounds;
 use super::{Ctx, Output, ToolError, ToolSpec};
 use crate::access::{Access, RunRow, RunStatus};
+use crate::engine::spawn::BindingMode;
 use crate::engine::spawn::{SpawnRequest, Spawned};
 use crate::keys::AgentId;
 use crate::policy::ToolName;
-use crate::store::BindingMode;
 
 pub const MAX_TASK_BYTES: usize = 64 * 1024;
 pub const MAX_ATTACHMENTS: usize = 50;
