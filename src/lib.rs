@@ -25,6 +25,7 @@
 //! | base | [`config`] | the JSON5 config with the reference's key paths; every default in one place |
 //! | | [`keys`] | session keys: parse, canonical and display forms, kind, chat type, channel |
 //! | | [`schemas`] | the JSON Schema dialect of everything published |
+//! | | [`metrics`] | `/metrics`: process histograms (runs, tool calls) and the store's counts, in the Prometheus format |
 //! | | [`privacy`], [`safe_dirs`] | the `077` umask and 0700 dirs; directories below an agent-writable workspace, opened through descriptors |
 
 //! ## One tool call, end to end
@@ -60,6 +61,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod keys;
+pub mod metrics;
 pub mod openclaw;
 pub mod policy;
 pub mod privacy;

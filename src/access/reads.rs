@@ -121,6 +121,11 @@ impl Access {
 /// without one.
 impl Access {
     /// The caller's own row (None for a main session that exists only virtually).
+    /// The store's counts for `/metrics` (operators only: the endpoint checks the token).
+    pub fn metric_counts(&self) -> Result<crate::metrics::StoreCounts, StoreError> {
+        self.store.metric_counts()
+    }
+
     pub fn own_row(&self, caller: &super::caller::Caller) -> Result<Option<SessionRow>, StoreError> {
         self.store.session_by_key(&caller.key)
     }

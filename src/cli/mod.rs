@@ -486,6 +486,11 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, a
         },
         None => None,
     };
+    if !sock.ip().is_loopback() && config.server.metrics_public {
+        return fail(format!(
+            "--http {sock}: server.metricsPublic serves /metrics without a token, so only on a loopback bind; use server.operatorTokens instead"
+        ));
+    }
     if !sock.ip().is_loopback() {
         let loopback_only =
             config.server.allowed_hosts.iter().all(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "::1"));

@@ -735,15 +735,16 @@ pub struct ThreadSettings {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ChannelBridge {
     /// The hex sha256 of each bearer token the bridge may use.
-    pub tokens: Vec<BridgeToken>,
+    pub tokens: Vec<TokenHash>,
     /// The agent whose sessions its messages go to, unless a message names one (default: the
     /// default agent).
     pub agent_id: Option<String>,
 }
 
+/// A bearer token, by its hex sha256 (the token itself is never in config).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct BridgeToken {
+pub struct TokenHash {
     /// Hex sha256 of the bearer token.
     pub sha256: String,
 }
@@ -765,6 +766,10 @@ pub struct ServerConfig {
     /// Transcripts one caller may watch at once (`resources/subscribe`, `subscriptions/listen`),
     /// across its MCP sessions on one listener; alias forms of one session count once.
     pub max_subscriptions: u32,
+    /// Operator tokens: they read `/metrics` (and, later, the operator's views).
+    pub operator_tokens: Vec<TokenHash>,
+    /// `/metrics` without a token, on a loopback bind only (serve refuses it on another).
+    pub metrics_public: bool,
 }
 
 impl Default for ServerConfig {
@@ -779,6 +784,8 @@ impl Default for ServerConfig {
             max_streams_per_credential: defaults::MAX_STREAMS_PER_CREDENTIAL,
             max_connections_per_peer: defaults::MAX_CONNECTIONS_PER_PEER,
             max_subscriptions: defaults::MAX_SUBSCRIPTIONS,
+            operator_tokens: Vec::new(),
+            metrics_public: false,
         }
     }
 }
@@ -947,6 +954,11 @@ impl Config {
             if !hex64(&t.sha256) {
                 return Err(format!("server.tokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"));
             }
+        }
+        if let Some(i) = self.server.operator_tokens.iter().position(|t| !hex64(&t.sha256)) {
+            return Err(format!(
+                "server.operatorTokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"
+            ));
         }
         for (name, channel) in &self.channels {
             let Some(bridge) = &channel.bridge else { continue };

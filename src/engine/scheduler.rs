@@ -379,6 +379,12 @@ impl Scheduler {
         let (asks, asked) = mpsc::unbounded_channel();
         tokio::spawn(crate::engine::ask::serve_asks(self.clone(), run.clone(), asked));
         let finished = crate::engine::run_turn(&self, &run, input_seq, cancel, &on_delta, steers, asks).await;
+        if let Ok(outcome) = &finished {
+            let started = run.started_at.unwrap_or(run.created_at);
+            let (ran, waited) = (crate::store::now_ms() - started, started - run.created_at);
+            let (agent, mode) = (run.agent_id.as_str(), run.mode.as_str());
+            crate::metrics::observe_run(agent, outcome.status.as_str(), mode, ran as f64 / 1e3, waited as f64 / 1e3);
+        }
         self.active.lock().expect("active").remove(&run_id);
         self.progress.lock().expect("progress").remove(&run_id);
         self.steers.lock().expect("steers").remove(&run_id);

@@ -40,9 +40,10 @@ pub struct HttpOptions {
     pub anonymous: Option<crate::access::caller::Caller>,
     /// Requests (SSE streams included) open at once per credential (429 above it).
     pub max_streams_per_credential: usize,
-    /// Serve the channel bridges' `/channels/<name>/messages` (TCP listeners; never the run
-    /// socket, which only a run's own processes reach).
-    pub channel_bridges: bool,
+    /// Serve what processes outside the runs use — the channel bridges'
+    /// `/channels/<name>/messages` and `/metrics` — on TCP listeners, never on the run socket,
+    /// which only a run's own processes reach.
+    pub outside_endpoints: bool,
 }
 
 impl HttpOptions {
@@ -55,7 +56,7 @@ impl HttpOptions {
             legacy_sse: false,
             anonymous: None,
             max_streams_per_credential: config.server.max_streams_per_credential as usize,
-            channel_bridges: false,
+            outside_endpoints: false,
         }
     }
 
@@ -73,7 +74,7 @@ impl HttpOptions {
             legacy_sse: true,
             anonymous: None,
             max_streams_per_credential: config.server.max_streams_per_credential as usize,
-            channel_bridges: true,
+            outside_endpoints: true,
         }
     }
 }
@@ -87,8 +88,8 @@ pub fn max_body_bytes(config: &crate::config::Config) -> usize {
     base64 + a.max_files as usize * per_file + crate::tools::sessions_spawn::MAX_TASK_BYTES * 6 + 64 * 1024
 }
 
-/// The `/mcp` router with bearer authentication, plus `/health` and the channel bridges'
-/// `/channels/<name>/messages`.
+/// The `/mcp` router with bearer authentication, plus `/health`, and on TCP the channel bridges'
+/// `/channels/<name>/messages` and `/metrics`.
 pub fn router(
     access: Access,
     runtime: Option<Arc<Scheduler>>,
@@ -96,7 +97,9 @@ pub fn router(
     options: &HttpOptions,
 ) -> axum::Router {
     let factory_access = access.clone();
-    let bridges = options.channel_bridges.then(|| super::bridge::router(access.clone(), runtime.clone()));
+    let outside = options
+        .outside_endpoints
+        .then(|| super::bridge::router(access.clone(), runtime.clone()).merge(super::metrics::router(access.clone())));
     // One hub per listener: a caller's subscriptions count over all its MCP sessions here.
     let hub = Hub::new(access.clone(), access.config().server.max_subscriptions);
     let sse = options
@@ -136,8 +139,8 @@ pub fn router(
     // Bridges authenticate with their own channel-bound tokens, never with the MCP bearer.
     let app =
         app.layer(axum::middleware::from_fn_with_state(auth, bearer)).route("/health", axum::routing::get(health));
-    match bridges {
-        Some(bridges) => app.merge(bridges),
+    match outside {
+        Some(outside) => app.merge(outside),
         None => app,
     }
 }

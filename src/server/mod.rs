@@ -7,6 +7,7 @@ mod degraded;
 mod elicit;
 pub mod http;
 mod http_sessions;
+mod metrics;
 mod owner_link;
 mod resources;
 mod sse;
@@ -330,9 +331,12 @@ impl ServerHandler for SessionsServer {
             let result = tools::run(&ctx, tool, tasks::without_wait(tool, request.arguments)).await;
             return Ok(tasks::answer(&self.access, result));
         }
+        let started = std::time::Instant::now();
         let Some(result) = tools::call(&ctx, &request.name, request.arguments).await else {
             return Err(unknown_tool(&request.name));
         };
+        let status = if result.is_error == Some(true) { "error" } else { "ok" };
+        crate::metrics::observe_tool(&request.name, status, started.elapsed().as_secs_f64());
         // A wait that stopped only because a sub-agent asks: the person sees the ask at once, and
         // the client's retry waits on.
         if round_trip

@@ -90,3 +90,35 @@ impl Store {
         })
     }
 }
+
+impl Store {
+    /// What `/metrics` reports of the store: runs by status and agent, deliveries by status and
+    /// kind, usage and sessions by agent (deleted sessions left out of the last).
+    pub fn metric_counts(&self) -> Result<crate::metrics::StoreCounts> {
+        self.read(|c| {
+            let rows3 = |sql: &str| -> rusqlite::Result<Vec<(String, String, i64)>> {
+                c.prepare_cached(sql)?.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect()
+            };
+            let runs = rows3(
+                "SELECT r.status, s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
+                 GROUP BY r.status, s.agent_id ORDER BY 1, 2",
+            )?;
+            let deliveries =
+                rows3("SELECT status, kind, count(*) FROM deliveries GROUP BY status, kind ORDER BY 1, 2")?;
+            let usage = c
+                .prepare_cached(
+                    "SELECT agent_id, sum(tokens_in), sum(tokens_out), coalesce(sum(cost), 0) FROM sessions
+                     GROUP BY agent_id ORDER BY 1",
+                )?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            let sessions = c
+                .prepare_cached(
+                    "SELECT agent_id, count(*) FROM sessions WHERE state <> 2 GROUP BY agent_id ORDER BY 1",
+                )?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(crate::metrics::StoreCounts { runs, deliveries, usage, sessions })
+        })
+    }
+}
