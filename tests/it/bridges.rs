@@ -329,6 +329,12 @@ fn a_thread_bound_session_child_answers_in_its_thread_takes_follow_ups_and_idles
         outbox(&env, "discord").into_iter().find(|d| d["text"] == "child: and the metrics")
     });
     assert_eq!(again["threadId"], "t-1", "{again}");
+    // Between its turns its requester sees it idle.
+    let mut c = env.serve(Some(GROUP_KEY));
+    let list = c.call("subagents", json!({"action": "list"}));
+    let row = list["children"].as_array().unwrap().iter().find(|r| r["sessionKey"] == child.as_str()).cloned();
+    assert_eq!(row.as_ref().map(|r| r["runState"].clone()), Some(json!("idle")), "{list}");
+    c.close();
     let show = env.show(&child);
     let users: Vec<String> = show["messages"]
         .as_array()
