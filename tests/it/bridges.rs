@@ -33,7 +33,7 @@ fn fake_channel() -> PathBuf {
 /// (the fake channel, recording into `<tmp>/<channel>/outbox.jsonl`); `session` is merged in.
 fn env_with(session: Value) -> TestEnv {
     let mut env = TestEnv::new();
-    let script = json!({"rules": [{"match": {"input": "slowly"}, "sleepMs": 2000, "reply": "heard: {input}"}],
+    let script = json!({"rules": [{"match": {"input": "slowly"}, "sleepMs": 5000, "reply": "heard: {input}"}],
                         "default": {"reply": "heard: {input}"}});
     let main = scripted_agent(&env, "main", &script, json!({}));
     let mut channels = json!({});
