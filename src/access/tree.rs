@@ -178,18 +178,17 @@ impl Access {
 
     /// Reads a descendant's work and announce.
     pub fn child(&self, row: SessionRow) -> Result<Child, ToolError> {
-        let ChildRows { spawn_run, active, last_work, announce: announce_row, open_asks } =
+        let ChildRows { spawn_run, active, last_work, announce: announce_row, open_asks, budget, thread } =
             self.store.child_rows(row.id, row.spawn_run.as_deref())?;
         let mut state = run_state(&row, spawn_run.as_ref(), active.as_ref(), last_work.as_ref());
         if state == RunState::Running && !open_asks.is_empty() {
             state = RunState::Waiting; // on an answer
         }
         let announce = announce_state(&row, announce_row.as_ref());
-        let bound = self.store.thread_binding(row.id)?.is_some_and(|b| b.mode == crate::store::BindingMode::Session);
+        let bound = thread.is_some_and(|b| b.mode == crate::store::BindingMode::Session);
         if bound && state.is_finished() && row.announced_at.is_some() && row.archived_at.is_none() && active.is_none() {
             state = RunState::Idle;
         }
-        let budget = self.store.budget_of(row.id)?;
         Ok(Child { row, spawn_run, last_work, state, announce, announce_row, open_asks, budget })
     }
 

@@ -194,14 +194,15 @@ impl RunMeter {
 }
 
 /// Tokens (input plus output) and micro-dollars of a usage report; a CLI's running session totals
-/// count only what this turn added.
+/// count only what this turn added, by the same rule the run's end records them with.
 fn spend_of(usage: &Value, before: Option<&Value>) -> (i64, i64) {
-    let cumulative = usage.get("cumulative") == Some(&Value::Bool(true));
-    let count = |v: &Value, f: &str| v.get(f).and_then(Value::as_i64).unwrap_or(0);
-    let tokens = |v: &Value| count(v, "inputTokens") + count(v, "outputTokens");
-    let earlier = if cumulative { before.map_or(0, tokens) } else { 0 };
-    let cost = usage.get("costUsd").and_then(Value::as_f64).map_or(0, |c| (c * 1e6).round() as i64);
-    ((tokens(usage) - earlier).max(0), cost)
+    let mut turn = usage.clone();
+    if usage.get("cumulative") == Some(&Value::Bool(true)) {
+        super::turn::turn_usage(&mut turn, before);
+    }
+    let count = |f: &str| turn.get(f).and_then(Value::as_i64).unwrap_or(0);
+    let cost = usage.get("costUsd").and_then(Value::as_f64).map_or(0, budget::micros);
+    (count("inputTokens") + count("outputTokens"), cost)
 }
 
 /// Stops every run drawing on an account that crossed, through the cancel path.

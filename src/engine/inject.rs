@@ -148,14 +148,13 @@ pub fn channel_origin(key: &SessionKey, user: ChannelUser, account_id: Option<St
     if channel != user.channel {
         return Err(format!("{key} is a session of channel {channel:?}, not of {:?}", user.channel));
     }
-    let parts: Vec<&str> = key.rest().split(':').collect();
-    let in_key = parts.windows(2).find(|w| w[0] == "thread" || w[0] == "topic").map(|w| w[1].to_string());
+    let (_, in_key) = super::deliver::address(key, None);
     if let (Some(a), Some(b)) = (&in_key, &user.thread_id)
         && a != b
     {
         return Err(format!("threadId {b:?} does not match the thread of {key} ({a:?})"));
     }
-    let direct = parts.get(1) == Some(&"direct");
+    let direct = keys::chat_type_of(key, None) == Some(keys::ChatType::Direct);
     let route = Route {
         channel: channel.to_string(),
         to: direct.then(|| format!("user:{}", user.sender_id)),

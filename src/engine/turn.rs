@@ -319,7 +319,7 @@ pub async fn run_turn(
 
 /// Turns a CLI's running usage totals into this turn's usage, in place, and returns the totals.
 /// `before` is what the CLI session's previous turn reported (none for a new CLI session).
-fn turn_usage(usage: &mut Value, before: Option<&Value>) -> Value {
+pub(super) fn turn_usage(usage: &mut Value, before: Option<&Value>) -> Value {
     let obj = usage.as_object_mut().expect("a usage event is an object");
     obj.remove("cumulative");
     let total = Value::Object(obj.clone());

@@ -75,6 +75,11 @@ fn thousands(n: i64) -> String {
     if n < 0 { format!("-{out}") } else { out }
 }
 
+/// US dollars in the stored unit, micro-dollars.
+pub fn micros(usd: f64) -> i64 {
+    (usd * 1e6).round() as i64
+}
+
 /// One amount per dimension, in stored units.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Amounts {
@@ -120,7 +125,7 @@ impl Limits {
     pub fn of(b: &Budget) -> Limits {
         Limits {
             tokens: b.tokens.map(|t| i64::try_from(t).unwrap_or(i64::MAX)),
-            cost_micros: b.cost_usd.map(|c| (c * 1e6).round() as i64),
+            cost_micros: b.cost_usd.map(micros),
             runtime_ms: b.runtime_seconds.map(|s| (s * 1e3).round() as i64),
         }
     }

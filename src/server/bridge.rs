@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
@@ -45,11 +45,9 @@ fn refuse(status: StatusCode, error: String) -> Response {
 
 /// The channel whose bridge holds this bearer token, if any.
 fn channel_of_token(config: &Config, headers: &HeaderMap) -> Option<String> {
-    let bearer = headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim();
-    let hash = crate::store::sha256_hex(bearer);
     config.channels.iter().find_map(|(name, ch)| {
         let bridge = ch.bridge.as_ref()?;
-        bridge.tokens.iter().any(|t| t.sha256.eq_ignore_ascii_case(&hash)).then(|| name.clone())
+        super::http::bears_one_of(headers, &bridge.tokens).then(|| name.clone())
     })
 }
 

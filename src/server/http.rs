@@ -265,17 +265,24 @@ struct Auth {
     open: Open<Credential>,
 }
 
+/// The token of an `Authorization: Bearer <token>` header, if there is a non-empty one.
+pub(super) fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    Some(value.strip_prefix("Bearer ")?.trim()).filter(|t| !t.is_empty())
+}
+
+/// Whether the request's bearer token is one of these (by their hex sha256s).
+pub(super) fn bears_one_of(headers: &axum::http::HeaderMap, hashes: &[crate::config::TokenHash]) -> bool {
+    bearer_token(headers).is_some_and(|token| {
+        let hash = crate::store::sha256_hex(token);
+        hashes.iter().any(|t| t.sha256.eq_ignore_ascii_case(&hash))
+    })
+}
+
 /// Resolves `Authorization: Bearer <token>` to a caller, or answers 401.
 async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Response {
     let access = auth.access.clone();
-    let token = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(String::from);
+    let token = bearer_token(req.headers()).map(String::from);
     let Some(token) = token else {
         if req.headers().get(header::AUTHORIZATION).is_none()
             && let Some(op) = auth.anonymous.clone()

@@ -12,18 +12,9 @@ pub fn router(access: Access) -> axum::Router {
     axum::Router::new().route("/metrics", axum::routing::get(scrape)).with_state(access)
 }
 
-/// Whether the request carries one of the operator tokens.
-fn is_operator(access: &Access, headers: &HeaderMap) -> bool {
-    let bearer =
-        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    bearer.is_some_and(|token| {
-        let hash = crate::store::sha256_hex(token.trim());
-        access.config().server.operator_tokens.iter().any(|t| t.sha256.eq_ignore_ascii_case(&hash))
-    })
-}
-
 async fn scrape(State(access): State<Access>, headers: HeaderMap) -> Response {
-    if !access.config().server.metrics_public && !is_operator(&access, &headers) {
+    let server = &access.config().server;
+    if !server.metrics_public && !super::http::bears_one_of(&headers, &server.operator_tokens) {
         let why =
             "an operator token is required: Authorization: Bearer <token>, whose sha256 is in server.operatorTokens";
         return (StatusCode::UNAUTHORIZED, axum::Json(serde_json::json!({"error": why}))).into_response();

@@ -46,7 +46,7 @@ fn live_of(c: &Connection, account: i64, now: i64) -> rusqlite::Result<Amounts> 
     })
 }
 
-fn account(c: &Connection, session: i64, now: i64) -> rusqlite::Result<Option<Account>> {
+pub(super) fn account(c: &Connection, session: i64, now: i64) -> rusqlite::Result<Option<Account>> {
     let sql = format!("SELECT {ACCOUNT_COLUMNS} FROM budgets b WHERE b.session = ?1");
     let Some(mut a) = c.prepare_cached(&sql)?.query_row([session], account_from_row).optional()? else {
         return Ok(None);

@@ -405,7 +405,7 @@ impl Store {
             let tokens = |k: &str| f.usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_i64).unwrap_or(0);
             let (tin, tout) = (tokens("inputTokens"), tokens("outputTokens"));
             let final_usage =
-                f.usage.as_ref().map(|_| (tin + tout, f.cost.map_or(0, |c| (c * 1e6).round() as i64)));
+                f.usage.as_ref().map(|_| (tin + tout, f.cost.map_or(0, crate::policy::budget::micros)));
             super::budgets::settle_run(tx, run_id, final_usage, now)?;
             tx.execute(
                 "UPDATE sessions SET tokens_in = tokens_in + ?2, tokens_out = tokens_out + ?3,

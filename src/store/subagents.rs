@@ -94,6 +94,10 @@ pub struct ChildRows {
     pub announce: Option<AnnounceRow>,
     /// Its open asks, oldest first.
     pub open_asks: Vec<AskRow>,
+    /// Its own budget account ([`Store::budget_of`]).
+    pub budget: Option<crate::policy::budget::Account>,
+    /// Its thread ([`Store::thread_binding`]).
+    pub thread: Option<super::ThreadBinding>,
 }
 
 /// Sums over a whole tree.
@@ -202,7 +206,7 @@ impl Store {
     }
 
     /// A child's spawn run (`spawn_run`), active run, last work run and announce in one
-    /// statement, its open asks in a second, both in one read transaction: what a `subagents`
+    /// statement, its open asks, budget and thread after it, all in one read transaction: what a `subagents`
     /// read of it needs, picked as [`Store::run`], [`Store::active_run_of`],
     /// [`Store::last_work_run`] and [`Store::announce_of`] pick them.
     pub fn child_rows(&self, session: i64, spawn_run: Option<&str>) -> Result<ChildRows> {
@@ -235,7 +239,15 @@ impl Store {
                 c.prepare_cached(&sql)?.query_row(params![session, spawn_run], |r| {
                     Ok((run(r, 0)?, run(r, 1)?, run(r, 2)?, announce_at(r, 3 * RUN_WIDTH)?))
                 })?;
-            Ok(ChildRows { spawn_run, active, last_work, announce, open_asks: open_asks_of(c, session)? })
+            Ok(ChildRows {
+                spawn_run,
+                active,
+                last_work,
+                announce,
+                open_asks: open_asks_of(c, session)?,
+                budget: super::budgets::account(c, session, super::now_ms())?,
+                thread: super::threads::binding_of(c, session)?,
+            })
         })
     }
 

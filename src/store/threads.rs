@@ -56,7 +56,7 @@ pub(super) fn bind(c: &Connection, session: i64, b: &ThreadBinding) -> rusqlite:
     Ok(())
 }
 
-fn binding_of(c: &Connection, session: i64) -> rusqlite::Result<Option<ThreadBinding>> {
+pub(super) fn binding_of(c: &Connection, session: i64) -> rusqlite::Result<Option<ThreadBinding>> {
     c.prepare_cached(
         "SELECT channel, to_addr, thread_id, mode, idle_ms, max_age_ms, created_at FROM thread_bindings WHERE session = ?1",
     )?
