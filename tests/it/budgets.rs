@@ -62,15 +62,6 @@ fn cancel(c: &mut Client, spawned: &[&Value]) {
     }
 }
 
-fn child_row<'a>(list: &'a Value, key: &str) -> &'a Value {
-    list["children"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["sessionKey"] == key)
-        .unwrap_or_else(|| panic!("{key}: {list}"))
-}
-
 #[test]
 fn a_child_over_its_token_budget_is_stopped_and_announced_budget_exceeded_with_what_it_spent() {
     let env = env_with(json!({}), json!({}));
@@ -98,7 +89,7 @@ fn a_child_over_its_token_budget_is_stopped_and_announced_budget_exceeded_with_w
     assert_eq!(run["status"], "budget_exceeded", "{run}");
     assert_ne!(run["reply"], "burnt 20", "it never got to its reply: {run}");
     let list = c.call("subagents", json!({"action": "list"}));
-    let row = child_row(&list, &key);
+    let row = crate::subagents::row(&list, &key);
     assert_eq!(row["budget"]["limit"], json!({"tokens": 3500}), "{row}");
     assert_eq!(row["budget"]["spent"], json!({"tokens": spent}), "{row}");
     assert_eq!(row["budget"]["remaining"], json!({"tokens": 3500 - spent}), "{row}");

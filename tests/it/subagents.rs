@@ -63,7 +63,8 @@ fn list(c: &mut Client) -> Value {
     l
 }
 
-fn row<'a>(list: &'a Value, key: &str) -> &'a Value {
+/// The row of `key` in a `subagents list` answer.
+pub(crate) fn row<'a>(list: &'a Value, key: &str) -> &'a Value {
     list["children"]
         .as_array()
         .unwrap()
