@@ -151,12 +151,7 @@ pub fn respond(store: &Store, id: &str, decision: &str, text: Option<&str>) -> E
             ExitCode::SUCCESS
         }
         Ok(false) => match store.ask(id) {
-            Ok(Some(a)) => failed(format!(
-                "request {id} was already answered ({}) by {} via {}",
-                a.decision.map_or("withdrawn", crate::store::AskDecision::as_str),
-                a.answered_by.as_deref().unwrap_or("nobody"),
-                a.answered_via.map_or("its run's end", crate::store::AnsweredVia::as_str)
-            )),
+            Ok(Some(a)) => failed(format!("request {id} {}", crate::engine::ask::closed_how(&a))),
             Ok(None) => failed(format!("no request {id} (sessions-mcp ls --pending lists the open ones)")),
             Err(e) => failed(e),
         },

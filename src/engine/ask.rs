@@ -183,16 +183,26 @@ pub fn close_in(store: &Store, id: &str, state: AskState, answer: &Answer) -> Re
         if !tx.close_ask(id, state, answer)? {
             return Ok(false);
         }
-        if state != AskState::Withdrawn {
-            tx.append_message(ask.session, &answer_message(&ask, answer))?;
-        }
+        tx.append_message(ask.session, &answer_message(&ask, state, answer))?;
         tx.withdraw_queued_run(&step_id(id, "ask"), "the question was answered before this run started")?;
         Ok(true)
     })
 }
 
-fn answer_message(ask: &AskRow, answer: &Answer) -> NewMessage {
+/// The record that closes an ask in the asking session: who answered and how, or that it was
+/// withdrawn (so a transcript never ends on a question nobody closed).
+fn answer_message(ask: &AskRow, state: AskState, answer: &Answer) -> NewMessage {
     let text = answer.text.map(|t| format!(": {t}")).unwrap_or_default();
+    let line = match state {
+        AskState::Withdrawn => format!("[input request {} withdrawn{text}]", ask.id),
+        _ => format!(
+            "[answer to {} by {} via {}] {}{text}",
+            ask.id,
+            answer.by,
+            answer.via.as_str(),
+            answer.decision.as_str()
+        ),
+    };
     let provenance = match answer.via {
         AnsweredVia::Subagents | AnsweredVia::Elicitation => Provenance::from_session(
             &SessionKey::from_canonical(answer.by),
@@ -204,9 +214,7 @@ fn answer_message(ask: &AskRow, answer: &Answer) -> NewMessage {
     };
     NewMessage {
         role: "user".into(),
-        content: json!([{"type": "text", "text": format!(
-            "[answer to {} by {} via {}] {}{text}", ask.id, answer.by, answer.via.as_str(), answer.decision.as_str()
-        )}]),
+        content: json!([{"type": "text", "text": line}]),
         run_id: Some(ask.run_id.clone()),
         provenance: Some(provenance.to_json()),
         extra: Some(serde_json::Map::from_iter([("requestId".to_string(), Value::from(ask.id.clone()))])),
@@ -234,12 +242,8 @@ pub fn deliver_answers(rt: &Arc<Scheduler>) {
         }
     }
     for ask in rt.store.stranded_asks().unwrap_or_default() {
-        let answer = Answer {
-            decision: AskDecision::Deny,
-            text: Some("its run ended first"),
-            by: "server",
-            via: AnsweredVia::Timeout,
-        };
+        let answer =
+            Answer { decision: AskDecision::Deny, text: Some(WITHDRAWN), by: "server", via: AnsweredVia::Timeout };
         let _ = close(rt, &ask.id, AskState::Withdrawn, &answer);
     }
     let held: Vec<String> = rt.asks.lock().expect("asks").keys().cloned().collect();
@@ -254,6 +258,22 @@ pub fn deliver_answers(rt: &Arc<Scheduler>) {
             _ => Decision::Deny,
         };
         let _ = turn.send(InputAnswer { decision, text: ask.answer_text.clone() });
+    }
+}
+
+/// Why an ask whose run ended first (finished, cancelled, or interrupted at a restart) is closed.
+const WITHDRAWN: &str = "its run ended before an answer came";
+
+/// Why an answer to a closed ask was not used: who answered first and how, or that it was withdrawn.
+pub fn closed_how(ask: &AskRow) -> String {
+    match (ask.state, ask.decision) {
+        (AskState::Withdrawn, _) | (_, None) => format!("was withdrawn ({WITHDRAWN})"),
+        (_, Some(decision)) => format!(
+            "was already answered ({}) by {} via {}",
+            decision.as_str(),
+            ask.answered_by.as_deref().unwrap_or("nobody"),
+            ask.answered_via.map_or("unknown", AnsweredVia::as_str),
+        ),
     }
 }
 

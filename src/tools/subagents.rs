@@ -742,10 +742,8 @@ fn respond(ctx: &Ctx, mut a: ArgReader) -> Result<RespondOk, ToolError> {
             note: "Answered; the sub-agent continues with it.".into(),
         }),
         Responded::AlreadyAnswered(ask) => Err(ToolError::invalid(format!(
-            "requestId {id} was already answered ({}) by {} via {}; your answer was not used",
-            ask.decision.map_or("withdrawn", AskDecision::as_str),
-            ask.answered_by.as_deref().unwrap_or("nobody"),
-            ask.answered_via.map_or("its run's end", AnsweredVia::as_str),
+            "requestId {id} {}; your answer was not used",
+            crate::engine::ask::closed_how(&ask)
         ))),
     }
 }

@@ -233,3 +233,42 @@ fn a_host_that_declared_elicitation_answers_its_sub_agent_by_push_and_by_round_t
         );
     }
 }
+
+/// An ask cannot outlive its run: when the server that owns the run dies, the next one finds the
+/// run interrupted and withdraws the ask, records that in the child's transcript, and an answer
+/// that comes late is told so. (It could not survive: the turn it would answer is gone.)
+#[test]
+fn an_open_ask_is_withdrawn_when_its_server_dies_and_nothing_is_left_waiting() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "ask before the crash"}));
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let id = w["requests"][0]["requestId"].as_str().unwrap().to_string();
+    drop(c); // SIGKILL: the owner of the child's run dies with the ask open
+
+    let mut c = env.serve(None);
+    let listed = wait_until(Duration::from_secs(30), "the ask to be withdrawn", || {
+        let l = c.call("subagents", json!({"action": "list"}));
+        l["children"][0]["pendingRequests"].as_array().is_none_or(|p| p.is_empty()).then_some(l)
+    });
+    assert_ne!(listed["children"][0]["runState"], "waiting", "{listed}");
+    let pending: Value = serde_json::from_slice(&env.run(&["ls", "--pending", "--json"]).stdout).unwrap();
+    assert_eq!(pending["pending"], json!([]), "{pending}");
+    let late = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow"}));
+    assert_eq!(late["status"], "invalid", "{late}");
+    assert!(late["error"].as_str().unwrap().contains("was withdrawn (its run ended before an answer came)"), "{late}");
+    let out = env.run(&["respond", &id, "allow"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("was withdrawn"), "{}", String::from_utf8_lossy(&out.stderr));
+    let show = env.show(&child);
+    let run = &runs_of(&show, Some("spawn"))[0];
+    assert_eq!(run["status"], "interrupted", "{run}");
+    let texts: Vec<String> = show["messages"].as_array().unwrap().iter().map(|m| text_of(&m["content"])).collect();
+    assert!(
+        texts.iter().any(|t| t == &format!("[input request {id} withdrawn: its run ended before an answer came]")),
+        "{texts:?}"
+    );
+    c.close();
+}
