@@ -6,6 +6,7 @@
 //! caller may not see gets the same answer whether or not it exists.
 
 pub mod caller;
+mod dashboard;
 mod error;
 mod list;
 mod reads;
@@ -26,6 +27,7 @@ use crate::store::{SendPolicyOverride, SessionState, Store};
 pub use crate::store::{
     AnsweredVia, AskDecision, AskRow, HistoryPage, MessageRow, PendingInput, RunMode, RunRow, RunStatus, SessionRow,
 };
+pub use dashboard::{ViewRequest, Viewer};
 pub use error::{ErrorStatus, ToolError};
 pub use list::{ListPage, ListRequest, Transcript, transcript};
 pub use reads::HistoryFrom;

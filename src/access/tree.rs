@@ -285,7 +285,10 @@ fn announce_state(row: &SessionRow, announce: Option<&AnnounceRow>) -> AnnounceS
         DeliveryStatus::Queued | DeliveryStatus::Running => AnnounceState::Queued,
         DeliveryStatus::Delivered => AnnounceState::Delivered,
         DeliveryStatus::Skipped => AnnounceState::Skipped,
-        DeliveryStatus::Failed | DeliveryStatus::Expired | DeliveryStatus::Undeliverable => AnnounceState::Failed,
+        DeliveryStatus::Failed
+        | DeliveryStatus::Expired
+        | DeliveryStatus::Undeliverable
+        | DeliveryStatus::Dismissed => AnnounceState::Failed,
     }
 }
 

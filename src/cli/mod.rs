@@ -126,6 +126,13 @@ enum Command {
         /// Run even if the state directory holds an OpenClaw store.
         #[arg(long)]
         force: bool,
+        /// Also serve streamable HTTP on ADDR (`/mcp`, the dashboard `/ui`, `/metrics`, the
+        /// channel bridges), as `serve --http` does.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<String>,
+        /// Allow a non-loopback HTTP bind without TLS.
+        #[arg(long, requires = "http")]
+        insecure_remote: bool,
         #[command(flatten)]
         paths: Paths,
     },
@@ -326,7 +333,9 @@ pub fn main() -> ExitCode {
             with_store(&paths, |_, store| operator::prune(store, older_than.as_deref()))
         }
         Command::Doctor { fix_modes, paths } => operator::doctor(&paths, fix_modes),
-        Command::Daemon { force, paths } => block_on(daemon(paths, force)),
+        Command::Daemon { force, http, insecure_remote, paths } => {
+            block_on(daemon(paths, force, http.as_deref(), insecure_remote))
+        }
         Command::Inject { key, text, timeout, sender, sender_name, message_id, paths } => {
             let sender = sender.map(|id| operator::InjectSender { id, name: sender_name, message_id });
             block_on(operator::inject(paths, key, text, timeout, sender))
@@ -407,7 +416,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(e) => return cannot_start(e.to_string(), strict).await,
     };
     if let Some(addr) = &args.http {
-        return serve_http(env, store, addr, args.insecure_remote, args.as_session.as_deref()).await;
+        return serve_http(env, store, addr, args.insecure_remote, args.as_session.as_deref(), Role::Serve).await;
     }
     let creds = Credentials {
         token: std::env::var("SESSIONS_MCP_TOKEN").ok(),
@@ -472,7 +481,15 @@ async fn cannot_start(problem: String, strict: bool) -> ExitCode {
 /// `serve --http ADDR`: streamable HTTP at `/mcp` (both protocol eras), `/health`, bearer tokens.
 /// Loopback unless told otherwise; a non-loopback bind needs `server.allowedHosts` and TLS or
 /// `--insecure-remote`. stdin is ignored; SIGTERM shuts down gracefully.
-async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, as_session: Option<&str>) -> ExitCode {
+/// Streamable HTTP on `addr`, owning the runtime as `role` (`serve --http`, `daemon --http`).
+async fn serve_http(
+    env: Env,
+    store: Store,
+    addr: &str,
+    insecure_remote: bool,
+    as_session: Option<&str>,
+    role: Role,
+) -> ExitCode {
     let config = Arc::new(env.loaded.config);
     let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host(addr).await {
         Ok(a) => a.collect(),
@@ -517,7 +534,7 @@ async fn serve_http(env: Env, store: Store, addr: &str, insecure_remote: bool, a
         store.clone(),
         config.clone(),
         &env.state_dir,
-        Role::Serve,
+        role,
         crate::server::http::owner_socket(),
     ) {
         Ok(rt) => rt,
@@ -565,7 +582,7 @@ pub async fn terminate_signal() {
     }
 }
 
-async fn daemon(paths: Paths, force: bool) -> ExitCode {
+async fn daemon(paths: Paths, force: bool, http: Option<&str>, insecure_remote: bool) -> ExitCode {
     let env = match paths.resolve() {
         Ok(env) => env,
         Err(e) => return fail(format!("{e} (run `sessions-mcp doctor` for details)")),
@@ -577,6 +594,10 @@ async fn daemon(paths: Paths, force: bool) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
+    if let Some(addr) = http {
+        eprintln!("sessions-mcp daemon: running for {}", env.state_dir.display());
+        return serve_http(env, store, addr, insecure_remote, None, Role::Daemon).await;
+    }
     let runtime = match Scheduler::start(
         store,
         Arc::new(env.loaded.config),

@@ -204,12 +204,14 @@ fn answer_message(ask: &AskRow, state: AskState, answer: &Answer) -> NewMessage 
         ),
     };
     let provenance = match answer.via {
-        AnsweredVia::Subagents | AnsweredVia::Elicitation => Provenance::from_session(
-            &SessionKey::from_canonical(answer.by),
-            answer.via.as_str(),
-            SourceTool::Subagents,
-            None,
-        ),
+        AnsweredVia::Subagents | AnsweredVia::Elicitation | AnsweredVia::Dashboard if answer.by != "operator" => {
+            Provenance::from_session(
+                &SessionKey::from_canonical(answer.by),
+                answer.via.as_str(),
+                SourceTool::Subagents,
+                None,
+            )
+        }
         _ => Provenance::InternalSystem { tool: SourceTool::InputRequest, chain: None },
     };
     NewMessage {

@@ -183,3 +183,19 @@ pub async fn settle_run(rt: &Scheduler, run_id: &str, timeout: Duration) -> Resu
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+impl super::Engine<'_> {
+    /// Queues a failed or expired channel delivery again (the dashboard's retry); the deliverer
+    /// attempts it at once.
+    pub fn retry_delivery(&self, id: i64, by: &str) -> Result<crate::store::LedgerAct, crate::access::ToolError> {
+        let rt = self.runtime("retry")?;
+        let act = rt.store.retry_delivery(id, by)?;
+        rt.wake();
+        Ok(act)
+    }
+
+    /// Closes a failed, expired or undeliverable delivery for good (the dashboard's dismiss).
+    pub fn dismiss_delivery(&self, id: i64, by: &str) -> Result<crate::store::LedgerAct, crate::access::ToolError> {
+        Ok(self.runtime("dismiss")?.store.dismiss_delivery(id, by)?)
+    }
+}

@@ -105,8 +105,19 @@ impl Engine<'_> {
         cascade: bool,
         cancel: &CancellationToken,
     ) -> Result<CancelOutcome, ToolError> {
+        self.access.check_can_act(caller)?;
+        self.cancel_tree(row, cascade, cancel).await
+    }
+
+    /// [`Self::cancel_subagent`] without a caller to check: the operator's (the dashboard's)
+    /// cancel of any session's unfinished work.
+    pub async fn cancel_tree(
+        &self,
+        row: SessionRow,
+        cascade: bool,
+        cancel: &CancellationToken,
+    ) -> Result<CancelOutcome, ToolError> {
         let access = self.access;
-        access.check_can_act(caller)?;
         let rt = self.runtime("subagents")?;
         let before = access.child(row)?;
         if before.state.is_finished() {

@@ -41,7 +41,7 @@ pub struct HttpOptions {
     /// Requests (SSE streams included) open at once per credential (429 above it).
     pub max_streams_per_credential: usize,
     /// Serve what processes outside the runs use — the channel bridges'
-    /// `/channels/<name>/messages` and `/metrics` — on TCP listeners, never on the run socket,
+    /// `/channels/<name>/messages`, `/metrics` and the dashboard `/ui` — on TCP listeners, never on the run socket,
     /// which only a run's own processes reach.
     pub outside_endpoints: bool,
 }
@@ -97,11 +97,13 @@ pub fn router(
     options: &HttpOptions,
 ) -> axum::Router {
     let factory_access = access.clone();
-    let outside = options
-        .outside_endpoints
-        .then(|| super::bridge::router(access.clone(), runtime.clone()).merge(super::metrics::router(access.clone())));
     // One hub per listener: a caller's subscriptions count over all its MCP sessions here.
     let hub = Hub::new(access.clone(), access.config().server.max_subscriptions);
+    let outside = options.outside_endpoints.then(|| {
+        super::bridge::router(access.clone(), runtime.clone()).merge(super::metrics::router(access.clone())).merge(
+            super::dashboard::router(access.clone(), runtime.clone(), options.clone(), hub.clone(), cancel.clone()),
+        )
+    });
     let sse = options
         .legacy_sse
         .then(|| super::sse::router(access.clone(), runtime.clone(), options.clone(), cancel.clone(), hub.clone()));
@@ -269,6 +271,33 @@ struct Auth {
 pub(super) fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     Some(value.strip_prefix("Bearer ")?.trim()).filter(|t| !t.is_empty())
+}
+
+/// The same DNS-rebinding protection as `/mcp`, for the routes rmcp does not serve (legacy SSE,
+/// the dashboard): Host must be allowed; an Origin, if sent, too.
+pub(super) fn host_and_origin_ok(options: &HttpOptions, headers: &axum::http::HeaderMap) -> bool {
+    let Some(hosts) = &options.allowed_hosts else { return true };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let name = if host.starts_with('[') {
+        host.split(']').next().unwrap_or("").trim_start_matches('[')
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    if !hosts.iter().any(|h| h.eq_ignore_ascii_case(name)) {
+        return false;
+    }
+    match headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        None => true,
+        Some(origin) => {
+            let origin_host = origin.split("://").nth(1).unwrap_or("");
+            let origin_name = if origin_host.starts_with('[') {
+                origin_host.split(']').next().unwrap_or("").trim_start_matches('[')
+            } else {
+                origin_host.rsplit_once(':').map_or(origin_host, |(h, _)| h)
+            };
+            hosts.iter().any(|h| h.eq_ignore_ascii_case(origin_name))
+        }
+    }
 }
 
 /// Whether the request's bearer token is one of these (by their hex sha256s).

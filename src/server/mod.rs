@@ -3,6 +3,7 @@
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
 mod bridge;
+mod dashboard;
 mod degraded;
 mod elicit;
 pub mod http;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt, channel::mpsc};
@@ -63,39 +63,13 @@ pub fn router(
         .with_state(state)
 }
 
-/// The same DNS-rebinding protection as `/mcp`: Host must be allowed; an Origin, if sent, too.
-fn host_and_origin_ok(options: &HttpOptions, headers: &HeaderMap) -> bool {
-    let Some(hosts) = &options.allowed_hosts else { return true };
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let name = if host.starts_with('[') {
-        host.split(']').next().unwrap_or("").trim_start_matches('[')
-    } else {
-        host.rsplit_once(':').map_or(host, |(h, _)| h)
-    };
-    if !hosts.iter().any(|h| h.eq_ignore_ascii_case(name)) {
-        return false;
-    }
-    match headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
-        None => true,
-        Some(origin) => {
-            let origin_host = origin.split("://").nth(1).unwrap_or("");
-            let origin_name = if origin_host.starts_with('[') {
-                origin_host.split(']').next().unwrap_or("").trim_start_matches('[')
-            } else {
-                origin_host.rsplit_once(':').map_or(origin_host, |(h, _)| h)
-            };
-            hosts.iter().any(|h| h.eq_ignore_ascii_case(origin_name))
-        }
-    }
-}
-
 async fn open_stream(
     State(st): State<SseState>,
     Extension(caller): Extension<Caller>,
     Extension(credential): Extension<Credential>,
     headers: HeaderMap,
 ) -> Response {
-    if !host_and_origin_ok(&st.options, &headers) {
+    if !super::http::host_and_origin_ok(&st.options, &headers) {
         return (StatusCode::FORBIDDEN, "Host or Origin not allowed").into_response();
     }
     if st.sessions.read().await.len() >= MAX_SESSIONS {
@@ -147,7 +121,7 @@ async fn post_message(
     headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, &'static str) {
-    if !host_and_origin_ok(&st.options, &headers) {
+    if !super::http::host_and_origin_ok(&st.options, &headers) {
         return (StatusCode::FORBIDDEN, "Host or Origin not allowed");
     }
     // Another token's session is answered like a missing one: it must not learn the id is live.

@@ -46,6 +46,8 @@ pub enum AnsweredVia {
     Operator,
     /// An MCP elicitation answered at the host.
     Elicitation,
+    /// The operator's dashboard (`/ui`), by an operator or a client token.
+    Dashboard,
     /// `approvals.rules` decided without asking.
     Rule,
     /// `approvals.timeoutSeconds` passed.
@@ -56,7 +58,7 @@ text_enum!(AskKind { Approval => "approval", Question => "question" });
 text_enum!(AskState { Open => "open", Answered => "answered", Expired => "expired", Withdrawn => "withdrawn" });
 text_enum!(AskDecision { Allow => "allow", Deny => "deny" });
 text_enum!(AnsweredVia {
-    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Rule => "rule", Timeout => "timeout",
+    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Dashboard => "dashboard", Rule => "rule", Timeout => "timeout",
 });
 
 /// An ask to record.
@@ -186,6 +188,18 @@ pub(super) fn close_ask(tx: &Transaction, id: &str, state: AskState, answer: &An
 pub(super) fn open_asks_of(c: &Connection, session: i64) -> rusqlite::Result<Vec<AskRow>> {
     let sql = format!("{SELECT} WHERE a.state = 'open' AND a.session = ?1 ORDER BY a.created_at");
     c.prepare_cached(&sql)?.query_map([session], from_row)?.collect()
+}
+
+/// The open asks of the sessions `cond` (an SQL condition on `a.session` bound to `?1`) admits,
+/// oldest first, up to `limit`.
+pub(super) fn open_asks_in(
+    c: &Connection,
+    cond: &str,
+    root: Option<i64>,
+    limit: usize,
+) -> rusqlite::Result<Vec<AskRow>> {
+    let sql = format!("{SELECT} WHERE a.state = 'open' AND {cond} ORDER BY a.created_at LIMIT ?2");
+    c.prepare_cached(&sql)?.query_map(rusqlite::params![root, limit as i64], from_row)?.collect()
 }
 
 impl Store {

@@ -39,11 +39,13 @@ pub enum DeliveryStatus {
     Expired,
     /// No channel can carry it (no deliverer configured, no address).
     Undeliverable,
+    /// An operator closed a failed, expired or undeliverable one: nobody tries it again.
+    Dismissed,
 }
 
 text_enum!(DeliveryStatus {
     Queued => "queued", Running => "running", Delivered => "delivered", Failed => "failed", Skipped => "skipped",
-    Expired => "expired", Undeliverable => "undeliverable",
+    Expired => "expired", Undeliverable => "undeliverable", Dismissed => "dismissed",
 });
 
 /// A ledger row to create.

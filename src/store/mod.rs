@@ -9,6 +9,7 @@
 mod asks;
 mod budgets;
 mod cancel;
+mod dashboard;
 mod import;
 mod ledger;
 mod messages;
@@ -36,6 +37,7 @@ use sha2::{Digest, Sha256};
 pub use asks::{Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk};
 pub use budgets::{Crossing, Meter};
 pub use cancel::CancelRequest;
+pub use dashboard::{DeliveryLine, LatestRun, LedgerAct, RunLine, Scope, TreeNode, TreesPage, UsageBucket};
 pub use import::{ImportedSession, Merged, SessionExtras};
 pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};

@@ -18,6 +18,7 @@ mod client_configs;
 mod codex_cli;
 mod common;
 mod daemon;
+mod dashboard;
 mod degraded;
 mod faults;
 mod fuzz_regressions;
