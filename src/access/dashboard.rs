@@ -160,7 +160,8 @@ fn node_state(run: Option<&LatestRun>, open_asks: i64) -> &'static str {
 }
 
 fn run_fields(run: &LatestRun) -> Value {
-    let runtime = run.started_at.map(|s| run.ended_at.unwrap_or_else(now_ms) - s);
+    // Only for ended runs: a running one's ticks on the page, so the view does not change by itself.
+    let runtime = run.started_at.zip(run.ended_at).map(|(s, e)| e - s);
     json!({
         "runId": run.run_id, "mode": run.mode.as_str(), "status": run.status.as_str(),
         "createdAt": run.created_at, "startedAt": run.started_at, "endedAt": run.ended_at,
@@ -174,6 +175,8 @@ fn node_json(n: &TreeNode) -> Value {
         "key": r.key.as_str(), "label": r.label, "agent": r.agent_id.as_str(), "depth": r.spawn_depth,
         "parent": r.spawned_by.as_ref().map(SessionKey::as_str), "role": r.subagent_role,
         "state": node_state(n.run.as_ref(), n.open_asks), "run": n.run.as_ref().map(run_fields),
+        "startedAt": n.first_started_at,
+        "endedAt": n.run.as_ref().filter(|r| r.status.is_finished()).and_then(|r| r.ended_at),
         "tokens": {"in": r.tokens_in, "out": r.tokens_out}, "costUsd": r.cost,
         "budget": n.budget.as_ref().map(|b| b.to_json()), "openAsks": n.open_asks,
         "updatedAt": r.updated_at, "createdAt": r.created_at, "children": [],

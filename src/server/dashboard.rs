@@ -68,6 +68,7 @@ pub fn router(
         .route("/ui/", axum::routing::get(page))
         .route("/ui/app.js", axum::routing::get(script))
         .route("/ui/app.css", axum::routing::get(style))
+        .route("/ui/api/hello", axum::routing::get(hello))
         .route("/ui/api/view", axum::routing::get(view))
         .route("/ui/api/transcript", axum::routing::get(transcript))
         .route("/ui/api/events", axum::routing::get(events))
@@ -112,6 +113,12 @@ async fn script() -> Response {
 
 async fn style() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
+}
+
+/// Whether requests without a token are served (loopback `serve --http --as`), so the page knows
+/// whether to ask for one first.
+async fn hello(State(ui): State<Ui>) -> Response {
+    axum::Json(json!({"anonymous": ui.options.anonymous.is_some()})).into_response()
 }
 
 /// The viewer the request's credentials stand for, or the 401 to answer.

@@ -52,7 +52,9 @@ pub struct LatestRun {
 #[derive(Debug, Clone)]
 pub struct TreeNode {
     pub row: SessionRow,
+    /// Its newest run (its state), and when its first run started (its runtime runs from there).
     pub run: Option<LatestRun>,
+    pub first_started_at: Option<i64>,
     pub open_asks: i64,
     pub budget: Option<Account>,
 }
@@ -167,9 +169,11 @@ fn node(c: &Connection, row: SessionRow, now: i64) -> rusqlite::Result<TreeNode>
         ))?
         .query_row([row.id], run_from_row)
         .optional()?;
+    let first_started_at =
+        c.prepare_cached("SELECT min(started_at) FROM runs WHERE session = ?1")?.query_row([row.id], |r| r.get(0))?;
     let open_asks = open_asks_of(c, row.id)?;
     let budget = super::budgets::account(c, row.id, now)?;
-    Ok(TreeNode { row, run, open_asks, budget })
+    Ok(TreeNode { row, run, first_started_at, open_asks, budget })
 }
 
 fn open_asks_of(c: &Connection, session: i64) -> rusqlite::Result<i64> {

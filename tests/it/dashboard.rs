@@ -23,7 +23,7 @@ pub(crate) fn sha(token: &str) -> String {
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
-/// Agent `main` answers tasks (`slow …` after 3 s, `ask …` with an approval first); two client
+/// Agent `main` answers tasks (`slow …` after 3 s, `long …` after 8 s, `ask …` with an approval first); two client
 /// tokens (desk, other) and an operator token; sessions see their own tree.
 pub(crate) fn env_with() -> TestEnv {
     env_seeing("tree", None)
@@ -34,6 +34,7 @@ fn env_seeing(visibility: &str, deliver: Option<&str>) -> TestEnv {
     let mut env = TestEnv::new();
     let script = json!({"rules": [
         {"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
+        {"match": {"inputRegex": "^long"}, "sleepMs": 8000, "reply": "long done"},
         {"match": {"inputRegex": "^slow"}, "sleepMs": 3000, "reply": "slow done", "usage": {"inputTokens": 700, "outputTokens": 50, "costUsd": 0.02}},
         {"match": {"inputRegex": "^ask"}, "ask": {"kind": "approval", "text": "May I deploy?", "details": {"toolName": "Bash"}},
          "reply": "decision={decision} answer={answer}"}
@@ -74,14 +75,14 @@ fn act(port: u16, token: &str, body: Value) -> (u16, Value) {
     (status, serde_json::from_str(&body).unwrap_or(Value::String(body)))
 }
 
-fn view(port: u16, token: &str) -> Value {
+pub(crate) fn view(port: u16, token: &str) -> Value {
     let (status, v) = get(port, "/ui/api/view", Some(token));
     assert_eq!(status, 200, "{v}");
     v
 }
 
 /// Every node of a view's trees, depth first.
-fn nodes(view: &Value) -> Vec<Value> {
+pub(crate) fn nodes(view: &Value) -> Vec<Value> {
     fn walk(n: &Value, out: &mut Vec<Value>) {
         out.push(n.clone());
         for c in n["children"].as_array().into_iter().flatten() {
@@ -95,7 +96,7 @@ fn nodes(view: &Value) -> Vec<Value> {
     out
 }
 
-fn node<'a>(all: &'a [Value], key: &str) -> Option<&'a Value> {
+pub(crate) fn node<'a>(all: &'a [Value], key: &str) -> Option<&'a Value> {
     all.iter().find(|n| n["key"] == key)
 }
 

@@ -19,6 +19,7 @@ mod codex_cli;
 mod common;
 mod daemon;
 mod dashboard;
+mod dashboard_browser;
 mod degraded;
 mod faults;
 mod fuzz_regressions;

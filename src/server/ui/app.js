@@ -113,13 +113,16 @@ async function act(body, label) {
 // ---- trees ----
 function treeNode(node, isRoot) {
   const row = el("div", { class: "node-row" });
-  const name = node.label ? node.label + " " : "";
+  const open = el("button", { type: "button", class: "link open", "data-key": node.key,
+    "aria-label": "Open the transcript of " + (node.label ? node.label + ", " : "") + node.key,
+    onclick: () => openTranscript(node.key) });
+  if (node.label) open.append(el("strong", { text: node.label }), " ");
+  open.append(el("span", { class: "key-inline", text: node.key }));
   row.append(
     badge(node.state),
-    el("button", { type: "button", class: "link open", "data-key": node.key, text: name + node.key,
-      "aria-label": "Open the transcript of " + node.key, onclick: () => openTranscript(node.key) }),
+    open,
     el("span", { class: "meta", text: node.agent }),
-    el("span", { class: "meta" }, "runtime ", runtimeCell(node.run)),
+    el("span", { class: "meta" }, "runtime ", runtimeCell(node)),
     el("span", { class: "meta", text: num(node.tokens.in + node.tokens.out) + " tokens" }),
     el("span", { class: "meta", text: usd(node.costUsd) }),
   );
@@ -221,29 +224,52 @@ function renderAsks(view) {
 }
 
 // ---- usage ----
+/// The period's buckets, empty ones included, oldest first (the server leaves empty ones out).
+function slots(view) {
+  const hourly = state.period === "hourly";
+  const size = hourly ? 3600000 : 86400000, count = hourly ? 48 : 30;
+  const byStart = new Map((view.usage[state.period] || []).map((b) => [b.start, b]));
+  const last = Math.floor(now() / size) * size;
+  const out = [];
+  for (let i = count - 1; i >= 0; i--) {
+    const start = last - i * size;
+    out.push(byStart.get(start) || { start, runs: 0, tokensIn: 0, tokensOut: 0, costUsd: 0 });
+  }
+  return out;
+}
+
 function renderUsage(view) {
-  const buckets = view.usage[state.period] || [];
+  const buckets = slots(view);
   const total = buckets.reduce((t, b) => ({ tokens: t.tokens + b.tokensIn + b.tokensOut, cost: t.cost + b.costUsd, runs: t.runs + b.runs }),
     { tokens: 0, cost: 0, runs: 0 });
   $("usage-total").textContent = num(total.runs) + " runs ended, " + num(total.tokens) + " tokens, " + usd(total.cost) +
     (state.period === "hourly" ? " in the last 48 hours." : " in the last 30 days.");
   const chart = $("usage-chart");
-  if (!buckets.length) {
+  if (!total.runs) {
     chart.replaceChildren(el("p", { class: "meta", text: "No usage in this period." }));
     return;
   }
   const max = Math.max(...buckets.map((b) => b.tokensIn + b.tokensOut), 1);
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
-  const w = 600, h = 120, bw = Math.max(2, Math.floor(w / buckets.length) - 2);
-  svg.setAttribute("viewBox", `0 0 ${w} ${h + 16}`);
+  const w = 600, h = 120, step = w / buckets.length, bw = Math.max(2, step - 2);
+  svg.setAttribute("viewBox", `0 0 ${w} ${h + 18}`);
   svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", "Tokens per " + (state.period === "hourly" ? "hour" : "day"));
+  svg.setAttribute("aria-label", "Tokens per " + (state.period === "hourly" ? "hour" : "day") + ", at most " + num(max));
+  const text = (x, anchor, content) => {
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", x);
+    t.setAttribute("y", h + 14);
+    t.setAttribute("text-anchor", anchor);
+    t.textContent = content;
+    return t;
+  };
   buckets.forEach((b, i) => {
     const tokens = b.tokensIn + b.tokensOut;
-    const bh = Math.max(1, Math.round((tokens / max) * h));
+    if (!tokens && !b.runs) return;
+    const bh = Math.max(2, Math.round((tokens / max) * h));
     const rect = document.createElementNS(ns, "rect");
-    rect.setAttribute("x", i * (bw + 2));
+    rect.setAttribute("x", i * step);
     rect.setAttribute("y", h - bh);
     rect.setAttribute("width", bw);
     rect.setAttribute("height", bh);
@@ -252,11 +278,13 @@ function renderUsage(view) {
     rect.append(title);
     svg.append(rect);
   });
+  svg.append(text(0, "start", when(buckets[0].start)), text(w, "end", "now · peak " + num(max) + " tokens"));
+  const used = buckets.filter((b) => b.runs);
   const table = el("table", { class: "usage-table" },
     el("caption", { text: "The same figures as a table" }),
     el("thead", {}, el("tr", {}, el("th", { scope: "col", text: "From" }), el("th", { scope: "col", text: "Runs" }),
       el("th", { scope: "col", text: "Tokens in" }), el("th", { scope: "col", text: "Tokens out" }), el("th", { scope: "col", text: "Cost" }))),
-    el("tbody", {}, ...buckets.map((b) => el("tr", {}, el("td", { text: when(b.start) }), el("td", { text: num(b.runs) }),
+    el("tbody", {}, ...used.map((b) => el("tr", {}, el("td", { text: when(b.start) }), el("td", { text: num(b.runs) }),
       el("td", { text: num(b.tokensIn) }), el("td", { text: num(b.tokensOut) }), el("td", { text: usd(b.costUsd) })))));
   const details = el("details", {}, el("summary", { text: "Show the figures" }), table);
   chart.replaceChildren(svg, details);
@@ -401,6 +429,11 @@ function signedOut(why) {
 }
 
 async function start() {
+  if (!state.token) {
+    // Without a token, only a loopback server started with --as answers; ask before trying.
+    const hello = await api("/ui/api/hello").catch(() => ({}));
+    if (!hello.anonymous) return signedOut("");
+  }
   try {
     render(await api("/ui/api/view?" + new URLSearchParams({ roots: state.roots })));
   } catch (e) {
