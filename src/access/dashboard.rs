@@ -28,7 +28,7 @@ pub struct ViewRequest {
 }
 
 /// Descendants shown under one root; the rest are counted.
-const PER_ROOT: usize = 200;
+const PER_ROOT: usize = 50;
 /// Runs shown of each kind (active, ended); deliveries and asks shown.
 const RUNS: usize = 100;
 const DELIVERIES: usize = 100;

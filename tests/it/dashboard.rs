@@ -360,3 +360,20 @@ fn the_live_stream_sends_the_view_at_once_then_again_when_a_run_moves_and_when_t
     });
     assert!(seen.iter().any(|s| s == "running" || s == "queued"), "the first view came before the end: {seen:?}");
 }
+
+#[test]
+fn on_a_loopback_serve_with_as_the_page_needs_no_token_and_shows_that_sessions_tree() {
+    let env = env_with();
+    let server = env.serve_http(&["--as", "agent:main:desk"]);
+    let port = server.port;
+    let (status, hello) = get(port, "/ui/api/hello", None);
+    assert_eq!((status, hello), (200, json!({"anonymous": true})));
+    let (status, v) = get(port, "/ui/api/view", None);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["viewer"], json!({"name": "agent:main:desk", "operator": false}));
+    // A token sent is checked as always; an operator's still sees everything.
+    assert_eq!(get(port, "/ui/api/view", Some("nonsense")).0, 401);
+    assert_eq!(view(port, OPERATOR)["viewer"]["operator"], true);
+    let plain = env.serve_http(&[]);
+    assert_eq!(get(plain.port, "/ui/api/hello", None).1, json!({"anonymous": false}));
+}
