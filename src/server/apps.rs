@@ -40,7 +40,10 @@ const VIEWS: [View; 2] = [
         title: "Sub-agent tree",
         description: "Your sub-agents as a tree: state, runtime, tokens, cost, budget, open questions \
                       (an MCP App: shown inline by hosts that render them)",
-        html: concat!("<!doctype html>\n<html lang=\"en\" data-view=\"tree\">\n<head>\n", include_str!("apps/view.html")),
+        html: concat!(
+            "<!doctype html>\n<html lang=\"en\" data-view=\"tree\">\n<head>\n",
+            include_str!("apps/view.html")
+        ),
         tool: "subagents",
     },
     View {
@@ -49,7 +52,10 @@ const VIEWS: [View; 2] = [
         title: "Sub-agent",
         description: "One spawned sub-agent: its state and last outcome \
                       (an MCP App: shown inline by hosts that render them)",
-        html: concat!("<!doctype html>\n<html lang=\"en\" data-view=\"child\">\n<head>\n", include_str!("apps/view.html")),
+        html: concat!(
+            "<!doctype html>\n<html lang=\"en\" data-view=\"child\">\n<head>\n",
+            include_str!("apps/view.html")
+        ),
         tool: "sessions_spawn",
     },
 ];

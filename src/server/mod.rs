@@ -191,8 +191,7 @@ impl ServerHandler for SessionsServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let caller = self.caller_for(&context)?;
-        if let Some(view) = apps::read(&request.uri).filter(|_| apps::declared(&context))
-        {
+        if let Some(view) = apps::read(&request.uri).filter(|_| apps::declared(&context)) {
             return Ok(view.into());
         }
         resources::read(&self.ctx(&caller, &context), &request.uri).await.map(Into::into)
