@@ -14,7 +14,7 @@
 //! | | [`programs`] | the side programs the binary also is: the scripted agent, `connect` |
 //! | | [`openclaw`] | OpenClaw's store layout in (`import`) and out (`export`) |
 //! | | `bench` | the benchmark harness behind `sessions-mcp bench` and the criterion benches; only with `--features bench` |
-//! | serving | [`server`] | the rmcp `ServerHandler` (per-caller `tools/list`, `tools/call`, resources, tasks), streamable HTTP + bearer auth, legacy SSE, the owner's run socket |
+//! | serving | [`server`] | the rmcp `ServerHandler` (per-caller `tools/list`, `tools/call`, resources, tasks, MCP Apps views), streamable HTTP + bearer auth, legacy SSE, the owner's run socket |
 //! | tools | [`tools`] | one file per tool: parse the arguments, ask access, call the engine, shape the answer |
 //! | engine | [`engine`] | the runs: the scheduler (owner election, queue, waits, sweeps), one turn, the steps after it, send, spawn, deliveries, inject |
 //! | façade | [`access`] | who is calling ([`access::caller`]) and what they may see and do: loads facts from the store, asks `policy`; the tools' error type |

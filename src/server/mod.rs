@@ -2,6 +2,7 @@
 //! `tools/`. The caller is bound to the transport — the stdio process's credentials, or per HTTP
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
+mod apps;
 mod bridge;
 mod dashboard;
 mod degraded;
@@ -176,7 +177,13 @@ impl ServerHandler for SessionsServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         let caller = self.caller_for(&context)?;
-        resources::list(&self.access, &caller, request.and_then(|r| r.cursor))
+        let cursor = request.and_then(|r| r.cursor);
+        let first_page = cursor.is_none();
+        let mut result = resources::list(&self.access, &caller, cursor)?;
+        if first_page && apps::declared(&context) {
+            result.resources.splice(0..0, apps::resources());
+        }
+        Ok(result)
     }
 
     async fn read_resource(
@@ -185,6 +192,9 @@ impl ServerHandler for SessionsServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let caller = self.caller_for(&context)?;
+        if let Some(view) = apps::read(&request.uri).filter(|_| apps::declared(&context)) {
+            return Ok(view.into());
+        }
         resources::read(&self.ctx(&caller, &context), &request.uri).await.map(Into::into)
     }
 
@@ -282,7 +292,18 @@ impl ServerHandler for SessionsServer {
         let caller = self.caller_for(&context)?;
         self.elicitation_route(&caller, &context);
         let offered = self.access.tools_for(&caller);
-        let tools = tools::specs().iter().filter(|s| offered.contains(&s.name)).map(|s| s.to_tool()).collect();
+        let apps = apps::declared(&context);
+        let tools = tools::specs()
+            .iter()
+            .filter(|s| offered.contains(&s.name))
+            .map(|s| {
+                let mut tool = s.to_tool();
+                if apps {
+                    apps::link(&mut tool);
+                }
+                tool
+            })
+            .collect();
         let mut result = ListToolsResult::with_all_items(tools);
         // The list depends on the caller: never cache it for anyone else.
         result.cache_scope = Some(CacheScope::Private);

@@ -26,6 +26,7 @@ mod fuzz_regressions;
 mod http;
 mod import_export;
 mod load;
+mod mcp_apps;
 mod metrics;
 mod python_sdk;
 mod readme;
