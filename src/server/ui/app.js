@@ -290,7 +290,28 @@ function renderUsage(view) {
   chart.replaceChildren(svg, details);
 }
 
+/// Where the keyboard focus is, said so that it survives a re-render: the row it is in (by its
+/// data key) and the control (by its action or role). None for the page's fixed controls.
+const HOLDERS = ["data-key", "data-run-id", "data-delivery-id", "data-request-id"];
+function focusPath(e) {
+  const holder = e && e.closest && e.closest(HOLDERS.map((a) => `[${a}]`).join(","));
+  if (!holder || e.id && !e.id.startsWith("answer-")) return e && e.id ? "#" + CSS.escape(e.id) : null;
+  const attr = HOLDERS.find((a) => holder.hasAttribute(a));
+  const inner = e.dataset.act ? `[data-act="${e.dataset.act}"]` : e.classList.contains("open") ? ".open" : e.tagName.toLowerCase();
+  return `[${attr}="${CSS.escape(holder.getAttribute(attr))}"] ${inner}`;
+}
+
 function render(view) {
+  // A live update must not take the keyboard focus, nor what someone is typing in an answer.
+  const focused = focusPath(document.activeElement);
+  const typed = new Map([...document.querySelectorAll("#ask-list input")].map((i) => [i.id, i.value]));
+  renderView(view);
+  for (const [id, value] of typed) if ($(id)) $(id).value = value;
+  const again = focused && document.querySelector(focused);
+  if (again && again !== document.activeElement) again.focus({ preventScroll: true });
+}
+
+function renderView(view) {
   state.view = view;
   if (view.generatedAt) state.clockSkew = view.generatedAt - Date.now();
   $("who").textContent = view.viewer.operator ? "Operator: every session" : "Viewing as " + view.viewer.name;
