@@ -49,12 +49,14 @@ async function api(path, options) {
 }
 
 // ---- formatting ----
-const num = (n) => (n ?? 0).toLocaleString("en-US");
+// One formatter each: building an Intl formatter per call costs more than the rest of a render.
+const NUMBER = new Intl.NumberFormat("en-US");
+const DATE = new Intl.DateTimeFormat(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+const num = (n) => NUMBER.format(n ?? 0);
 const usd = (c) => (c === null || c === undefined ? "—" : "$" + Number(c).toFixed(c < 0.01 && c > 0 ? 4 : 2));
 function when(ms) {
   if (!ms) return "—";
-  const d = new Date(ms);
-  return d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  return DATE.format(new Date(ms));
 }
 function duration(ms) {
   if (ms === null || ms === undefined) return "—";
@@ -456,7 +458,10 @@ async function start() {
     if (!hello.anonymous) return signedOut("");
   }
   try {
-    render(await api("/ui/api/view?" + new URLSearchParams({ roots: state.roots })));
+    const first = await api("/ui/api/view?" + new URLSearchParams({ roots: state.roots }));
+    performance.mark("view-read");
+    render(first);
+    performance.mark("view-rendered");
   } catch (e) {
     if (e.status === 401) return signedOut(state.token ? "That token was refused." : "");
     return signedOut("The server could not be read: " + e.message);
