@@ -377,3 +377,17 @@ fn on_a_loopback_serve_with_as_the_page_needs_no_token_and_shows_that_sessions_t
     let plain = env.serve_http(&[]);
     assert_eq!(get(plain.port, "/ui/api/hello", None).1, json!({"anonymous": false}));
 }
+
+#[test]
+fn a_daemon_with_http_serves_the_dashboard_and_runs_what_its_clients_spawn() {
+    let env = env_with();
+    let daemon = env.daemon_http(&[]);
+    let port = daemon.port;
+    let child = Mcp::legacy(port, DESK).call("sessions_spawn", json!({"task": "hello"}));
+    let child = child["childSessionKey"].as_str().unwrap().to_string();
+    wait_until(Duration::from_secs(30), "the child completed in the daemon's view", || {
+        (node(&nodes(&view(port, OPERATOR)), &child)?["state"] == "completed").then_some(())
+    });
+    let (status, _, body) = http_to(port, "GET", "/ui", &[], "");
+    assert!(status == 200 && body.contains("sessions-mcp dashboard"));
+}

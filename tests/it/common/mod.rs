@@ -123,8 +123,17 @@ pub struct HttpServer {
 
 impl TestEnv {
     pub fn serve_http(&self, extra: &[&str]) -> HttpServer {
+        self.listen_http("serve", extra)
+    }
+
+    /// `daemon --http 127.0.0.1:0 [EXTRA…]`: the runtime's owner, also listening.
+    pub fn daemon_http(&self, extra: &[&str]) -> HttpServer {
+        self.listen_http("daemon", extra)
+    }
+
+    fn listen_http(&self, command: &str, extra: &[&str]) -> HttpServer {
         let mut child = self
-            .command(&[&["serve", "--http", "127.0.0.1:0"], extra].concat())
+            .command(&[&[command, "--http", "127.0.0.1:0"], extra].concat())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
