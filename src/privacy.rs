@@ -5,7 +5,7 @@
 //! The root is the process umask: every serving and operator command sets it to `077` first
 //! ([`keep_created_files_private`]), so SQLite's files, exports, attachment staging and
 //! workspaces are created 0600/0700 without each site having to remember. The user's own umask is
-//! kept for the agents (`supervise --umask`): what an agent writes in its workspace is the
+//! kept for the agents (`sessions-mcp-supervise --umask` applies it): what an agent writes in its workspace is the
 //! user's business. [`create_private_dir`] makes the state dir 0700 even for library callers that
 //! never set the umask, and [`check_modes`] is `doctor`'s report (and fix) for a store created
 //! before this.
@@ -31,14 +31,6 @@ pub fn keep_created_files_private() {
 /// The umask agents run with: the user's, when the server replaced it (None: unchanged).
 pub fn user_umask() -> Option<u32> {
     USER_UMASK.get().copied()
-}
-
-/// Applies the umask a run's agent gets (called by `supervise` before it starts the agent).
-pub fn restore_umask(mask: u32) {
-    // SAFETY: umask has no memory-safety preconditions.
-    unsafe {
-        libc::umask((mask & 0o777) as libc::mode_t);
-    }
 }
 
 /// Creates `dir` and its missing parents 0700 (an existing directory keeps its mode: `doctor`

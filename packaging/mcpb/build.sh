@@ -3,7 +3,8 @@
 # entry for it: target/mcpb/sessions-mcp-<version>-<os>-<arch>.mcpb and target/mcpb/server.json
 # (the repository's server.json naming that file, with its fileSha256).
 #   packaging/mcpb/build.sh [path/to/sessions-mcp]     default: target/release/sessions-mcp
-# A bundle holds one binary: build it on the platform it is for. Needs node and the mcpb CLI
+# A bundle holds the binaries of one platform (sessions-mcp and the run supervisor beside it,
+# sessions-mcp-supervise): build it on the platform it is for. Needs node and the mcpb CLI
 # (`npm install -g @anthropic-ai/mcpb`, or MCPB naming it); MCPB_OUT moves the output.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -19,16 +20,22 @@ case "$(uname -s)" in
 esac
 arch="$(uname -m)"
 [ -x "$bin" ] || { echo "build.sh: no executable at $bin (cargo build --release first)" >&2; exit 2; }
+# Every run starts through the supervisor, which the server finds beside its own binary.
+supervisor="$(dirname "$bin")/sessions-mcp-supervise"
+[ -x "$supervisor" ] || { echo "build.sh: no executable at $supervisor (cargo build --release builds both)" >&2; exit 2; }
 version="$(node -p 'require(process.argv[1]).version' "$here/manifest.json")"
 # A stale binary would ship under the manifest's version: refuse it.
 [ "$("$bin" --version)" = "sessions-mcp $version" ] ||
   { echo "build.sh: $bin is '$("$bin" --version)', the manifest says $version" >&2; exit 2; }
+[ "$("$supervisor" --version)" = "sessions-mcp-supervise $version" ] ||
+  { echo "build.sh: $supervisor is '$("$supervisor" --version)', the manifest says $version" >&2; exit 2; }
 
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/server" "$out"
 cp "$bin" "$stage/server/sessions-mcp"
-chmod 755 "$stage/server/sessions-mcp"
+cp "$supervisor" "$stage/server/sessions-mcp-supervise"
+chmod 755 "$stage/server/sessions-mcp" "$stage/server/sessions-mcp-supervise"
 # The bundle runs only where its binary does: its manifest names that one platform.
 node -e '
   const [manifest, os] = process.argv.slice(1);

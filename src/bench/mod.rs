@@ -8,12 +8,14 @@
 //! [`load`] (waits, HTTP clients, memory), [`import`] (a reference store), [`soak`] (memory
 //! before, during and after sustained mixed load), [`daemon`] (a send with wait and a subscription
 //! update through a daemon owning the runtime, against the serve owning it), [`subagents`] (how
-//! soon a `subagents` wait answers after the announce, both ways). `--quick` takes small
+//! soon a `subagents` wait answers after the announce, both ways), [`fanout`] (N children spawned at
+//! once: spawn rate, last announce, the server's memory, fds and threads, supervision per run). `--quick` takes small
 //! sizes so that a debug build finishes within a minute on two cores (CI); figures come from the
 //! full mode in a release build.
 
 mod client;
 mod daemon;
+mod fanout;
 mod import;
 pub mod in_process;
 mod load;
@@ -39,10 +41,11 @@ pub enum Group {
     Soak,
     Daemon,
     Subagents,
+    Fanout,
 }
 
 impl Group {
-    const ALL: [Group; 8] = [
+    const ALL: [Group; 9] = [
         Group::InProcess,
         Group::Stdio,
         Group::Send,
@@ -51,6 +54,7 @@ impl Group {
         Group::Soak,
         Group::Daemon,
         Group::Subagents,
+        Group::Fanout,
     ];
 
     fn name(self) -> &'static str {
@@ -63,6 +67,7 @@ impl Group {
             Group::Soak => "soak",
             Group::Daemon => "daemon",
             Group::Subagents => "subagents",
+            Group::Fanout => "fanout",
         }
     }
 }
@@ -242,6 +247,7 @@ pub async fn run(quick: bool, only: Option<Group>) -> ExitCode {
             Group::Soak => soak::run(&mut bench).await,
             Group::Daemon => daemon::run(&mut bench).await,
             Group::Subagents => subagents::run(&mut bench).await,
+            Group::Fanout => fanout::run(&mut bench).await,
         };
         if let Err(e) = result {
             print_table(&bench);

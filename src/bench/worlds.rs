@@ -66,6 +66,11 @@ impl Worlds {
         })
     }
 
+    /// An empty store under `config` (the fan-out worlds bring their own agent and caps).
+    pub fn with_config(&mut self, name: &str, config: &serde_json::Value) -> anyhow::Result<PathBuf> {
+        self.get(name, &config.to_string(), |_| Ok(()))
+    }
+
     /// A fresh state directory under the run's root, not cached (for imports).
     pub fn scratch(&self, name: &str) -> PathBuf {
         self.root.path().join(format!("{name}-{}", uuid::Uuid::new_v4()))

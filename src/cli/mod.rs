@@ -166,9 +166,6 @@ enum Command {
         #[arg(long)]
         script: Option<PathBuf>,
     },
-    /// Internal: supervises one run's process group.
-    #[command(hide = true)]
-    Supervise(crate::runner::supervise::SuperviseArgs),
     /// Measure start-up, tool latency, sends, concurrency, memory and import on generated stores
     /// (whole processes over stdio and HTTP, and in-process); prints one table. Only in a build
     /// with `--features bench`.
@@ -307,8 +304,8 @@ pub fn fail(message: impl std::fmt::Display) -> ExitCode {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The agent and the supervisor log nothing of their own: stderr belongs to the run.
-    if !matches!(cli.command, Command::Agent { .. } | Command::Supervise(_) | Command::Connect) {
+    // The agent logs nothing of its own: stderr belongs to the run.
+    if !matches!(cli.command, Command::Agent { .. } | Command::Connect) {
         // Before any thread: the umask is process-wide. Agents get the user's back (supervise).
         crate::privacy::keep_created_files_private();
         init_tracing();
@@ -342,7 +339,6 @@ pub fn main() -> ExitCode {
         }
         Command::Agent { script } => crate::programs::scripted_agent::run(script.as_deref()),
         Command::Connect => block_on(crate::programs::connect::connect()),
-        Command::Supervise(args) => crate::runner::supervise::run(&args),
         #[cfg(feature = "bench")]
         Command::Bench { quick, only, .. } => block_on(crate::bench::run(quick, only)),
         Command::Dev(DevCommand::Seed(args)) => seed::seed(&args),
@@ -361,8 +357,8 @@ pub fn main() -> ExitCode {
 }
 
 /// Runs an async command on a multi-thread runtime. Only the commands that need one build it:
-/// `supervise` starts with every run and `agent` with every scripted turn, and neither should pay
-/// for worker threads it never uses.
+/// `agent` starts with every scripted turn and should not pay for worker threads it never uses
+/// (the supervisor is a binary of its own, `sessions-mcp-supervise`).
 fn block_on(command: impl std::future::Future<Output = ExitCode>) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let code = runtime.block_on(command);

@@ -1,5 +1,5 @@
 //! The runner: one agent turn as a supervised subprocess (docs/RUNNER-PROTOCOL.md).
-//! [`Runner::execute`] starts `sessions-mcp supervise -- <agent>`, writes its [`Input`] (a `jsonl/1`
+//! [`Runner::execute`] starts `sessions-mcp-supervise -- <agent>`, writes its [`Input`] (a `jsonl/1`
 //! request line, or a CLI's prompt), reads stdout through the agent kind's [`adapters`] decoder as
 //! `jsonl/1` events under the line, byte, idle and run-time limits, forwards `text_delta`s, writes
 //! [`Steer`]s into a turn whose agent takes them (`stdin`), hands the turn's [`InputRequest`]s to
@@ -255,8 +255,10 @@ impl Hooks<'static> {
 /// Runs agent turns. Cheap to clone.
 #[derive(Clone)]
 pub struct Runner {
-    /// This binary, which provides `supervise`.
+    /// This binary (the scripted agent, `connect`, bound into a sandbox).
     pub exe: std::path::PathBuf,
+    /// `sessions-mcp-supervise`, beside it: every run starts through it.
+    pub supervisor: std::path::PathBuf,
 }
 
 /// The limits a run's outcome names when it hit one.
@@ -399,7 +401,16 @@ pub fn decode_stdout(kind: crate::config::RunnerKind, run_id: &str, stdout: &str
 
 impl Runner {
     pub fn new() -> std::io::Result<Self> {
-        Ok(Runner { exe: std::env::current_exe()? })
+        Ok(Runner::at(std::env::current_exe()?))
+    }
+
+    /// The runner of the `sessions-mcp` binary at `exe`.
+    pub fn at(exe: std::path::PathBuf) -> Self {
+        let supervisor = supervisor_beside(&exe);
+        if !supervisor.is_file() {
+            tracing::warn!(path = %supervisor.display(), "the run supervisor is missing: every run will fail to start");
+        }
+        Runner { exe, supervisor }
     }
 
     /// Executes one turn: `launch` says what to start (the agent, or bwrap around it); `spec`
@@ -422,7 +433,12 @@ impl Runner {
                 if let Some(rx) = steers.as_mut() {
                     stdin::refuse(rx);
                 }
-                return Outcome::failed(format!("cannot start the supervisor: {e}"));
+                let what = if e.kind() == std::io::ErrorKind::NotFound && !self.supervisor.is_file() {
+                    format!("{} is missing (it is installed beside sessions-mcp)", self.supervisor.display())
+                } else {
+                    e.to_string()
+                };
+                return Outcome::failed(format!("cannot start the supervisor: {what}"));
             }
         };
         let pid = child.id().map(|p| p as i32);
@@ -489,11 +505,10 @@ impl Runner {
         collected.outcome(stop, Limits::of(spec), exit.and_then(|s| s.code()), stderr_tail)
     }
 
-    /// `sessions-mcp supervise [--uid U --gid G] -- <program> <args>` with the run's environment.
+    /// `sessions-mcp-supervise [--uid U --gid G] -- <program> <args>` with the run's environment.
     fn supervised(&self, spec: &RunnerSpec, launch: &Launch) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(&self.exe);
-        cmd.arg("supervise")
-            .arg("--deadline-ms")
+        let mut cmd = tokio::process::Command::new(&self.supervisor);
+        cmd.arg("--deadline-ms")
             .arg((spec.timeout.as_millis() as u64 + spec.cancel_grace.as_millis() as u64 + 10_000).to_string());
         if let Some(mask) = crate::privacy::user_umask() {
             cmd.arg("--umask").arg(mask.to_string());
@@ -640,6 +655,20 @@ fn failure_text(error_event: Option<&Value>, had_final: bool, exit: Option<i32>,
     let tail: String =
         stderr.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
     if tail.is_empty() { why } else { format!("{why}; stderr: {tail}") }
+}
+
+/// `sessions-mcp-supervise` beside the `sessions-mcp` at `exe`. A test binary of the library runs
+/// from `target/<profile>/deps/`, one below the binaries cargo built.
+fn supervisor_beside(exe: &std::path::Path) -> std::path::PathBuf {
+    let dir = exe.parent().unwrap_or(std::path::Path::new("."));
+    let here = dir.join(supervise::BINARY);
+    if !here.is_file()
+        && dir.file_name().is_some_and(|n| n == "deps")
+        && let Some(up) = dir.parent().map(|d| d.join(supervise::BINARY)).filter(|p| p.is_file())
+    {
+        return up;
+    }
+    here
 }
 
 /// Asks the supervisor to end the run (it escalates through the group).

@@ -1,4 +1,4 @@
-//! `sessions-mcp supervise`: the process every run starts through (docs/RUNNER-PROTOCOL.md,
+//! `sessions-mcp-supervise`: the process every run starts through (docs/RUNNER-PROTOCOL.md,
 //! Supervision). It makes itself the leader of a new process group, asks the kernel to signal it
 //! when the server dies (Linux: the parent-death signal), starts the agent in its group with its
 //! own stdin/stdout/stderr (the server talks to the agent through them directly) with core dumps
@@ -9,47 +9,125 @@
 //! re-parented to it and killed with the tree. Finally it kills every process of its uid that still
 //! carries the run's `SESSIONS_MCP_RUN_ID` (what left the tree through some other service; best
 //! effort).
+//!
+//! This file is compiled twice: as `runner::supervise` in the library (the server calls
+//! [`kill_processes_of_run`] for a run whose supervisor died) and, through `#[path]`, as the whole
+//! of the small `sessions-mcp-supervise` binary (src/bin/sessions-mcp-supervise.rs), which links
+//! none of the server. So it uses std, libc and clap only: no `crate::` paths, no tokio.
+//!
+//! One thread, no polling: the agent's exit (SIGCHLD), the stop signals and the deadline all wake
+//! one `poll(2)` on a self-pipe that the signal handler writes to.
 
-use std::process::{Command, ExitCode, ExitStatus};
+use std::process::{Child, Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use clap::Args;
+/// The supervisor's file name; the server finds it beside its own binary.
+pub const BINARY: &str = "sessions-mcp-supervise";
 
-#[derive(Args, Debug)]
-pub struct SuperviseArgs {
+/// The supervisor's fixed, machine-only argv (the server writes it; nobody types it).
+#[derive(clap::Parser, Debug, PartialEq, Eq)]
+#[command(name = "sessions-mcp-supervise", version, about = "Supervises one sessions-mcp run (internal).")]
+pub struct Args {
     /// Kill the run at this many milliseconds after start (0 = no deadline).
     #[arg(long, default_value_t = 0)]
-    deadline_ms: u64,
+    pub deadline_ms: u64,
     /// Time between SIGINT, SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 1000)]
-    step_ms: u64,
+    pub step_ms: u64,
     /// Run the agent as this uid (and --gid): sandboxed runs when the server is root.
     #[arg(long)]
-    uid: Option<u32>,
+    pub uid: Option<u32>,
     #[arg(long)]
-    gid: Option<u32>,
+    pub gid: Option<u32>,
     /// The agent's umask (the user's; the server itself runs with 077).
     #[arg(long)]
-    umask: Option<u32>,
+    pub umask: Option<u32>,
     /// The agent's program and arguments.
     #[arg(last = true, required = true)]
-    command: Vec<String>,
+    pub command: Vec<String>,
 }
 
 /// The signal that asked us to stop (0 = none yet).
 static STOP: AtomicI32 = AtomicI32::new(0);
+/// The write end of the self-pipe (-1 until it exists).
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+#[cfg(target_os = "linux")]
+fn errno_location() -> *mut libc::c_int {
+    // SAFETY: returns this thread's errno slot.
+    unsafe { libc::__errno_location() }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn errno_location() -> *mut libc::c_int {
+    // SAFETY: returns this thread's errno slot.
+    unsafe { libc::__error() }
+}
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    let _ = STOP.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+    if sig != libc::SIGCHLD {
+        let _ = STOP.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+    }
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: write(2) and errno access are async-signal-safe; errno is put back for the code
+        // this handler interrupted. A full pipe already holds a wake-up, so a failed write is fine.
+        unsafe {
+            let errno = *errno_location();
+            libc::write(fd, b"x".as_ptr().cast(), 1);
+            *errno_location() = errno;
+        }
+    }
+}
+
+/// The self-pipe: a signal handler's byte wakes [`Wake::sleep`]; both ends non-blocking and closed
+/// on exec, so the agent inherits neither.
+struct Wake {
+    read: libc::c_int,
+}
+
+impl Wake {
+    fn new() -> std::io::Result<Self> {
+        let mut fds = [-1; 2];
+        // SAFETY: pipe writes two fds into the array; fcntl on fds we own. We are single-threaded
+        // here, so no fork can inherit them before FD_CLOEXEC is set.
+        unsafe {
+            if libc::pipe(fds.as_mut_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for fd in fds {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK);
+            }
+        }
+        WAKE_FD.store(fds[1], Ordering::SeqCst);
+        Ok(Wake { read: fds[0] })
+    }
+
+    /// Sleeps until a signal came (since the last call) or `timeout` passed (None: no limit).
+    fn sleep(&self, timeout: Option<Duration>) {
+        let ms = timeout.map_or(-1, |t| t.as_millis().saturating_add(1).min(i32::MAX as u128) as libc::c_int);
+        let mut fd = libc::pollfd { fd: self.read, events: libc::POLLIN, revents: 0 };
+        let mut sink = [0u8; 64];
+        // SAFETY: poll on one initialised pollfd; read into a local buffer from our own fd.
+        unsafe {
+            libc::poll(&mut fd, 1, ms);
+            while libc::read(self.read, sink.as_mut_ptr().cast(), sink.len()) > 0 {}
+        }
+    }
 }
 
 fn install_handlers() {
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+        // SAFETY: a zeroed sigaction with our handler; the handler only touches atomics and
+        // write(2), which are async-signal-safe.
         unsafe {
-            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART | libc::SA_NOCLDSTOP;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
         }
     }
 }
@@ -70,7 +148,14 @@ fn die_with_parent_and_adopt_orphans() {
 #[cfg(not(target_os = "linux"))]
 fn die_with_parent_and_adopt_orphans() {}
 
-pub fn run(args: &SuperviseArgs) -> ExitCode {
+pub fn run(args: &Args) -> ExitCode {
+    let wake = match Wake::new() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("{BINARY}: cannot make its pipe: {e}");
+            return ExitCode::from(127);
+        }
+    };
     install_handlers();
     die_with_parent_and_adopt_orphans();
     // SAFETY: setsid has no memory-safety preconditions; failure only means we already lead one.
@@ -79,12 +164,12 @@ pub fn run(args: &SuperviseArgs) -> ExitCode {
     }
     // No core dumps of agent processes (they may hold secrets from the environment).
     let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: setrlimit reads a properly initialised struct.
+    // SAFETY: setrlimit reads a properly initialised struct; umask has no preconditions.
     unsafe {
         libc::setrlimit(libc::RLIMIT_CORE, &no_core);
-    }
-    if let Some(mask) = args.umask {
-        crate::privacy::restore_umask(mask);
+        if let Some(mask) = args.umask {
+            libc::umask((mask & 0o777) as libc::mode_t);
+        }
     }
     let pgid = std::process::id() as i32;
     let run_id = std::env::var("SESSIONS_MCP_RUN_ID").unwrap_or_default();
@@ -102,32 +187,14 @@ pub fn run(args: &SuperviseArgs) -> ExitCode {
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("sessions-mcp supervise: cannot start {:?}: {e}", args.command[0]);
+            eprintln!("{BINARY}: cannot start {:?}: {e}", args.command[0]);
             return ExitCode::from(127);
         }
     };
-    let started = Instant::now();
-    let deadline = (args.deadline_ms > 0).then(|| started + Duration::from_millis(args.deadline_ms));
-    // A thread blocks in wait(2), so an exit is seen at once (polling cost each run up to a poll
-    // interval, see BENCHMARKS.md); this thread only watches for stop signals and the deadline.
-    let (exited, exit) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = exited.send(child.wait());
-    });
-    let status = loop {
-        match exit.recv_timeout(Duration::from_millis(10)) {
-            Ok(status) => break status.ok(),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break None,
-        }
-        if STOP.load(Ordering::SeqCst) != 0 || deadline.is_some_and(|d| Instant::now() >= d) {
-            break None;
-        }
-    };
-    let step = Duration::from_millis(args.step_ms);
-    let status = match status {
+    let deadline = (args.deadline_ms > 0).then(|| Instant::now() + Duration::from_millis(args.deadline_ms));
+    let status = match wait_agent(&mut child, &wake, deadline, true) {
         Some(s) => s,
-        None => escalate(&exit, pgid, step),
+        None => escalate(&mut child, &wake, pgid, Duration::from_millis(args.step_ms)),
     };
     kill_leftovers(pgid, &run_id);
     use std::os::unix::process::ExitStatusExt;
@@ -138,29 +205,55 @@ pub fn run(args: &SuperviseArgs) -> ExitCode {
     }
 }
 
-/// SIGINT → SIGTERM → SIGKILL to the group, `step` apart, until the agent is gone.
-fn escalate(exit: &Receiver<std::io::Result<ExitStatus>>, pgid: i32, step: Duration) -> ExitStatus {
+/// Waits for the agent's exit (its status), until `until` (None when it passed) or, when
+/// `stop_ends`, until a stop signal came (None).
+fn wait_agent(child: &mut Child, wake: &Wake, until: Option<Instant>, stop_ends: bool) -> Option<ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => {}
+            Err(_) => return Some(ExitStatus::from_raw(1 << 8)), // not ours to wait for: exit 1
+        }
+        if stop_ends && STOP.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let left = match until {
+            Some(at) => match at.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => return None,
+            },
+            None => None,
+        };
+        wake.sleep(left);
+    }
+}
+
+/// SIGINT → SIGTERM → SIGKILL to the group and the agent, `step` apart, until the agent is gone.
+fn escalate(child: &mut Child, wake: &Wake, pgid: i32, step: Duration) -> ExitStatus {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
         signal_group(pgid, sig);
-        if let Ok(Ok(status)) = exit.recv_timeout(step) {
+        // The agent may have left the group (setpgid); it is still our child.
+        // SAFETY: kill has no memory-safety preconditions; the agent is unreaped, so its pid is ours.
+        unsafe {
+            libc::kill(child.id() as i32, sig);
+        }
+        if let Some(status) = wait_agent(child, wake, Some(Instant::now() + step), false) {
             return status;
         }
     }
-    exit.recv()
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_else(|| std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL))
+    child.wait().unwrap_or_else(|_| std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL))
 }
 
-/// Signals every member of the group except this process (we must live to escalate).
+/// Signals every member of the group except this process (we must live to escalate). SIGINT and
+/// SIGTERM go to the whole group at once (our own handlers take them: we are stopping already);
+/// SIGKILL goes to each other member found in /proc (Linux; elsewhere the subreaper-less platform
+/// relies on the INT/TERM steps).
 fn signal_group(pgid: i32, sig: i32) {
-    if !std::path::Path::new("/proc/self").exists() {
-        // No /proc (macOS): our own handlers absorb INT/TERM; SIGKILL would take us too.
-        if sig != libc::SIGKILL {
-            // SAFETY: killpg has no memory-safety preconditions.
-            unsafe {
-                libc::killpg(pgid, sig);
-            }
+    if sig != libc::SIGKILL {
+        // SAFETY: killpg has no memory-safety preconditions.
+        unsafe {
+            libc::killpg(pgid, sig);
         }
         return;
     }
@@ -247,4 +340,31 @@ fn children() -> Vec<i32> {
 fn processes() -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_server_s_argv_parses_and_the_agent_s_own_flags_stay_its_own() {
+        let args = Args::try_parse_from([
+            BINARY,
+            "--deadline-ms",
+            "5000",
+            "--umask",
+            "18",
+            "--",
+            "/bin/agent",
+            "--deadline-ms",
+            "x",
+        ])
+        .unwrap();
+        assert_eq!(args.deadline_ms, 5000);
+        assert_eq!(args.step_ms, 1000);
+        assert_eq!((args.uid, args.gid, args.umask), (None, None, Some(18)));
+        assert_eq!(args.command, ["/bin/agent", "--deadline-ms", "x"]);
+        assert!(Args::try_parse_from([BINARY, "--deadline-ms", "1"]).is_err(), "an agent is required");
+    }
 }

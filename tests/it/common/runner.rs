@@ -65,7 +65,7 @@ pub async fn execute_asking(
         uid_gid: None,
     };
     let hooks = Hooks { on_spawn: &|_| {}, on_delta: &|_| {}, on_input: asks.as_ref(), on_usage: None };
-    let runner = Runner { exe: super::bin().into() };
+    let runner = Runner::at(super::bin().into());
     runner.execute(spec, &launch, &input, cancel, &hooks, Some(steers)).await
 }
 
