@@ -290,7 +290,18 @@ fn check_runners(env: &Env) -> usize {
     if !agents.iter().any(|a| a.as_str() == "main") {
         agents.insert(0, crate::keys::AgentId::main());
     }
+    // Every run starts through the supervisor: without it nothing runs.
+    let supervisor = crate::runner::Runner::at(exe.clone()).supervisor;
     let mut problems = 0;
+    if supervisor.is_file() {
+        println!("supervisor: {}", supervisor.display());
+    } else {
+        println!(
+            "supervisor problem: {} is missing: every run would fail to start (it is installed beside sessions-mcp)",
+            supervisor.display()
+        );
+        problems += 1;
+    }
     for agent in agents {
         match crate::runner::resolve_runner(&env.loaded.config, &agent, &env.state_dir, &exe) {
             Ok(spec) if spec.command == exe.display().to_string() => {

@@ -328,7 +328,11 @@ fn doctor_reports_paths_and_one_line_per_config_problem() {
     let env = TestEnv::new();
     let out = ok_stdout(env.run(&["doctor"]));
     assert!(
-        out.contains("state dir:") && out.contains("(not present: all defaults)") && out.ends_with("ok\n"),
+        out.contains("state dir:")
+            && out.contains("(not present: all defaults)")
+            && out.ends_with("ok\n")
+            && out.contains("supervisor: ")
+            && out.contains("sessions-mcp-supervise"),
         "{out}"
     );
     let env = TestEnv::with_config(
