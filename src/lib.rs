@@ -14,6 +14,7 @@
 //! | | [`programs`] | the side programs the binary also is: the scripted agent, `connect` |
 //! | | [`openclaw`] | OpenClaw's store layout in (`import`) and out (`export`) |
 //! | | `bench` | the benchmark harness behind `sessions-mcp bench` and the criterion benches; only with `--features bench` |
+//! | | `bin` | `src/bin/sessions-mcp-supervise.rs`: the small program every run starts through, a binary of its own whose only code is `runner/supervise.rs` (so it links none of the server) |
 //! | serving | [`server`] | the rmcp `ServerHandler` (per-caller `tools/list`, `tools/call`, resources, tasks, MCP Apps views), streamable HTTP + bearer auth, legacy SSE, the owner's run socket |
 //! | tools | [`tools`] | one file per tool: parse the arguments, ask access, call the engine, shape the answer |
 //! | engine | [`engine`] | the runs: the scheduler (owner election, queue, waits, sweeps), one turn, the steps after it, send, spawn, deliveries, inject |
