@@ -12,7 +12,7 @@
 
 pub mod link;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,8 +79,8 @@ pub struct Scheduler {
     progress: Mutex<HashMap<String, broadcast::Sender<String>>>,
     /// Where a running run of this process takes steers ([`crate::engine::steer`]).
     pub(super) steers: Mutex<HashMap<String, mpsc::UnboundedSender<Steer>>>,
-    /// Steers offered to a running run and not settled yet.
-    pub(super) offered: Mutex<HashSet<i64>>,
+    /// Steers offered to a running run and not settled yet, with the run they were offered to.
+    pub(super) offered: Mutex<HashMap<i64, String>>,
     /// Open asks of this process's running turns: where their answer goes ([`crate::engine::ask`]).
     pub(super) asks: Mutex<HashMap<String, oneshot::Sender<InputAnswer>>>,
     /// Stop claiming new runs (shutdown or hand-over).
@@ -134,7 +134,7 @@ impl Scheduler {
             active: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             steers: Mutex::new(HashMap::new()),
-            offered: Mutex::new(HashSet::new()),
+            offered: Mutex::new(HashMap::new()),
             asks: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),

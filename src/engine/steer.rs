@@ -189,6 +189,18 @@ fn settle(rt: &Scheduler, steer: &SteerRow, taken: bool) -> Result<(), StoreErro
     Ok(())
 }
 
+/// Waits (at most `STEERS_SETTLE`) until no steer offered to `run_id` is still being settled, so a
+/// steer the agent took is in the transcript before the turn's own answer is recorded after it.
+pub async fn settled_for(rt: &Scheduler, run_id: &str) {
+    let deadline = tokio::time::Instant::now() + STEERS_SETTLE;
+    while rt.offered.lock().expect("offered").values().any(|r| r == run_id) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// How long a turn's end waits for its steers to be recorded (a settle is one store write).
+const STEERS_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The owner offers the pending steers of its running runs to their turns (each once), and
 /// queues those whose run ended before it could.
 pub fn offer_pending(rt: &Arc<Scheduler>) {
@@ -197,7 +209,8 @@ pub fn offer_pending(rt: &Arc<Scheduler>) {
     }
     let pending = rt.store.pending_steers(&rt.owner_id).unwrap_or_default();
     for steer in pending {
-        if !rt.offered.lock().expect("offered").insert(steer.id) {
+        let run_id = steer.run_id.clone().unwrap_or_default();
+        if rt.offered.lock().expect("offered").insert(steer.id, run_id).is_some() {
             continue;
         }
         let (taken, answer) = tokio::sync::oneshot::channel();
@@ -217,7 +230,7 @@ pub fn offer_pending(rt: &Arc<Scheduler>) {
         });
     }
     for steer in rt.store.stranded_steers().unwrap_or_default() {
-        if !rt.offered.lock().expect("offered").contains(&steer.id)
+        if !rt.offered.lock().expect("offered").contains_key(&steer.id)
             && let Err(e) = settle(rt, &steer, false)
         {
             tracing::error!(steer = steer.id, error = %e, "queueing a stranded steer failed");

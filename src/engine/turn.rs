@@ -279,6 +279,7 @@ pub async fn run_turn(
     let on_usage: Option<&(dyn Fn(&Value) + Send + Sync)> = meter.is_drawing().then_some(&on_usage);
     let hooks = Hooks { on_spawn: &on_spawn, on_delta, on_input: Some(&asks), on_usage };
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &hooks, Some(steers)).await;
+    crate::engine::steer::settled_for(rt, &run.run_id).await;
     let (status, error) = match outcome.status {
         RunStatus::Cancelled if rt.shutting_down() => (RunStatus::Interrupted, outcome.error),
         s => meter.outcome(s, outcome.error),

@@ -258,10 +258,16 @@ fn cancel_with_cascade_stops_a_three_level_tree_leaving_no_process_and_every_lev
     let env = env_with(json!({"maxSpawnDepth": 3}));
     let mut c = env.serve(None);
     let top = spawn(&mut c, "spawn spawn forever leaf");
-    let tree = wait_until(Duration::from_secs(30), "three levels, the leaf running", || {
+    // The orchestrators' spawn runs end just after their children start: wait for both.
+    let tree = wait_until(Duration::from_secs(30), "three levels, the leaf running, its parents waiting", || {
         let l = list(&mut c);
         let rows = l["children"].as_array().unwrap().clone();
-        (rows.len() == 3 && rows.iter().any(|r| r["depth"] == 3 && r["runState"] == "running")).then_some(rows)
+        let state = |d: i64| rows.iter().find(|r| r["depth"] == d).map(|r| r["runState"].clone());
+        (rows.len() == 3
+            && state(3) == Some(json!("running"))
+            && state(2) == Some(json!("waiting"))
+            && state(1) == Some(json!("waiting")))
+        .then_some(rows)
     });
     let run_ids: Vec<String> = tree.iter().map(|r| r["runId"].as_str().unwrap().to_string()).collect();
     let by_depth = |d: i64| tree.iter().find(|r| r["depth"] == d).unwrap()["sessionKey"].as_str().unwrap().to_string();
