@@ -66,9 +66,18 @@ async function check() {
   if (navigations !== 0) fail("the page reloaded");
   out.runRow = await page.$eval(`#runs-table tr[data-state=completed]`, (tr) => tr.dataset.status);
   // Keyboard: the child's transcript opens with Enter on its focused button, and Escape closes it.
-  await page.focus(`${child} > .node-row button.open`);
-  await page.keyboard.press("Enter");
-  await page.waitForSelector(`#transcript:not([hidden])[data-key="${args.child}"]`);
+  // (A live re-render can land between the focus and the key under load: press again then.)
+  const opened = `#transcript:not([hidden])[data-key="${args.child}"]`;
+  for (let attempt = 1; ; attempt++) {
+    await page.focus(`${child} > .node-row button.open`);
+    await page.keyboard.press("Enter");
+    try {
+      await page.waitForSelector(opened, { timeout: 10000 });
+      break;
+    } catch (e) {
+      if (attempt === 3) throw e;
+    }
+  }
   await page.waitForSelector("#transcript-list li.msg[data-from=agent]");
   out.transcript = await page.$$eval("#transcript-list li.msg", (lis) =>
     lis.map((li) => ({ from: li.dataset.from, head: li.querySelector(".msg-head strong").textContent,
