@@ -438,7 +438,7 @@ pub fn doctor(paths: &crate::cli::Paths, fix_modes: bool) -> ExitCode {
         problems += check_runners(&env);
         problems += check_sandbox(&env);
     }
-    let daemon_runs = std::fs::File::open(state_dir.join("daemon.lock")).is_ok_and(|f| f.try_lock().is_err());
+    let daemon_runs = crate::engine::scheduler::daemon_running(&state_dir);
     println!(
         "daemon: {}",
         if daemon_runs {

@@ -85,6 +85,11 @@ pub struct Scheduler {
     pub(super) asks: Mutex<HashMap<String, oneshot::Sender<InputAnswer>>>,
     /// Stop claiming new runs (shutdown or hand-over).
     stop_claiming: CancellationToken,
+    /// Held across one claim, from the store's commit to the run's entry in `active`: shutdown
+    /// takes it once after `stop_claiming`, so no claim is half done when it looks at `active`
+    /// (a run committed `running` but not yet active was left behind, and the next owner
+    /// interrupted it: CI, the three-server load test).
+    claiming: Mutex<()>,
     shutting_down: AtomicBool,
     /// Stops the run socket when ownership ends.
     socket: Mutex<Option<CancellationToken>>,
@@ -111,11 +116,7 @@ impl Scheduler {
     ) -> Result<Arc<Scheduler>, String> {
         crate::privacy::create_private_dir(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
         let daemon_lock = match role {
-            Role::Daemon => {
-                let f = open_lock(&state_dir.join("daemon.lock"))?;
-                f.try_lock().map_err(|_| "a daemon already runs for this state dir".to_string())?;
-                Some(f)
-            }
+            Role::Daemon => Some(take_daemon_lock(state_dir)?),
             Role::Serve => None,
         };
         let rt = Arc::new(Scheduler {
@@ -137,6 +138,7 @@ impl Scheduler {
             offered: Mutex::new(HashMap::new()),
             asks: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
+            claiming: Mutex::new(()),
             shutting_down: AtomicBool::new(false),
             socket: Mutex::new(None),
             owner_socket,
@@ -163,13 +165,7 @@ impl Scheduler {
 
     /// Whether a daemon is alive (it holds daemon.lock).
     fn daemon_present(&self) -> bool {
-        if self.role == Role::Daemon {
-            return false;
-        }
-        match open_lock(&self.state_dir.join("daemon.lock")) {
-            Ok(f) => f.try_lock().is_err(),
-            Err(_) => false,
-        }
+        self.role != Role::Daemon && daemon_running(&self.state_dir)
     }
 
     /// Takes the runtime lock if it is free (and no daemon has priority). True when it did.
@@ -342,6 +338,10 @@ impl Scheduler {
     fn claim_all(self: &Arc<Self>) {
         let caps = self.caps();
         loop {
+            let _claim = self.claiming.lock().expect("claim gate");
+            if self.stop_claiming.is_cancelled() {
+                return;
+            }
             match self.store.claim_next(&self.owner_id, &caps) {
                 Ok(Some((run, input_seq))) => {
                     let token = CancellationToken::new();
@@ -503,6 +503,8 @@ impl Scheduler {
     pub async fn shutdown(&self, cancel_running: bool) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.stop_claiming.cancel();
+        // a claim under way finishes (its run is in `active` below); none starts after
+        drop(self.claiming.lock().expect("claim gate"));
         if cancel_running {
             for token in self.active.lock().expect("active").values() {
                 token.cancel();
@@ -548,6 +550,35 @@ fn trim_heap() {
     }
 }
 
+/// Whether a daemon runs for `state_dir`: it holds `daemon.lock` exclusively for its life. The
+/// look takes a *shared* lock for an instant, so two looks never see each other: with an
+/// exclusive look, an owner that looked while another process was looking took that for a
+/// daemon and handed its runtime over to nobody (CI, the three-server load test: the next
+/// owner was a `serve` whose client killed it with a run still running).
+pub fn daemon_running(state_dir: &Path) -> bool {
+    match std::fs::File::open(state_dir.join("daemon.lock")) {
+        Ok(f) => f.try_lock_shared().is_err(),
+        Err(_) => false,
+    }
+}
+
+/// How long a starting daemon retries `daemon.lock` while other processes look at it (each look
+/// holds a shared lock for an instant); a daemon that runs holds it for good.
+const DAEMON_LOCK_PATIENCE: Duration = Duration::from_millis(500);
+
+/// Takes `daemon.lock` for this daemon's life, or says a daemon already runs.
+fn take_daemon_lock(state_dir: &Path) -> Result<File, String> {
+    let file = open_lock(&state_dir.join("daemon.lock"))?;
+    let deadline = std::time::Instant::now() + DAEMON_LOCK_PATIENCE;
+    while file.try_lock().is_err() {
+        if std::time::Instant::now() >= deadline {
+            return Err("a daemon already runs for this state dir".to_string());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(file)
+}
+
 fn open_lock(path: &Path) -> Result<File, String> {
     std::fs::OpenOptions::new()
         .create(true)
@@ -574,5 +605,38 @@ fn kill_leftover_groups(supervisors: &[(i64, Option<i64>)]) {
                 libc::killpg(*pid as i32, libc::SIGKILL);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn looks_at_the_daemon_lock_never_see_each_other_as_a_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!daemon_running(dir.path()), "no lock file: no daemon");
+        let looking = open_lock(&dir.path().join("daemon.lock")).unwrap();
+        looking.try_lock_shared().unwrap(); // another process, looking right now
+        assert!(!daemon_running(dir.path()), "a look is not a daemon");
+        drop(looking);
+        let daemon = take_daemon_lock(dir.path()).unwrap();
+        assert!(daemon_running(dir.path()), "a daemon that holds the lock is seen");
+        assert!(take_daemon_lock(dir.path()).is_err(), "a second daemon is refused");
+        drop(daemon);
+        assert!(!daemon_running(dir.path()), "a daemon that left is gone");
+    }
+
+    #[test]
+    fn a_starting_daemon_waits_out_a_look_under_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let looking = open_lock(&dir.path().join("daemon.lock")).unwrap();
+        looking.try_lock_shared().unwrap();
+        let look = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(looking);
+        });
+        assert!(take_daemon_lock(dir.path()).is_ok(), "the daemon starts once the look is over");
+        look.join().unwrap();
     }
 }

@@ -544,6 +544,45 @@ fn sigterm_after_stdin_eof_interrupts_the_running_run_and_exits() {
     sigterm_case(true);
 }
 
+/// Owners that leave while runs keep being claimed (the client closes stdin, `drainSeconds` 0)
+/// hand every run on: the one leaving finishes what it claimed, the next runs what stayed
+/// queued, and no run is ever `interrupted`. CI once caught a claim committed while shutdown
+/// looked at the active runs: the leaving owner released the lock with that run `running`, and
+/// the next owner interrupted it (now shutdown waits out a claim under way).
+#[test]
+fn owners_that_leave_mid_queue_hand_every_run_on_and_interrupt_none() {
+    let keys: Vec<String> = (0..4).map(|i| format!("agent:worker:w{i}")).collect();
+    let mut env = TestEnv::new();
+    let worker = scripted_agent(&env, "worker", &sleepy(5), json!({"maxConcurrent": 4}));
+    env.set_config(&agents_config(vec![json!({"id": "main"}), worker], json!({"runtime": {"drainSeconds": 0}})));
+    env.seed(json!({"sessions": keys.iter().map(|k| json!({"key": k})).collect::<Vec<_>>()}));
+    let mut next = env.serve(None);
+    for round in 0..8u64 {
+        let mut leaving = next;
+        for i in 0..16 {
+            let to = &keys[i % keys.len()];
+            let r = leaving.call(
+                "sessions_send",
+                json!({"sessionKey": to, "message": format!("r{round}m{i}"), "timeoutSeconds": 0}),
+            );
+            assert_eq!(r["status"], "accepted", "{r}");
+        }
+        // leave at a different point of the queue each round
+        std::thread::sleep(Duration::from_millis(7 * round));
+        leaving.close_stdin();
+        next = env.serve(None);
+        let exited = leaving.wait_exit(Duration::from_secs(20));
+        assert!(exited.is_some_and(|s| s.success()), "round {round}: the leaving owner exits: {exited:?}");
+    }
+    env.wait_idle(Duration::from_secs(60));
+    drop(next);
+    let counts = env.run_counts();
+    assert_eq!(counts["interrupted"], 0, "no run was interrupted: {counts}");
+    let sends: Vec<Value> = keys.iter().flat_map(|k| runs_of(&env.show(k), Some("send"))).collect();
+    assert_eq!(sends.len(), 8 * 16, "every send made one run");
+    assert!(sends.iter().all(|r| r["status"] == "ok"), "every send's run ended ok: {sends:?}");
+}
+
 #[test]
 fn a_daemon_owns_the_runtime_and_runs_what_a_short_lived_client_sent() {
     let env = env_with_worker(|e| scripted_agent(e, "worker", &sleepy(800), json!({})), &[WORKER.to_string()]);
