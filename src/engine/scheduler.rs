@@ -5,7 +5,7 @@
 //! `daemon.lock` for its life, `serve` never takes the runtime lock while a daemon is there, and a
 //! `serve` owner that sees one stops claiming and hands over when its running runs end.
 //!
-//! The per-session FIFO and the caps live in the store (`Store::claim_next`), so several processes
+//! The per-session FIFO and the caps live in the store (`Store::claim_ready`), so several processes
 //! can never overlap runs of one session. A run is claimed `running` and executed by the
 //! [`crate::runner::Runner`]; its outcome is committed in one transaction, then `flows` decide the
 //! next step (reply-back, announce, deliveries).
@@ -342,23 +342,21 @@ impl Scheduler {
             if self.stop_claiming.is_cancelled() {
                 return;
             }
-            match self.store.claim_next(&self.owner_id, &caps) {
-                Ok(Some((run, input_seq))) => {
-                    let token = CancellationToken::new();
-                    self.active.lock().expect("active").insert(run.run_id.clone(), token.clone());
-                    let (tx, _) = broadcast::channel(256);
-                    self.progress.lock().expect("progress").insert(run.run_id.clone(), tx);
-                    let (steer_tx, steers) = mpsc::unbounded_channel();
-                    self.steers.lock().expect("steers").insert(run.run_id.clone(), steer_tx);
-                    self.wake();
-                    tokio::spawn(self.clone().execute(run, input_seq, token, steers));
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::error!(error = %e, "claiming a run failed");
-                    return;
-                }
+            let claimed = match self.store.claim_ready(&self.owner_id, &caps) {
+                Ok(claimed) if claimed.is_empty() => return,
+                Ok(claimed) => claimed,
+                Err(e) => return tracing::error!(error = %e, "claiming runs failed"),
+            };
+            for (run, input_seq) in claimed {
+                let token = CancellationToken::new();
+                self.active.lock().expect("active").insert(run.run_id.clone(), token.clone());
+                let (tx, _) = broadcast::channel(256);
+                self.progress.lock().expect("progress").insert(run.run_id.clone(), tx);
+                let (steer_tx, steers) = mpsc::unbounded_channel();
+                self.steers.lock().expect("steers").insert(run.run_id.clone(), steer_tx);
+                tokio::spawn(self.clone().execute(run, input_seq, token, steers));
             }
+            self.wake();
         }
     }
 

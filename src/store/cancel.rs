@@ -109,7 +109,7 @@ mod tests {
         let (_dir, store, session) = store_with_session();
         let run_id = queued_run(&store, session);
         let caps = crate::store::Caps { global: 4, per_agent: Default::default(), default_agent: 4, spawns: 4 };
-        let (claimed, _) = store.claim_next("owner-a", &caps).unwrap().expect("claimable");
+        let (claimed, _) = store.claim_ready("owner-a", &caps).unwrap().into_iter().next().expect("claimable");
         assert_eq!(claimed.run_id, run_id);
         assert!(store.cancel_requests("owner-a").unwrap().is_empty());
         assert!(matches!(store.request_cancel(&run_id).unwrap(), CancelRequest::Flagged));

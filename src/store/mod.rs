@@ -104,6 +104,13 @@ impl From<rusqlite::Error> for StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// What a commit survives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Survives {
+    PowerLoss,
+    ProcessDeath,
+}
+
 /// The durable store. Cheap to clone; every clone shares the same connections.
 #[derive(Clone)]
 pub struct Store {
@@ -172,19 +179,57 @@ impl Store {
         out.map_err(|e| StoreError::classify(&self.inner.path, e))
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when `f` returns `Ok`.
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when `f` returns `Ok`. The commit
+    /// survives a power loss (`synchronous=FULL`): what a caller is told was done stays done.
     fn write_sql<T, E>(&self, f: impl FnOnce(&Transaction) -> std::result::Result<T, E>) -> std::result::Result<T, E>
     where
         E: From<StoreError>,
     {
+        self.write_surviving(Survives::PowerLoss, f)
+    }
+
+    /// As [`Store::write_sql`], for a record nobody is told of and that matters only while this
+    /// machine's processes live (a run's supervisor pid, its token, that its steps were taken):
+    /// the commit survives this process dying but not the machine (`synchronous=NORMAL` in WAL:
+    /// no fsync of its own; the next full commit makes it durable with everything before it).
+    /// After a power loss no run is left to supervise or call back, and steps are idempotent.
+    /// One fsync saved for each of a run's three such records (BENCHMARKS.md, fan-out).
+    fn write_sql_for_this_boot<T, E>(
+        &self,
+        f: impl FnOnce(&Transaction) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        self.write_surviving(Survives::ProcessDeath, f)
+    }
+
+    fn write_surviving<T, E>(
+        &self,
+        survives: Survives,
+        f: impl FnOnce(&Transaction) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
         self.inner.writes.fetch_add(1, Ordering::Relaxed);
+        let classify = |e| E::from(StoreError::classify(&self.inner.path, e));
         let mut conn = self.inner.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| E::from(StoreError::classify(&self.inner.path, e)))?;
-        let value = f(&tx)?;
-        tx.commit().map_err(|e| E::from(StoreError::classify(&self.inner.path, e)))?;
+        if survives == Survives::ProcessDeath {
+            conn.pragma_update(None, "synchronous", "NORMAL").map_err(classify)?;
+        }
+        let value = (|| -> std::result::Result<T, E> {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(classify)?;
+            let value = f(&tx)?;
+            tx.commit().map_err(classify)?;
+            Ok(value)
+        })();
+        if survives == Survives::ProcessDeath {
+            // Restored before the lock goes: every other write stays a full one.
+            conn.pragma_update(None, "synchronous", "FULL").map_err(classify)?;
+        }
         drop(conn);
+        let value = value?;
         self.announce_change();
         Ok(value)
     }
@@ -358,6 +403,30 @@ pub fn iso(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn writer_synchronous(store: &Store) -> i64 {
+        let conn = store.inner.writer.lock().unwrap();
+        conn.pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap()
+    }
+
+    #[test]
+    fn a_write_for_this_boot_commits_and_every_other_write_stays_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        const FULL: i64 = 2;
+        assert_eq!(writer_synchronous(&store), FULL);
+        let put = |tx: &Transaction| {
+            tx.execute("INSERT INTO agent_ids (agent_id) VALUES ('x')", []).map_err(StoreError::from)
+        };
+        store.write_sql_for_this_boot(put).unwrap();
+        assert_eq!(writer_synchronous(&store), FULL, "restored after a commit");
+        assert!(store.write_sql_for_this_boot(put).is_err(), "the key exists: rolled back");
+        assert_eq!(writer_synchronous(&store), FULL, "restored after a rollback");
+        let n: i64 = store
+            .read(|c| c.query_row("SELECT count(*) FROM agent_ids WHERE agent_id = 'x'", [], |r| r.get(0)))
+            .unwrap();
+        assert_eq!(n, 1, "the first write committed, the failed one changed nothing");
+    }
 
     /// Bytes of page cache a connection holds (`SQLITE_DBSTATUS_CACHE_USED`).
     fn cache_used(conn: &Connection) -> i32 {

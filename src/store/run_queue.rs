@@ -304,6 +304,30 @@ pub(super) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<bool> 
     Ok(added == 1)
 }
 
+/// Marks `run` running for `owner` and appends its input to its transcript: the claimed row and
+/// the input's seq.
+fn claim(tx: &Transaction, run: &RunRow, owner: &str) -> rusqlite::Result<(RunRow, i64)> {
+    let now = now_ms();
+    let content = run.input.get("content").cloned().unwrap_or(Value::Null);
+    let role = run.input.get("role").and_then(Value::as_str).unwrap_or("user").to_string();
+    let input = NewMessage {
+        role,
+        content,
+        timestamp: Some(now),
+        run_id: Some(run.run_id.clone()),
+        provenance: run.provenance.clone(),
+        chain_id: run.chain_id.clone(),
+        ..Default::default()
+    };
+    let seq = append_message(tx, run.session, &input)?;
+    tx.execute(
+        "UPDATE runs SET status = 'running', owner = ?2, lease_until = ?3, started_at = ?4, input_seq = ?5
+         WHERE run_id = ?1",
+        params![run.run_id, owner, now + 15_000, now, seq],
+    )?;
+    Ok((run_by_id(tx, &run.run_id)?.expect("claimed run exists"), seq))
+}
+
 pub(super) fn run_by_id(c: &rusqlite::Connection, run_id: &str) -> rusqlite::Result<Option<RunRow>> {
     let sql = format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session WHERE r.run_id = ?1");
     c.prepare_cached(&sql)?.query_row([run_id], run_from_row).optional()
@@ -314,20 +338,22 @@ impl Store {
         self.read(|c| run_by_id(c, run_id))
     }
 
-    /// Claims the oldest queued run that may start: no other run of its session running, its
-    /// agent and the server under their caps. Its input is appended to the transcript now.
-    pub fn claim_next(&self, owner: &str, caps: &Caps) -> Result<Option<(RunRow, i64)>> {
-        self.write_sql(|tx| -> Result<Option<(RunRow, i64)>> {
-            let running: Vec<(String, i64)> = tx
+    /// Claims, in one transaction, the queued runs that may start now, oldest first: for each,
+    /// no other run of its session running, its agent and the server under their caps (counting
+    /// the ones claimed before it here). Each input is appended to its transcript now. One
+    /// commit for a burst of runs, not one each (BENCHMARKS.md, fan-out).
+    pub fn claim_ready(&self, owner: &str, caps: &Caps) -> Result<Vec<(RunRow, i64)>> {
+        self.write_sql(|tx| -> Result<Vec<(RunRow, i64)>> {
+            let mut running: HashMap<String, i64> = tx
                 .prepare_cached(
                     "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
                      WHERE r.status = 'running' GROUP BY s.agent_id",
                 )?
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<rusqlite::Result<_>>()?;
-            let total: i64 = running.iter().map(|(_, n)| n).sum();
+            let mut total: i64 = running.values().sum();
             if total >= i64::from(caps.global) {
-                return Ok(None);
+                return Ok(Vec::new());
             }
             let sql = format!(
                 "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
@@ -337,44 +363,33 @@ impl Store {
             );
             let candidates: Vec<RunRow> =
                 tx.prepare_cached(&sql)?.query_map([], run_from_row)?.collect::<rusqlite::Result<_>>()?;
-            let running_spawns: i64 =
+            let mut running_spawns: i64 =
                 tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", [], |r| {
                     r.get(0)
                 })?;
             let mut seen_sessions = std::collections::HashSet::new();
+            let mut claimed = Vec::new();
             for run in candidates {
+                if total >= i64::from(caps.global) {
+                    break;
+                }
                 // FIFO per session: only the oldest queued run of a session is a candidate.
                 if !seen_sessions.insert(run.session) {
                     continue;
                 }
                 let agent = run.agent_id.as_str();
                 let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
-                let busy = running.iter().find(|(a, _)| a == agent).map_or(0, |(_, n)| *n);
-                if busy >= i64::from(cap) || (run.mode == RunMode::Spawn && running_spawns >= i64::from(caps.spawns)) {
+                let busy = running.get(agent).copied().unwrap_or(0);
+                let spawn = run.mode == RunMode::Spawn;
+                if busy >= i64::from(cap) || (spawn && running_spawns >= i64::from(caps.spawns)) {
                     continue;
                 }
-                let now = now_ms();
-                let content = run.input.get("content").cloned().unwrap_or(Value::Null);
-                let role = run.input.get("role").and_then(Value::as_str).unwrap_or("user").to_string();
-                let input = NewMessage {
-                    role,
-                    content,
-                    timestamp: Some(now),
-                    run_id: Some(run.run_id.clone()),
-                    provenance: run.provenance.clone(),
-                    chain_id: run.chain_id.clone(),
-                    ..Default::default()
-                };
-                let seq = append_message(tx, run.session, &input)?;
-                tx.execute(
-                    "UPDATE runs SET status = 'running', owner = ?2, lease_until = ?3, started_at = ?4, input_seq = ?5
-                     WHERE run_id = ?1",
-                    params![run.run_id, owner, now + 15_000, now, seq],
-                )?;
-                let claimed = run_by_id(tx, &run.run_id)?.expect("claimed run exists");
-                return Ok(Some((claimed, seq)));
+                *running.entry(agent.to_string()).or_default() += 1;
+                total += 1;
+                running_spawns += i64::from(spawn);
+                claimed.push(claim(tx, &run, owner)?);
             }
-            Ok(None)
+            Ok(claimed)
         })
     }
 
@@ -482,7 +497,7 @@ impl Store {
     /// Records the run's supervisor (it leads the run's process group) and its start time, so
     /// that recovery can kill a leftover group without ever hitting a recycled pid.
     pub fn set_supervisor(&self, run_id: &str, pid: i64, start_time: Option<i64>) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_for_this_boot(|tx| -> Result<()> {
             tx.execute(
                 "UPDATE runs SET supervisor_pid = ?2, supervisor_pgid = ?2, supervisor_start = ?3 WHERE run_id = ?1",
                 params![run_id, pid, start_time],
@@ -509,7 +524,7 @@ impl Store {
 
     /// Records that the steps after `run_id`'s end (reply-back, announce, deliveries) were taken.
     pub fn steps_taken(&self, run_id: &str) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_for_this_boot(|tx| -> Result<()> {
             tx.execute("UPDATE runs SET steps_done_at = ?2 WHERE run_id = ?1", params![run_id, now_ms()])?;
             Ok(())
         })
@@ -596,6 +611,54 @@ mod tests {
         for k in [AnnounceKind::Subagent, AnnounceKind::AgentToAgent] {
             assert_eq!(AnnounceKind::parse(k.as_str()), Some(k));
         }
+    }
+
+    /// Sessions `agent:<agent>:s<i>`, and the runs queued in them, in this order.
+    fn queued(runs: &[(&str, usize, RunMode)]) -> (tempfile::TempDir, Store) {
+        use crate::keys::SessionKind;
+        use crate::store::{NewRun, NewSession};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        store
+            .write(|tx| -> Result<()> {
+                for (n, (agent, i, mode)) in runs.iter().enumerate() {
+                    let key = SessionKey::from_canonical(format!("agent:{agent}:s{i}"));
+                    let agent = AgentId::parse(agent).unwrap();
+                    tx.insert_session(&NewSession::new(key.clone(), agent, SessionKind::Other, false))?;
+                    let input = serde_json::json!({"role": "user", "content": format!("t{n}")});
+                    tx.enqueue(&NewRun::new(format!("run-{n}"), tx.session_id(&key)?, *mode, input))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        (dir, store)
+    }
+
+    fn claimed_ids(claimed: &[(RunRow, i64)]) -> Vec<&str> {
+        claimed.iter().map(|(r, _)| r.run_id.as_str()).collect()
+    }
+
+    #[test]
+    fn one_claim_takes_every_run_that_may_start_and_no_more() {
+        use RunMode::{Send, Spawn};
+        let (_dir, store) = queued(&[
+            ("a", 0, Send),
+            ("a", 0, Send), // same session: waits for run-0 (FIFO, never overlapping)
+            ("a", 1, Send),
+            ("a", 2, Send), // agent a's cap is 2
+            ("b", 0, Spawn),
+            ("b", 1, Spawn), // the spawn cap is 1
+            ("c", 0, Send),
+        ]);
+        let caps = Caps { global: 10, per_agent: [("a".to_string(), 2)].into(), default_agent: 4, spawns: 1 };
+        let claimed = store.claim_ready("owner", &caps).unwrap();
+        assert_eq!(claimed_ids(&claimed), ["run-0", "run-2", "run-4", "run-6"]);
+        assert!(claimed.iter().all(|(r, _)| r.status == RunStatus::Running && r.started_at.is_some()));
+        assert!(store.claim_ready("owner", &caps).unwrap().is_empty(), "the caps are full");
+
+        let (_dir, store) = queued(&[("a", 0, Send), ("a", 1, Send), ("a", 2, Send)]);
+        let global = Caps { global: 2, per_agent: Default::default(), default_agent: 4, spawns: 4 };
+        assert_eq!(claimed_ids(&store.claim_ready("owner", &global).unwrap()), ["run-0", "run-1"], "global cap");
     }
 
     #[test]

@@ -362,7 +362,7 @@ mod tests {
     fn a_cascading_cancel_flags_running_runs_dequeues_queued_ones_and_marks_every_session() {
         let (_dir, store, keys, runs) = tree();
         let caps = Caps { global: 1, per_agent: Default::default(), default_agent: 1, spawns: 1 };
-        let (claimed, _) = store.claim_next("owner", &caps).unwrap().expect("one run claimable");
+        let (claimed, _) = store.claim_ready("owner", &caps).unwrap().into_iter().next().expect("one run claimable");
         assert_eq!(claimed.run_id, runs[0]);
         let done = store.cancel_subtree(&keys[1], true).unwrap();
         assert_eq!(done.flagged, [runs[0].clone()]);

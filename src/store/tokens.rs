@@ -41,7 +41,7 @@ impl Store {
 impl Store {
     /// Stores a run token (its sha256 only), valid from now until its run ends.
     pub fn insert_run_token(&self, hash: &str, row: &TokenRow) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_for_this_boot(|tx| -> Result<()> {
             tx.execute(
                 "INSERT INTO tokens (hash, kind, session_key, run_id, chain_id, hop, sandboxed, valid_from, created_at)
                  VALUES (?1, 'run', ?2, ?3, ?4, ?5, ?6, ?7, ?7)",

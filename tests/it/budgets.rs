@@ -234,9 +234,14 @@ fn ten_children_burning_a_shared_root_budget_at_once_all_stop_past_it() {
     const BUDGET: i64 = 20_000;
     let env = env_with(json!({}), json!({"budget": {"tokens": BUDGET}}));
     let mut c = env.serve(None);
-    let keys: Vec<String> = (0..10)
-        .map(|_| {
-            let r = spawn(&mut c, "burn 20", json!(null));
+    // All ten in flight at once: one after the other, a loaded machine let the first children
+    // spend the whole budget before the last spawn came, which was then (rightly) refused.
+    let calls: Vec<u64> =
+        (0..10).map(|_| c.start_call("sessions_spawn", json!({"task": "burn 20", "budget": null}))).collect();
+    let keys: Vec<String> = calls
+        .into_iter()
+        .map(|id| {
+            let r = c.finish_call("sessions_spawn", id);
             assert_eq!(r["budget"]["shared"], json!(["tokens"]), "{r}");
             r["childSessionKey"].as_str().unwrap().to_string()
         })
