@@ -16,6 +16,7 @@ pub mod sandbox;
 mod spec;
 mod stdin;
 pub mod supervise;
+mod sweep;
 pub mod template;
 
 use std::process::Stdio;
@@ -259,6 +260,8 @@ pub struct Runner {
     pub exe: std::path::PathBuf,
     /// `sessions-mcp-supervise`, beside it: every run starts through it.
     pub supervisor: std::path::PathBuf,
+    /// The run-id sweep every run's end waits for, one `/proc` scan for many runs.
+    sweeper: sweep::Sweeper,
 }
 
 /// The limits a run's outcome names when it hit one.
@@ -410,7 +413,7 @@ impl Runner {
         if !supervisor.is_file() {
             tracing::warn!(path = %supervisor.display(), "the run supervisor is missing: every run will fail to start");
         }
-        Runner { exe, supervisor }
+        Runner { exe, supervisor, sweeper: sweep::Sweeper::default() }
     }
 
     /// Executes one turn: `launch` says what to start (the agent, or bwrap around it); `spec`
@@ -494,6 +497,7 @@ impl Runner {
             exit = stop_supervisor(&mut child, pid).await;
         }
         end_orphaned_group(pid, exit.as_ref(), &launch.run_id);
+        self.sweeper.sweep(&launch.run_id).await;
         // What still holds stderr open now escaped the tree: it must not hold the run open too.
         let stderr_tail = match tokio::time::timeout(STDERR_DRAIN, &mut stderr_task).await {
             Ok(tail) => tail.unwrap_or_default(),
@@ -516,7 +520,8 @@ impl Runner {
         if let Some((uid, gid)) = launch.uid_gid {
             cmd.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
         }
-        cmd.arg("--")
+        cmd.arg("--server-sweeps")
+            .arg("--")
             .arg(&launch.program)
             .args(&launch.args)
             .current_dir(&launch.workdir)
@@ -693,7 +698,8 @@ async fn stop_supervisor(child: &mut tokio::process::Child, pid: Option<i32>) ->
 }
 
 /// A supervisor that exited by itself has ended its group; one that died by a signal (SIGKILLed
-/// by its own agent, by the OOM killer, or by [`stop_supervisor`]) left the group to the server.
+/// by its own agent, by the OOM killer, or by [`stop_supervisor`]) left the group to the server;
+/// what left the group as well is found by the run-id sweep that follows every run.
 /// The group's id stays reserved while any member lives, so the kill cannot reach a stranger.
 fn end_orphaned_group(pgid: Option<i32>, supervisor: Option<&std::process::ExitStatus>, run_id: &str) {
     use std::os::unix::process::ExitStatusExt;
@@ -706,7 +712,6 @@ fn end_orphaned_group(pgid: Option<i32>, supervisor: Option<&std::process::ExitS
     unsafe {
         libc::killpg(pgid, libc::SIGKILL);
     }
-    crate::runner::supervise::kill_processes_of_run(run_id);
 }
 
 /// Drains stderr, keeping its last 64 KiB.

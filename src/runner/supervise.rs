@@ -6,12 +6,14 @@
 //! group SIGINT → SIGTERM → SIGKILL a step apart; when the agent exits by itself it kills whatever
 //! the agent left behind. On Linux it is also the run's child subreaper, so every descendant that
 //! leaves the group (`setsid`, a daemon's double fork, with or without a cleared environment) is
-//! re-parented to it and killed with the tree. Finally it kills every process of its uid that still
-//! carries the run's `SESSIONS_MCP_RUN_ID` (what left the tree through some other service; best
-//! effort).
+//! re-parented to it and killed with the tree. Last, every process of its uid that still carries
+//! the run's `SESSIONS_MCP_RUN_ID` (what left the tree through some other service; best effort) is
+//! killed: by the server, which batches the sweeps of many runs into one `/proc` scan
+//! (`--server-sweeps`, what the server passes), or by the supervisor itself when it runs without
+//! that flag or the server is gone.
 //!
-//! This file is compiled twice: as `runner::supervise` in the library (the server calls
-//! [`kill_processes_of_run`] for a run whose supervisor died) and, through `#[path]`, as the whole
+//! This file is compiled twice: as `runner::supervise` in the library (the server's batched sweep
+//! calls [`kill_processes_of_runs`]) and, through `#[path]`, as the whole
 //! of the small `sessions-mcp-supervise` binary (src/bin/sessions-mcp-supervise.rs), which links
 //! none of the server. So it uses std, libc and clap only: no `crate::` paths, no tokio.
 //!
@@ -19,7 +21,7 @@
 //! one `poll(2)` on a self-pipe that the signal handler writes to.
 
 use std::process::{Child, Command, ExitCode, ExitStatus};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The supervisor's file name; the server finds it beside its own binary.
@@ -43,6 +45,10 @@ pub struct Args {
     /// The agent's umask (the user's; the server itself runs with 077).
     #[arg(long)]
     pub umask: Option<u32>,
+    /// Leave the run-id sweep to the server that started us (it scans `/proc` once for many runs);
+    /// we still sweep when it is gone by the time the agent has exited.
+    #[arg(long)]
+    pub server_sweeps: bool,
     /// The agent's program and arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -52,6 +58,9 @@ pub struct Args {
 static STOP: AtomicI32 = AtomicI32::new(0);
 /// The write end of the self-pipe (-1 until it exists).
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+/// Whether we are the run's child subreaper (Linux): then every process of our session, so every
+/// member of our group, is one of our descendants.
+static ADOPTS_ORPHANS: AtomicBool = AtomicBool::new(false);
 
 #[cfg(target_os = "linux")]
 fn errno_location() -> *mut libc::c_int {
@@ -138,7 +147,7 @@ fn die_with_parent_and_adopt_orphans() {
     // SAFETY: plain prctl/getppid calls with constant arguments.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        ADOPTS_ORPHANS.store(libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) == 0, Ordering::SeqCst);
         if libc::getppid() == 1 {
             STOP.store(libc::SIGTERM, Ordering::SeqCst);
         }
@@ -172,6 +181,8 @@ pub fn run(args: &Args) -> ExitCode {
         }
     }
     let pgid = std::process::id() as i32;
+    // SAFETY: getppid has no preconditions.
+    let server = unsafe { libc::getppid() };
     let run_id = std::env::var("SESSIONS_MCP_RUN_ID").unwrap_or_default();
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
@@ -196,7 +207,11 @@ pub fn run(args: &Args) -> ExitCode {
         Some(s) => s,
         None => escalate(&mut child, &wake, pgid, Duration::from_millis(args.step_ms)),
     };
-    kill_leftovers(pgid, &run_id);
+    kill_leftovers(pgid);
+    // SAFETY: getppid has no preconditions.
+    if !args.server_sweeps || unsafe { libc::getppid() } != server {
+        kill_processes_of_runs(&[run_id.as_str()]);
+    }
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => ExitCode::from(code.clamp(0, 255) as u8),
@@ -267,29 +282,33 @@ fn signal_group(pgid: i32, sig: i32) {
     }
 }
 
-/// Kills what is left in our group and below us, then every process of ours that carries the
-/// run id.
-fn kill_leftovers(pgid: i32, run_id: &str) {
-    signal_group(pgid, libc::SIGKILL);
+/// Kills what is left in our group and below us. As the subreaper (Linux) every group member is a
+/// descendant, so the tree kill reaches them all and the `/proc` scan for the group is skipped:
+/// it reads every process of the machine, and with a thousand runs ending together a thousand
+/// such scans were most of the machine's CPU (BENCHMARKS.md, fan-out).
+fn kill_leftovers(pgid: i32) {
+    if !ADOPTS_ORPHANS.load(Ordering::SeqCst) {
+        signal_group(pgid, libc::SIGKILL);
+    }
     kill_descendants();
-    kill_processes_of_run(run_id);
 }
 
-/// SIGKILLs every process this user may signal whose environment carries the run's
-/// `SESSIONS_MCP_RUN_ID` (Linux; best effort). The server calls it too, for a run whose
-/// supervisor died before it could.
-pub fn kill_processes_of_run(run_id: &str) {
-    if run_id.is_empty() {
+/// SIGKILLs every process this user may signal whose environment carries one of these runs'
+/// `SESSIONS_MCP_RUN_ID` (Linux; best effort), in one scan of `/proc`: each process's environment
+/// is read once, whatever the number of runs.
+pub fn kill_processes_of_runs(run_ids: &[&str]) {
+    let needles: std::collections::HashSet<Vec<u8>> =
+        run_ids.iter().filter(|id| !id.is_empty()).map(|id| format!("SESSIONS_MCP_RUN_ID={id}").into_bytes()).collect();
+    if needles.is_empty() {
         return;
     }
-    let needle = format!("SESSIONS_MCP_RUN_ID={run_id}");
     let me = std::process::id() as i32;
     for pid in processes() {
         if pid == me {
             continue;
         }
         let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
-        if environ.split(|b| *b == 0).any(|var| var == needle.as_bytes()) {
+        if environ.split(|b| *b == 0).any(|var| needles.contains(var)) {
             // SAFETY: kill has no memory-safety preconditions.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
@@ -355,16 +374,19 @@ mod tests {
             "5000",
             "--umask",
             "18",
+            "--server-sweeps",
             "--",
             "/bin/agent",
             "--deadline-ms",
             "x",
         ])
         .unwrap();
+        assert!(args.server_sweeps);
         assert_eq!(args.deadline_ms, 5000);
         assert_eq!(args.step_ms, 1000);
         assert_eq!((args.uid, args.gid, args.umask), (None, None, Some(18)));
         assert_eq!(args.command, ["/bin/agent", "--deadline-ms", "x"]);
         assert!(Args::try_parse_from([BINARY, "--deadline-ms", "1"]).is_err(), "an agent is required");
+        assert!(!Args::try_parse_from([BINARY, "--", "/bin/agent"]).unwrap().server_sweeps, "it sweeps by default");
     }
 }

@@ -170,6 +170,36 @@ printf '%s\n' '{"type":"final","text":"escaped"}'
     wait_until(Duration::from_secs(5), "the escapers to be gone", || pids_with_env(&mark).is_empty().then_some(()));
 }
 
+#[test]
+fn a_process_outside_the_tree_that_carries_the_run_id_is_killed_when_its_run_ends() {
+    // What left the tree through some other service (here: this test, a stranger to the run's
+    // tree, starts it with the run's id) is found only by the run-id sweep, which the server runs
+    // (batched with other runs') before it records the run's outcome.
+    let dir = tempfile::tempdir().unwrap();
+    let (id_file, started) = (dir.path().join("run-id"), dir.path().join("started"));
+    let body = format!(
+        "IFS= read -r line\nprintf '%s' \"$SESSIONS_MCP_RUN_ID\" > {id}.tmp && mv {id}.tmp {id}\n\
+         while [ ! -e {started} ]; do sleep 0.05; done\n\
+         printf '%s\\n' '{{\"type\":\"final\",\"text\":\"done\"}}'\n",
+        id = id_file.display(),
+        started = started.display()
+    );
+    let stranger = std::thread::spawn(move || {
+        let run_id = wait_until(Duration::from_secs(20), "the agent to write its run id", || {
+            std::fs::read_to_string(&id_file).ok().filter(|id| !id.is_empty())
+        });
+        let child = std::process::Command::new("sleep").arg("300").env("SESSIONS_MCP_RUN_ID", &run_id).spawn().unwrap();
+        std::fs::write(&started, "").unwrap();
+        child
+    });
+    let (r, _) = misbehave(|e| shell_agent(e, "worker", &body, &[], json!({})), 20);
+    assert_eq!(r["reply"], "done", "{r}");
+    let mut child = stranger.join().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    let status = wait_until(Duration::from_secs(5), "the stranger to be killed", || child.try_wait().unwrap());
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "the sweep killed it: {status:?}");
+}
+
 /// An agent that ignores SIGINT/SIGTERM, does `what` to its supervisor (`$PPID`), then sleeps far
 /// past every limit. The server must end the run at its limits without the supervisor's help and
 /// leave no process behind; the session's queue is free again (a second send runs).
