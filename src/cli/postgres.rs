@@ -95,16 +95,38 @@ pub fn doctor(url: &str) -> usize {
             problems += 1;
         }
     }
-    let skew = facts.skew_ms;
-    if skew.abs() > SKEW_WARN_MS {
-        println!(
-            "store clock problem: the database clock is {} this machine's by {:.1} s (over 1 s): run leases will depend on it; sync both clocks (NTP)",
-            if skew > 0 { "ahead of" } else { "behind" },
-            skew.abs() as f64 / 1000.0
-        );
-        problems += 1;
-    } else {
-        println!("store clock: {skew:+} ms from this machine's");
+    let (line, problem) = clock_line(facts.skew_ms);
+    println!("{line}");
+    problems + usize::from(problem)
+}
+
+/// doctor's line about the clock skew (the database's clock minus this machine's), and whether
+/// it is a problem.
+fn clock_line(skew_ms: i64) -> (String, bool) {
+    if skew_ms.abs() <= SKEW_WARN_MS {
+        return (format!("store clock: {skew_ms:+} ms from this machine's"), false);
     }
-    problems
+    let way = if skew_ms > 0 { "ahead of" } else { "behind" };
+    let secs = skew_ms.unsigned_abs() as f64 / 1000.0;
+    (
+        format!(
+            "store clock problem: the database clock is {way} this machine's by {secs:.1} s (over 1 s): run leases will depend on it; sync both clocks (NTP)"
+        ),
+        true,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clock_line;
+
+    #[test]
+    fn a_skew_over_a_second_either_way_is_a_problem_and_up_to_one_is_not() {
+        assert_eq!(clock_line(3), ("store clock: +3 ms from this machine's".to_string(), false));
+        assert_eq!(clock_line(-1000), ("store clock: -1000 ms from this machine's".to_string(), false));
+        let (ahead, problem) = clock_line(1_500);
+        assert!(problem && ahead.contains("ahead of this machine's by 1.5 s (over 1 s): run leases"), "{ahead}");
+        let (behind, problem) = clock_line(-62_000);
+        assert!(problem && behind.contains("behind this machine's by 62.0 s"), "{behind}");
+    }
 }

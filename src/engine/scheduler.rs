@@ -569,14 +569,22 @@ pub struct RuntimeHold {
 
 /// Holds the runtime of `state_dir`, or says who owns it: a daemon (it holds `daemon.lock`), or a
 /// `serve`/`daemon` that owns the runtime (`runtime.lock`).
+///
+/// `runtime.lock` is taken first: while a `serve` owns the runtime, `daemon.lock` is never
+/// touched, since a `serve` owner that saw it held would take that for a daemon and hand its
+/// runtime over to nobody. Once `runtime.lock` is ours no `serve` owns anything, and holding
+/// `daemon.lock` too keeps a daemon from starting until the hold ends.
 pub fn hold_runtime(state_dir: &Path) -> Result<RuntimeHold, String> {
     let shown = state_dir.display();
-    let daemon = take_daemon_lock(state_dir)
-        .map_err(|_| format!("a daemon runs for {shown}: stop it (and every serve) first"))?;
+    let daemon_runs = || format!("a daemon runs for {shown}: stop it (and every serve) first");
+    if daemon_running(state_dir) {
+        return Err(daemon_runs());
+    }
     let runtime = open_lock(&state_dir.join("runtime.lock"))?;
     if runtime.try_lock().is_err() {
         return Err(format!("a serve or daemon process owns the runtime of {shown}: stop it (and every serve) first"));
     }
+    let daemon = take_daemon_lock(state_dir).map_err(|_| daemon_runs())?;
     Ok(RuntimeHold { _daemon: daemon, _runtime: runtime })
 }
 

@@ -395,7 +395,7 @@ fn doctor_reports_the_connection_the_schema_and_the_clock() {
 }
 
 #[test]
-fn migrate_is_refused_while_a_daemon_runs_and_without_a_store() {
+fn migrate_is_refused_while_a_daemon_or_serve_runs_and_without_a_store() {
     let Some(server) = server() else { return };
     let db = Db::create(&server);
     let none = TestEnv::new();
@@ -406,6 +406,14 @@ fn migrate_is_refused_while_a_daemon_runs_and_without_a_store() {
     let line = refused(&migrate(&env, &db.url()));
     assert!(line.contains("a daemon runs for "), "{line}");
     drop(daemon);
+    let serve = env.serve(None);
+    // Refused each time: a refused migrate never makes the serve hand its runtime over.
+    for _ in 0..3 {
+        let line = refused(&migrate(&env, &db.url()));
+        assert!(line.contains("a serve or daemon process owns the runtime of "), "{line}");
+        std::thread::sleep(std::time::Duration::from_millis(700));
+    }
+    serve.close();
     assert_eq!(
         query(&db.url(), "SELECT 1 FROM information_schema.tables WHERE table_schema = 'public'").len(),
         0,
