@@ -443,3 +443,37 @@ fn a_row_postgresql_cannot_hold_fails_the_copy_and_rolls_all_of_it_back() {
     let tables = query(&db.url(), "SELECT 1 FROM information_schema.tables WHERE table_schema = 'public'");
     assert!(tables.is_empty(), "the schema was rolled back with the rows");
 }
+
+#[test]
+fn the_spawn_tree_is_kept_by_triggers_in_postgresql_as_in_sqlite() {
+    let Some(server) = server() else { return };
+    let db = Db::create(&server);
+    let env = seeded();
+    assert!(migrate(&env, &db.url()).status.success());
+    // The same writes on both sides: a grandchild before its parent (the parent adopts it), then
+    // a session's updated_at moving.
+    let writes = [
+        "INSERT INTO sessions (key, session_id, agent_id, kind, driver, spawned_by, created_at, updated_at)
+         VALUES ('agent:main:subagent:g2', 'g2', 'main', 'other', 'driven', 'agent:main:subagent:c2', 1, 10)",
+        "INSERT INTO sessions (key, session_id, agent_id, kind, driver, spawned_by, created_at, updated_at)
+         VALUES ('agent:main:subagent:c2', 'c2', 'main', 'other', 'driven', 'agent:main:subagent:child', 1, 20)",
+        "UPDATE sessions SET updated_at = 777 WHERE key = 'agent:main:subagent:g2'",
+    ];
+    let conn = rusqlite::Connection::open(env.state_dir().join("sessions.db")).unwrap();
+    for w in writes {
+        conn.execute(w, []).unwrap();
+        execute(&db.url(), w);
+    }
+    let tree = "SELECT ancestor, session, updated_at FROM session_tree ORDER BY ancestor, session";
+    let in_sqlite: Vec<(i64, i64, i64)> = conn
+        .prepare(tree)
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let in_pg: Vec<(i64, i64, i64)> = query(&db.url(), tree).iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert!(in_sqlite.len() >= 6, "main→child, and main, child, c2 above g2, main and child above c2: {in_sqlite:?}");
+    assert!(in_sqlite.iter().any(|r| r.2 == 777), "{in_sqlite:?}");
+    assert_eq!(in_pg, in_sqlite);
+}

@@ -295,6 +295,8 @@ pub async fn copy_store(sqlite: &Path, target: &PgTarget) -> Result<Vec<TableCop
     if let SchemaState::Ours { .. } = super::ensure_schema(&tx, target).await? {
         refuse_data(&tx, target).await?;
     }
+    // session_tree arrives as SQLite holds it: its triggers stand aside for this transaction.
+    tx.batch_execute("SET LOCAL sessions_mcp.copying = 'on'").await.map_err(pg)?;
     let mut copied = Vec::new();
     for table in schema::DATA_TABLES {
         let columns = tables

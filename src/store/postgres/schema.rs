@@ -9,8 +9,9 @@
 //! keeps its ids and sets the sequence past them. SQLite's `COLLATE NOCASE` index is an index on
 //! `lower(...)`; `WITHOUT ROWID` has no counterpart and needs none.
 //!
-//! Not here yet: SQLite keeps `session_tree` in step with `sessions` through triggers; the
-//! PostgreSQL backend that writes sessions will do the same (a copy brings the rows as they are).
+//! `session_tree` is kept in step with `sessions` by triggers, as in SQLite (PL/pgSQL functions
+//! doing what SQLite's three triggers do). A copy brings the table's rows as they are, so the
+//! triggers stand aside while `sessions_mcp.copying` is `on` in the copying transaction.
 
 /// The SQLite schema version whose semantics these migrations reproduce. A test fails when the
 /// SQLite store moves on without a PostgreSQL migration that follows it.
@@ -122,6 +123,51 @@ CREATE TABLE session_tree (
 );
 CREATE INDEX session_tree_ancestor_updated ON session_tree (ancestor, updated_at DESC, session DESC);
 CREATE INDEX session_tree_session ON session_tree (session);
+
+-- SQLite's sessions_tree_insert and sessions_tree_adopt: a new session's ancestors are its
+-- parent and the parent's ancestors; a parent written after its children adopts them and their
+-- descendants (it and its own ancestors become their ancestors too).
+CREATE FUNCTION sessions_tree_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('sessions_mcp.copying', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.spawned_by IS NOT NULL THEN
+        INSERT INTO session_tree (ancestor, session, updated_at)
+            SELECT id, NEW.id, NEW.updated_at FROM sessions WHERE key = NEW.spawned_by
+            UNION
+            SELECT t.ancestor, NEW.id, NEW.updated_at FROM session_tree t
+                WHERE t.session = (SELECT id FROM sessions WHERE key = NEW.spawned_by)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    INSERT INTO session_tree (ancestor, session, updated_at)
+        SELECT a.id, d.id, d.updated_at
+        FROM (SELECT NEW.id AS id
+              UNION SELECT id FROM sessions WHERE key = NEW.spawned_by
+              UNION SELECT t.ancestor FROM session_tree t
+                    WHERE t.session = (SELECT id FROM sessions WHERE key = NEW.spawned_by)) a,
+             (SELECT c.id, c.updated_at FROM sessions c WHERE c.spawned_by = NEW.key
+              UNION SELECT t.session, t.updated_at FROM session_tree t
+                    JOIN sessions c ON c.id = t.ancestor WHERE c.spawned_by = NEW.key) d
+        WHERE a.id <> d.id
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER sessions_tree_insert AFTER INSERT ON sessions FOR EACH ROW EXECUTE FUNCTION sessions_tree_insert();
+
+-- SQLite's sessions_tree_updated: the tree rows carry their session's updated_at.
+CREATE FUNCTION sessions_tree_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('sessions_mcp.copying', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    UPDATE session_tree SET updated_at = NEW.updated_at WHERE session = NEW.id;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER sessions_tree_updated AFTER UPDATE OF updated_at ON sessions
+    FOR EACH ROW EXECUTE FUNCTION sessions_tree_updated();
 
 CREATE TABLE agent_ids (agent_id TEXT PRIMARY KEY);
 
