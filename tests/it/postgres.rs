@@ -477,3 +477,27 @@ fn the_spawn_tree_is_kept_by_triggers_in_postgresql_as_in_sqlite() {
     assert!(in_sqlite.iter().any(|r| r.2 == 777), "{in_sqlite:?}");
     assert_eq!(in_pg, in_sqlite);
 }
+
+#[test]
+fn an_empty_sessions_mcp_schema_takes_a_copy_and_a_database_not_in_utf8_is_refused() {
+    let Some(server) = server() else { return };
+    let db = Db::create(&server);
+    let empty = TestEnv::new();
+    assert!(empty.run(&["ls"]).status.success(), "creates the empty store");
+    let out = migrate(&empty, &db.url());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).lines().last().unwrap().starts_with("migrated 0 rows in 14 tables"),
+        "{}",
+        text(&out.stdout)
+    );
+    let env = seeded();
+    let out = migrate(&env, &db.url());
+    assert!(out.status.success(), "ours and empty: it takes the copy: {}", text(&out.stderr));
+    assert_eq!(count(&db.url(), "sessions"), 3);
+
+    let ascii = Db { server: &server, name: format!("smcp_test_{}", uuid::Uuid::new_v4().simple()) };
+    execute(&server.admin, &format!("CREATE DATABASE \"{}\" ENCODING 'SQL_ASCII' TEMPLATE template0", ascii.name));
+    let line = refused(&migrate(&env, &ascii.url()));
+    assert!(line.contains("has encoding SQL_ASCII; sessions-mcp stores text as UTF8"), "{line}");
+}
