@@ -1,6 +1,7 @@
 //! The command line: `serve`, `schemas`, `bench`, and the hidden `dev` helpers.
 
 pub mod operator;
+pub mod postgres;
 pub mod schemas;
 pub mod seed;
 
@@ -118,6 +119,20 @@ enum Command {
         /// Make what group or other users may read in the state dir private to its owner.
         #[arg(long)]
         fix_modes: bool,
+        /// Also check a PostgreSQL store: the connection, its schema and the clock skew
+        /// [env: SESSIONS_MCP_STORE_URL]
+        #[arg(long, value_name = "URL", env = "SESSIONS_MCP_STORE_URL", hide_env = true)]
+        store_url: Option<String>,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Copy the SQLite store of the state dir into an empty PostgreSQL database, in one
+    /// transaction, every table compared before it commits; the SQLite store is left as it is.
+    /// Refused while a serve or daemon runs for the state dir.
+    Migrate {
+        /// The database: postgres://USER:PASSWORD@HOST:PORT/DATABASE
+        #[arg(long, value_name = "URL")]
+        to: String,
         #[command(flatten)]
         paths: Paths,
     },
@@ -329,7 +344,10 @@ pub fn main() -> ExitCode {
         Command::Prune { older_than, paths } => {
             with_store(&paths, |_, store| operator::prune(store, older_than.as_deref()))
         }
-        Command::Doctor { fix_modes, paths } => operator::doctor(&paths, fix_modes),
+        Command::Doctor { fix_modes, store_url, paths } => {
+            operator::doctor(&paths, fix_modes, store_url.as_deref().filter(|u| !u.trim().is_empty()))
+        }
+        Command::Migrate { to, paths } => postgres::migrate(&paths, &to),
         Command::Daemon { force, http, insecure_remote, paths } => {
             block_on(daemon(paths, force, http.as_deref(), insecure_remote))
         }

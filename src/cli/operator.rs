@@ -1,4 +1,5 @@
-//! The operator's commands: `import`, `export`, `ls`, `show`, `policy`, `prune`, `doctor`. Each
+//! The operator's commands: `import`, `export`, `ls`, `show`, `policy`, `prune`, `doctor` (`migrate`
+//! is in `cli::postgres`). Each
 //! prints a human-readable table, or with `--json` the pinned JSON (docs/BEHAVIOUR.md, Operator
 //! commands), and exits 0 on success, 1 when something failed, 2 on a usage or config problem.
 
@@ -388,7 +389,7 @@ fn check_modes(state_dir: &Path, fix: bool) -> usize {
 }
 
 /// Resolved paths, config problems (one line each), the store, file modes, the runtime.
-pub fn doctor(paths: &crate::cli::Paths, fix_modes: bool) -> ExitCode {
+pub fn doctor(paths: &crate::cli::Paths, fix_modes: bool, store_url: Option<&str>) -> ExitCode {
     let mut problems = 0;
     let state_dir = paths.state_dir();
     println!("state dir: {}{}", state_dir.display(), if state_dir.is_dir() { "" } else { " (does not exist yet)" });
@@ -430,6 +431,9 @@ pub fn doctor(paths: &crate::cli::Paths, fix_modes: bool) -> ExitCode {
         }
     } else {
         println!("store: {} (created on first use)", store_path.display());
+    }
+    if let Some(url) = store_url {
+        problems += crate::cli::postgres::doctor(url);
     }
     if state_dir.is_dir() {
         problems += check_modes(&state_dir, fix_modes);

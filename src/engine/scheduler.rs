@@ -560,6 +560,34 @@ pub fn daemon_running(state_dir: &Path) -> bool {
     }
 }
 
+/// The runtime of a state dir, held by a maintenance command (`migrate`) for as long as it lives:
+/// no daemon starts and no `serve` becomes the owner meanwhile.
+pub struct RuntimeHold {
+    _daemon: File,
+    _runtime: File,
+}
+
+/// Holds the runtime of `state_dir`, or says who owns it: a daemon (it holds `daemon.lock`), or a
+/// `serve`/`daemon` that owns the runtime (`runtime.lock`).
+///
+/// `runtime.lock` is taken first: while a `serve` owns the runtime, `daemon.lock` is never
+/// touched, since a `serve` owner that saw it held would take that for a daemon and hand its
+/// runtime over to nobody. Once `runtime.lock` is ours no `serve` owns anything, and holding
+/// `daemon.lock` too keeps a daemon from starting until the hold ends.
+pub fn hold_runtime(state_dir: &Path) -> Result<RuntimeHold, String> {
+    let shown = state_dir.display();
+    let daemon_runs = || format!("a daemon runs for {shown}: stop it (and every serve) first");
+    if daemon_running(state_dir) {
+        return Err(daemon_runs());
+    }
+    let runtime = open_lock(&state_dir.join("runtime.lock"))?;
+    if runtime.try_lock().is_err() {
+        return Err(format!("a serve or daemon process owns the runtime of {shown}: stop it (and every serve) first"));
+    }
+    let daemon = take_daemon_lock(state_dir).map_err(|_| daemon_runs())?;
+    Ok(RuntimeHold { _daemon: daemon, _runtime: runtime })
+}
+
 /// How long a starting daemon retries `daemon.lock` while other processes look at it (each look
 /// holds a shared lock for an instant); a daemon that runs holds it for good.
 const DAEMON_LOCK_PATIENCE: Duration = Duration::from_millis(500);
@@ -636,5 +664,25 @@ mod tests {
         });
         assert!(take_daemon_lock(dir.path()).is_ok(), "the daemon starts once the look is over");
         look.join().unwrap();
+    }
+
+    #[test]
+    fn a_held_runtime_keeps_daemons_and_owners_out_and_is_refused_while_either_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = take_daemon_lock(dir.path()).unwrap();
+        let e = hold_runtime(dir.path()).err().unwrap();
+        assert!(e.starts_with("a daemon runs for "), "{e}");
+        drop(daemon);
+        let owner = open_lock(&dir.path().join("runtime.lock")).unwrap();
+        owner.try_lock().unwrap();
+        let e = hold_runtime(dir.path()).err().unwrap();
+        assert!(e.starts_with("a serve or daemon process owns the runtime of "), "{e}");
+        assert!(!daemon_running(dir.path()), "the refused hold let daemon.lock go");
+        drop(owner);
+        let held = hold_runtime(dir.path()).unwrap();
+        assert!(take_daemon_lock(dir.path()).is_err(), "no daemon starts while it is held");
+        assert!(open_lock(&dir.path().join("runtime.lock")).unwrap().try_lock().is_err(), "no serve owns it");
+        drop(held);
+        assert!(take_daemon_lock(dir.path()).is_ok());
     }
 }

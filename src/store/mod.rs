@@ -5,6 +5,10 @@
 //! beside the writer); writes go through one writer connection in `BEGIN IMMEDIATE`
 //! transactions. Schema changes are embedded, versioned migrations; a backup is taken before an
 //! existing store is migrated, and a store written by a newer version is refused.
+//!
+//! [`postgres`] is the first slice of a second backend: connecting, its own schema and
+//! migrations, and copying this store into PostgreSQL (`sessions-mcp migrate --to`). `Store`
+//! itself is SQLite only until the backend lands inside it.
 
 mod asks;
 mod budgets;
@@ -14,6 +18,7 @@ mod import;
 mod ledger;
 mod messages;
 mod operator;
+pub mod postgres;
 mod run_queue;
 mod runs;
 mod schema;

@@ -59,6 +59,7 @@ impl TestEnv {
             "SESSIONS_MCP_CONFIG",
             "SESSIONS_MCP_STATE_DIR",
             "SESSIONS_MCP_STRICT",
+            "SESSIONS_MCP_STORE_URL",
         ] {
             c.env_remove(var);
         }

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL cluster for the tests (tests/it/postgres.rs, store::postgres): initdb into
+# a temp dir, listening on 127.0.0.1 on a free port only, password (scram-sha-256) auth over TCP.
+# PostgreSQL refuses to run as root, so as root the cluster belongs to the `postgres` user (the
+# Debian package creates it) and runs through runuser. fsync is off: the cluster is thrown away.
+#
+#   eval "$(.ci/postgres.sh start)"   starts one; prints the exports SESSIONS_MCP_TEST_PG (a URL
+#                                     with the password) and SESSIONS_MCP_TEST_PG_DIR
+#   .ci/postgres.sh stop DIR          stops the cluster in DIR and removes DIR
+set -euo pipefail
+
+# The directory of pg_ctl and initdb: on PATH, else Debian's /usr/lib/postgresql/<ver>/bin (newest).
+bindir() {
+  local d
+  if command -v pg_ctl >/dev/null 2>&1 && command -v initdb >/dev/null 2>&1; then
+    dirname "$(command -v pg_ctl)"
+    return
+  fi
+  d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+  if [ -n "$d" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/initdb" ]; then
+    echo "$d"
+    return
+  fi
+  echo "postgres.sh: no pg_ctl/initdb (install Debian's postgresql package)" >&2
+  return 1
+}
+
+# Runs a PostgreSQL program as an unprivileged user.
+as_pg() {
+  # From /: the programs look at their working directory, which root's may not let them.
+  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
+}
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+start() {
+  local bin dir port password
+  bin="$(bindir)"
+  dir="$(mktemp -d "${TMPDIR:-/tmp}/sessions-mcp-pg.XXXXXX")"
+  password="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+  printf '%s\n' "$password" >"$dir/pwfile"
+  if [ "$(id -u)" = 0 ]; then chown -R postgres: "$dir"; fi
+  as_pg "$bin/initdb" -D "$dir/data" -U postgres --pwfile="$dir/pwfile" --auth-host=scram-sha-256 \
+    --auth-local=trust -E UTF8 --no-locale >"$dir/initdb.log" 2>&1 || {
+    cat "$dir/initdb.log" >&2
+    return 1
+  }
+  rm -f "$dir/pwfile"
+  # A port taken between the look and the start fails the start: try a few.
+  for _ in 1 2 3 4 5; do
+    port="$(free_port)"
+    if as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 -o \
+      "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir -c fsync=off" \
+      start >/dev/null 2>&1; then
+      echo "postgres.sh: PostgreSQL ($("$bin/pg_ctl" --version)) on 127.0.0.1:$port, data in $dir" >&2
+      echo "export SESSIONS_MCP_TEST_PG='postgres://postgres:$password@127.0.0.1:$port/postgres'"
+      echo "export SESSIONS_MCP_TEST_PG_DIR='$dir'"
+      return
+    fi
+  done
+  cat "$dir/server.log" >&2 || true
+  return 1
+}
+
+stop() {
+  local dir="$1"
+  [ -d "$dir/data" ] || { echo "postgres.sh: no cluster in $dir" >&2; return 1; }
+  as_pg "$(bindir)/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null || true
+  rm -rf "$dir"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop "${2:?usage: .ci/postgres.sh stop DIR}" ;;
+  *) echo "usage: .ci/postgres.sh start | stop DIR" >&2; exit 2 ;;
+esac

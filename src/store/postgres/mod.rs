@@ -1,0 +1,537 @@
+//! PostgreSQL, the first slice: connecting to a `postgres://` URL through a deadpool pool, the
+//! schema as embedded versioned migrations of its own ([`schema`]), the check that a database is
+//! ours, and copying an SQLite store into one ([`copy`], behind `sessions-mcp migrate --to`).
+//! The server does not serve from PostgreSQL yet: the backend inside [`crate::store::Store`]
+//! builds on this.
+//!
+//! Every failure is one line that names what is wrong and what to do, as [`StoreError`]'s are:
+//! the server unreachable (host and port), authentication failed (the user), no such database, a
+//! schema written by a newer version, a database that is not ours. The password of a URL is never
+//! shown: a target prints as `postgres://user@host:port/db`.
+//!
+//! [`StoreError`]: crate::store::StoreError
+
+pub mod copy;
+pub mod schema;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{NoTls, Transaction};
+
+/// How long connecting may take before the server counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections a pool keeps; the operator's commands use one.
+const POOL_SIZE: usize = 4;
+/// The advisory lock under which the schema is inspected and migrated, so that two processes
+/// starting on one empty database do not both create it (`"smcp"` in ASCII).
+const SCHEMA_LOCK: i64 = 0x736d_6370;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("the store URL is not a PostgreSQL URL ({0}); write postgres://USER:PASSWORD@HOST:PORT/DATABASE")]
+    BadUrl(String),
+    #[error(
+        "cannot reach PostgreSQL at {addr} ({detail}); start the server, or fix the host and port of the store URL"
+    )]
+    Unreachable { addr: String, detail: String },
+    #[error(
+        "PostgreSQL at {addr} refused user {user:?}: authentication failed ({detail}); fix the user or password of the store URL"
+    )]
+    AuthFailed { addr: String, user: String, detail: String },
+    #[error("PostgreSQL at {addr} has no database {db:?}; create it (createdb -E UTF8 {db}) or fix the store URL")]
+    NoDatabase { addr: String, db: String },
+    #[error(
+        "{target} has schema version {found}, newer than this sessions-mcp writes ({supported}); upgrade sessions-mcp"
+    )]
+    TooNew { target: String, found: i64, supported: i64 },
+    #[error(
+        "{target} is not a sessions-mcp database (it has tables, e.g. {tables}, but no {marker} marker table); point the store URL at an empty database",
+        marker = schema::MARKER_TABLE
+    )]
+    NotOurs { target: String, tables: String },
+    #[error(
+        "{target} has encoding {found}; sessions-mcp stores text as UTF8: create the database with createdb -E UTF8 -T template0"
+    )]
+    Encoding { target: String, found: String },
+    /// Anything else the server or the driver said, with the target it concerns.
+    #[error("{target}: {detail}")]
+    Backend { target: String, detail: String },
+}
+
+/// The schema version this build writes into PostgreSQL.
+pub const PG_SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
+
+/// A PostgreSQL database named by a `postgres://` URL, and how to show it without its password.
+#[derive(Clone)]
+pub struct PgTarget {
+    config: tokio_postgres::Config,
+    /// `host:port` (or the socket directory) of the server.
+    addr: String,
+    user: String,
+    db: String,
+}
+
+impl std::fmt::Display for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "postgres://{}@{}/{}", self.user, self.addr, self.db)
+    }
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PgTarget({self})")
+    }
+}
+
+impl PgTarget {
+    /// Parses a `postgres://` (or `postgresql://`) URL. It must name a user and a host; the
+    /// database defaults to the user's name, as PostgreSQL's does.
+    pub fn parse(url: &str) -> Result<PgTarget, PgError> {
+        let url = url.trim();
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(PgError::BadUrl("it does not start with postgres://".into()));
+        }
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| PgError::BadUrl(redact(&e.to_string(), password_of(url))))?;
+        let user = config.get_user().map(str::to_string).ok_or_else(|| PgError::BadUrl("it names no user".into()))?;
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+            None => return Err(PgError::BadUrl("it names no host".into())),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let db = config.get_dbname().map_or_else(|| user.clone(), str::to_string);
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.application_name("sessions-mcp");
+        Ok(PgTarget { config, addr: format!("{host}:{port}"), user, db })
+    }
+
+    /// A pool of connections to the database, checked by taking one: the first failure says
+    /// what is wrong in one line.
+    pub async fn connect(&self) -> Result<Pool, PgError> {
+        let manager =
+            Manager::from_config(self.config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| self.backend(e))?;
+        drop(self.client(&pool).await?);
+        Ok(pool)
+    }
+
+    /// One connection of `pool`, its failure classified.
+    pub async fn client(&self, pool: &Pool) -> Result<deadpool_postgres::Object, PgError> {
+        pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => self.classify(&e),
+            deadpool_postgres::PoolError::Timeout(_) => PgError::Unreachable {
+                addr: self.addr.clone(),
+                detail: format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
+            },
+            other => self.backend(other),
+        })
+    }
+
+    /// A driver error as one line about this target.
+    pub fn classify(&self, e: &tokio_postgres::Error) -> PgError {
+        let cause = match e.as_db_error() {
+            Some(db) => Cause::Server { code: db.code().clone(), message: db.message().to_string() },
+            None => match io_cause(e) {
+                Some(io) => Cause::Io(io),
+                None => Cause::Other(e.to_string()),
+            },
+        };
+        self.classify_cause(cause)
+    }
+
+    fn classify_cause(&self, cause: Cause) -> PgError {
+        let addr = self.addr.clone();
+        match cause {
+            Cause::Io(detail) => PgError::Unreachable { addr, detail },
+            Cause::Server { code, message }
+                if code == SqlState::INVALID_PASSWORD || code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
+            {
+                PgError::AuthFailed { addr, user: self.user.clone(), detail: message }
+            }
+            Cause::Server { code, .. } if code == SqlState::INVALID_CATALOG_NAME => {
+                PgError::NoDatabase { addr, db: self.db.clone() }
+            }
+            // The server asked for a password the URL does not carry (the driver says so itself).
+            Cause::Other(text) if text.contains("password missing") => PgError::AuthFailed {
+                addr,
+                user: self.user.clone(),
+                detail: "the server asks for a password and the store URL has none".into(),
+            },
+            Cause::Server { message, .. } | Cause::Other(message) => {
+                PgError::Backend { target: self.to_string(), detail: message }
+            }
+        }
+    }
+
+    fn backend(&self, e: impl std::fmt::Display) -> PgError {
+        PgError::Backend { target: self.to_string(), detail: e.to_string() }
+    }
+}
+
+/// What a driver error came from, as far as telling the operator goes.
+#[derive(Debug)]
+enum Cause {
+    /// The server answered with an error.
+    Server {
+        code: SqlState,
+        message: String,
+    },
+    /// The socket failed: refused, timed out, no route.
+    Io(String),
+    Other(String),
+}
+
+/// The I/O error under a driver error, if the socket is what failed.
+fn io_cause(e: &tokio_postgres::Error) -> Option<String> {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return Some(io.to_string());
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// The password of a URL's user info, to keep it out of any message.
+fn password_of(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let userinfo = rest.split(['/', '?']).next()?.rsplit_once('@')?.0;
+    userinfo.split_once(':').map(|(_, p)| p).filter(|p| !p.is_empty())
+}
+
+fn redact(text: &str, password: Option<&str>) -> String {
+    match password {
+        Some(p) => text.replace(p, "***"),
+        None => text.to_string(),
+    }
+}
+
+/// What a database holds, as far as sessions-mcp is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaState {
+    /// No tables: a migration creates the schema.
+    Empty,
+    /// Ours, at this version (at most [`PG_SCHEMA_VERSION`]).
+    Ours { version: i64 },
+    /// Ours, written by a newer sessions-mcp.
+    Newer { version: i64 },
+    /// Tables, but not our marker (the first few names).
+    Foreign { tables: Vec<String> },
+}
+
+impl SchemaState {
+    /// The state as a refusal when this build cannot use the database.
+    pub fn refusal(&self, target: &PgTarget) -> Option<PgError> {
+        match self {
+            SchemaState::Newer { version } => {
+                Some(PgError::TooNew { target: target.to_string(), found: *version, supported: PG_SCHEMA_VERSION })
+            }
+            SchemaState::Foreign { tables } => {
+                Some(PgError::NotOurs { target: target.to_string(), tables: tables.join(", ") })
+            }
+            SchemaState::Empty | SchemaState::Ours { .. } => None,
+        }
+    }
+}
+
+/// Reads what the database's current schema holds.
+pub async fn inspect(tx: &Transaction<'_>) -> Result<SchemaState, tokio_postgres::Error> {
+    let tables: Vec<String> = tx
+        .query(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if tables.is_empty() {
+        return Ok(SchemaState::Empty);
+    }
+    if !tables.iter().any(|t| t == schema::MARKER_TABLE) {
+        return Ok(SchemaState::Foreign { tables: tables.into_iter().take(3).collect() });
+    }
+    let version: i64 = tx.query_one("SELECT coalesce(max(version), 0) FROM schema_version", &[]).await?.get(0);
+    Ok(if version > PG_SCHEMA_VERSION { SchemaState::Newer { version } } else { SchemaState::Ours { version } })
+}
+
+/// Inside `tx`: takes the schema lock, refuses a database that is not ours or is newer, and
+/// applies the migrations it lacks (an empty database gets the schema and the marker). Returns
+/// the state found before migrating. Nothing is visible before `tx` commits.
+pub async fn ensure_schema(tx: &Transaction<'_>, target: &PgTarget) -> Result<SchemaState, PgError> {
+    let fail = |e: tokio_postgres::Error| target.classify(&e);
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK]).await.map_err(fail)?;
+    let found = inspect(tx).await.map_err(fail)?;
+    if let Some(refusal) = found.refusal(target) {
+        return Err(refusal);
+    }
+    let from = match found {
+        SchemaState::Ours { version } => version,
+        _ => 0,
+    };
+    for (i, sql) in schema::MIGRATIONS.iter().enumerate().skip(from as usize) {
+        let version = i as i64 + 1;
+        tx.batch_execute(sql).await.map_err(fail)?;
+        if version == 1 {
+            tx.execute(
+                "INSERT INTO sessions_mcp (product, created_at) VALUES ('sessions-mcp', $1)",
+                &[&super::now_ms()],
+            )
+            .await
+            .map_err(fail)?;
+        }
+        tx.execute("INSERT INTO schema_version (version, applied_at) VALUES ($1, $2)", &[&version, &super::now_ms()])
+            .await
+            .map_err(fail)?;
+        tracing::info!(version, %target, "PostgreSQL schema migrated");
+    }
+    Ok(found)
+}
+
+/// Opens a pool on `target` with the schema at [`PG_SCHEMA_VERSION`] (created in an empty
+/// database, migrated forward in an older one); a database that is not ours or is newer is refused.
+pub async fn open(target: &PgTarget) -> Result<Pool, PgError> {
+    let pool = target.connect().await?;
+    let mut client = target.client(&pool).await?;
+    let tx = client.transaction().await.map_err(|e| target.classify(&e))?;
+    ensure_schema(&tx, target).await?;
+    tx.commit().await.map_err(|e| target.classify(&e))?;
+    drop(client);
+    Ok(pool)
+}
+
+/// What `doctor` reports of a PostgreSQL store.
+#[derive(Debug)]
+pub struct Facts {
+    /// `server_version`, e.g. `15.14 (Debian 15.14-0+deb12u1)`.
+    pub server_version: String,
+    /// The database's clock minus this machine's, in milliseconds (halfway through the query).
+    pub skew_ms: i64,
+    pub schema: SchemaState,
+}
+
+/// Looks at `target` without changing anything: its version, its clock, its schema.
+pub async fn facts(target: &PgTarget) -> Result<Facts, PgError> {
+    let fail = |e: tokio_postgres::Error| target.classify(&e);
+    let pool = target.connect().await?;
+    let mut client = target.client(&pool).await?;
+    let server_version: String = client.query_one("SHOW server_version", &[]).await.map_err(fail)?.get(0);
+    let before = super::now_ms();
+    let db_ms: i64 =
+        client.query_one("SELECT (extract(epoch FROM now()) * 1000)::bigint", &[]).await.map_err(fail)?.get(0);
+    let after = super::now_ms();
+    // Only reads; rolled back all the same.
+    let tx = client.transaction().await.map_err(fail)?;
+    let schema = inspect(&tx).await.map_err(fail)?;
+    tx.rollback().await.map_err(fail)?;
+    Ok(Facts { server_version, skew_ms: db_ms - (before + after) / 2, schema })
+}
+
+/// Whether the database stores text as UTF-8 (what every string of the store is).
+pub async fn check_encoding(tx: &Transaction<'_>, target: &PgTarget) -> Result<(), PgError> {
+    let found: String = tx.query_one("SHOW server_encoding", &[]).await.map_err(|e| target.classify(&e))?.get(0);
+    if found.eq_ignore_ascii_case("UTF8") {
+        Ok(())
+    } else {
+        Err(PgError::Encoding { target: target.to_string(), found })
+    }
+}
+
+/// The test database of `SESSIONS_MCP_TEST_PG`, or why there is none: a failure under CI (the
+/// CI script starts one), a skip elsewhere.
+#[cfg(test)]
+pub(crate) fn test_url() -> Option<String> {
+    match std::env::var("SESSIONS_MCP_TEST_PG").ok().filter(|v| !v.is_empty()) {
+        Some(url) => Some(url),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("SESSIONS_MCP_TEST_PG is unset under CI: .ci/postgres.sh starts the test database")
+        }
+        None => {
+            eprintln!("skipped: SESSIONS_MCP_TEST_PG is unset (a postgres:// URL of a server to test against)");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> PgTarget {
+        PgTarget::parse("postgres://alice:s3cret@db.example:6543/sessions").unwrap()
+    }
+
+    #[test]
+    fn a_target_shows_user_host_port_and_database_but_never_the_password() {
+        let t = target();
+        assert_eq!(t.to_string(), "postgres://alice@db.example:6543/sessions");
+        assert!(!format!("{t:?}").contains("s3cret"));
+        let t = PgTarget::parse("postgresql://bob@localhost").unwrap();
+        assert_eq!(t.to_string(), "postgres://bob@localhost:5432/bob", "port and database default as PostgreSQL's do");
+    }
+
+    #[test]
+    fn a_url_that_is_not_postgres_is_one_line_without_its_password() {
+        for bad in ["mysql://a:b@h/db", "sqlite:///tmp/x.db", "postgres://a:topsecret@h:notaport/db", "postgres:///db"]
+        {
+            let e = PgTarget::parse(bad).unwrap_err().to_string();
+            assert!(e.starts_with("the store URL is not a PostgreSQL URL ("), "{e}");
+            assert!(!e.contains("topsecret"), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_password_of_a_url_is_found_to_be_kept_out() {
+        assert_eq!(password_of("postgres://u:p%40ss@h/db"), Some("p%40ss"));
+        assert_eq!(password_of("postgres://u@h/db"), None);
+        assert_eq!(password_of("postgres://h/db?user=x"), None);
+        assert_eq!(redact("bad port in u:pw@h", Some("pw")), "bad port in u:***@h");
+    }
+
+    fn server(code: &str, message: &str) -> Cause {
+        Cause::Server { code: SqlState::from_code(code), message: message.into() }
+    }
+
+    #[test]
+    fn errors_are_classified_into_one_line_each() {
+        let t = target();
+        let line = |c| t.classify_cause(c).to_string();
+        let refused = line(Cause::Io("Connection refused (os error 111)".into()));
+        assert_eq!(
+            refused,
+            "cannot reach PostgreSQL at db.example:6543 (Connection refused (os error 111)); start the server, or fix the host and port of the store URL"
+        );
+        let auth = line(server("28P01", "password authentication failed for user \"alice\""));
+        assert!(
+            auth.starts_with("PostgreSQL at db.example:6543 refused user \"alice\": authentication failed"),
+            "{auth}"
+        );
+        let hba = line(server("28000", "no pg_hba.conf entry for host \"10.0.0.1\""));
+        assert!(hba.contains("refused user \"alice\""), "{hba}");
+        let missing = line(Cause::Other("invalid configuration: password missing".into()));
+        assert!(missing.contains("the server asks for a password and the store URL has none"), "{missing}");
+        let no_db = line(server("3D000", "database \"sessions\" does not exist"));
+        assert_eq!(
+            no_db,
+            "PostgreSQL at db.example:6543 has no database \"sessions\"; create it (createdb -E UTF8 sessions) or fix the store URL"
+        );
+        let other = line(server("42P01", "relation \"x\" does not exist"));
+        assert_eq!(other, "postgres://alice@db.example:6543/sessions: relation \"x\" does not exist");
+        for l in [refused, auth, hba, missing, no_db, other] {
+            assert!(!l.contains('\n') && !l.contains("s3cret"), "{l}");
+        }
+    }
+
+    #[test]
+    fn a_newer_or_foreign_schema_is_refused_and_ours_or_empty_is_not() {
+        let t = target();
+        let newer = SchemaState::Newer { version: 7 }.refusal(&t).unwrap().to_string();
+        assert_eq!(
+            newer,
+            format!(
+                "postgres://alice@db.example:6543/sessions has schema version 7, newer than this sessions-mcp writes ({PG_SCHEMA_VERSION}); upgrade sessions-mcp"
+            )
+        );
+        let foreign = SchemaState::Foreign { tables: vec!["accounts".into(), "orders".into()] }.refusal(&t).unwrap();
+        assert!(foreign.to_string().contains("is not a sessions-mcp database (it has tables, e.g. accounts, orders, but no sessions_mcp marker table)"), "{foreign}");
+        assert!(SchemaState::Empty.refusal(&t).is_none());
+        assert!(SchemaState::Ours { version: 1 }.refusal(&t).is_none());
+    }
+
+    /// Creates a database on the test server, runs `f` on a target naming it, and drops it.
+    async fn with_test_database(f: impl AsyncFnOnce(PgTarget)) {
+        let Some(url) = test_url() else { return };
+        let admin = PgTarget::parse(&url).unwrap();
+        let pool = admin.connect().await.unwrap();
+        let client = admin.client(&pool).await.unwrap();
+        let name = format!("smcp_lib_{}", uuid::Uuid::new_v4().simple());
+        client.batch_execute(&format!("CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0")).await.unwrap();
+        let mut config = admin.config.clone();
+        config.dbname(&name);
+        f(PgTarget { config, db: name.clone(), ..admin.clone() }).await;
+        client.batch_execute(&format!("DROP DATABASE \"{name}\" WITH (FORCE)")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn postgres_open_creates_the_schema_and_marker_once_even_when_two_open_at_once() {
+        with_test_database(async |target| {
+            let (a, b) = tokio::join!(open(&target), open(&target));
+            let (a, b) = (a.unwrap(), b.unwrap());
+            drop((a, b));
+            let pool = open(&target).await.unwrap();
+            let mut client = target.client(&pool).await.unwrap();
+            let one = |sql: &'static str| {
+                let client = &client;
+                async move { client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+            };
+            assert_eq!(one("SELECT count(*) FROM schema_version").await, PG_SCHEMA_VERSION);
+            assert_eq!(one("SELECT count(*) FROM sessions_mcp").await, 1);
+            let tx = client.transaction().await.unwrap();
+            assert_eq!(inspect(&tx).await.unwrap(), SchemaState::Ours { version: PG_SCHEMA_VERSION });
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn postgres_facts_see_an_empty_database_and_a_small_skew() {
+        with_test_database(async |target| {
+            let facts = facts(&target).await.unwrap();
+            assert_eq!(facts.schema, SchemaState::Empty);
+            assert!(facts.skew_ms.abs() < 1_000, "{facts:?}");
+            assert!(facts.server_version.chars().next().is_some_and(|c| c.is_ascii_digit()), "{facts:?}");
+        })
+        .await;
+    }
+
+    #[test]
+    fn the_postgres_schema_follows_the_sqlite_schema_version() {
+        assert_eq!(
+            schema::MIRRORS_SQLITE_VERSION,
+            crate::store::SCHEMA_VERSION,
+            "the SQLite store has a new migration: add the same change to store/postgres/schema.rs as a new migration"
+        );
+    }
+
+    #[test]
+    fn the_postgres_schema_has_every_table_and_column_of_the_sqlite_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("s.db")).unwrap();
+        let sqlite = store.read(copy::sqlite_columns).unwrap();
+        let tables: Vec<&str> = sqlite.iter().map(|(t, _)| t.as_str()).collect();
+        let mut expected: Vec<&str> = schema::DATA_TABLES.to_vec();
+        expected.sort_unstable();
+        assert_eq!(tables, expected, "DATA_TABLES lists the SQLite store's tables");
+        let ddl: String = schema::MIGRATIONS.concat();
+        for (table, columns) in &sqlite {
+            let head = format!("CREATE TABLE {table} (");
+            let start = ddl.find(&head).unwrap_or_else(|| panic!("no table {table}")) + head.len();
+            let body = &ddl[start..start + ddl[start..].find(");").unwrap()];
+            for c in columns {
+                let pg_type = match c.decl.as_str() {
+                    "INTEGER" => "BIGINT",
+                    "REAL" => "DOUBLE",
+                    "TEXT" => "TEXT",
+                    "BLOB" => "BYTEA",
+                    other => panic!("{table}.{}: SQLite type {other} has no mapping", c.name),
+                };
+                let line = body
+                    .split(['\n', ','])
+                    .map(str::split_whitespace)
+                    .find_map(|mut w| (w.next() == Some(c.name.as_str())).then(|| w.next().unwrap_or("").to_string()));
+                assert_eq!(line.as_deref(), Some(pg_type), "PostgreSQL column {table}.{}", c.name);
+            }
+        }
+    }
+}
