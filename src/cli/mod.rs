@@ -130,8 +130,9 @@ enum Command {
     /// transaction, every table compared before it commits; the SQLite store is left as it is.
     /// Refused while a serve or daemon runs for the state dir.
     Migrate {
-        /// The database: postgres://USER:PASSWORD@HOST:PORT/DATABASE
-        #[arg(long, value_name = "URL")]
+        /// The database: postgres://USER:PASSWORD@HOST:PORT/DATABASE [env: SESSIONS_MCP_STORE_URL,
+        /// which keeps the password out of the process list]
+        #[arg(long, value_name = "URL", env = "SESSIONS_MCP_STORE_URL", hide_env = true)]
         to: String,
         #[command(flatten)]
         paths: Paths,

@@ -272,7 +272,8 @@ fn a_second_migrate_into_the_same_database_is_refused_and_changes_nothing() {
     };
     let before = snapshot();
     env.seed(json!({"sessions": [{"key": "agent:main:later", "messages": [{"role": "user", "content": "new"}]}]}));
-    let line = refused(&migrate(&env, &db.url()));
+    // This time the URL comes from the environment, as an operator keeps a password out of `ps`.
+    let line = refused(&env.command(&["migrate"]).env("SESSIONS_MCP_STORE_URL", db.url()).output().unwrap());
     assert!(line.starts_with(&format!("sessions-mcp: {} already holds sessions-mcp data (", db.shown())), "{line}");
     assert!(line.ends_with("migrate only into an empty database"), "{line}");
     assert_eq!(snapshot(), before, "nothing changed");
