@@ -327,7 +327,8 @@ async fn refuse_data(tx: &Transaction<'_>, target: &PgTarget) -> Result<(), Migr
     Ok(())
 }
 
-/// The PostgreSQL types of `columns` of `table`, which must have exactly these columns.
+/// The PostgreSQL types of `columns` of `table`, which must have exactly these columns (and
+/// those of [`schema::PG_ONLY_COLUMNS`], left to their defaults).
 async fn column_types(
     tx: &Transaction<'_>,
     target: &PgTarget,
@@ -342,7 +343,11 @@ async fn column_types(
         )
         .await
         .map_err(|e| target.classify(&e))?;
-    let pg: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let pg: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .filter(|(name, _): &(String, String)| !schema::PG_ONLY_COLUMNS.contains(&(table, name.as_str())))
+        .collect();
     if pg.len() != columns.len() {
         return Err(MigrateError::Schema(format!(
             "table {table} has {} columns in SQLite and {} in PostgreSQL",

@@ -1,8 +1,8 @@
 //! PostgreSQL, the first slice: connecting to a `postgres://` URL through a deadpool pool, the
 //! schema as embedded versioned migrations of its own ([`schema`]), the check that a database is
-//! ours, and copying an SQLite store into one ([`copy`], behind `sessions-mcp migrate --to`).
-//! The server does not serve from PostgreSQL yet: the backend inside [`crate::store::Store`]
-//! builds on this.
+//! ours, and copying an SQLite store into one ([`copy`], behind `sessions-mcp migrate --to`);
+//! and the run queue that many nodes claim from at once ([`run_queue`]). The server does not
+//! serve from PostgreSQL yet: the backend inside [`crate::store::Store`] builds on this.
 //!
 //! Every failure is one line that names what is wrong and what to do, as [`StoreError`]'s are:
 //! the server unreachable (host and port), authentication failed (the user), no such database, a
@@ -12,6 +12,7 @@
 //! [`StoreError`]: crate::store::StoreError
 
 pub mod copy;
+pub mod run_queue;
 pub mod schema;
 
 use std::str::FromStr;
@@ -364,6 +365,22 @@ pub(crate) fn test_url() -> Option<String> {
     }
 }
 
+/// Creates a database on the test server, runs `f` on a target naming it, and drops it (a
+/// skip, or a failure under CI, without `SESSIONS_MCP_TEST_PG`: see [`test_url`]).
+#[cfg(test)]
+pub(crate) async fn with_test_database(f: impl AsyncFnOnce(PgTarget)) {
+    let Some(url) = test_url() else { return };
+    let admin = PgTarget::parse(&url).unwrap();
+    let pool = admin.connect().await.unwrap();
+    let client = admin.client(&pool).await.unwrap();
+    let name = format!("smcp_lib_{}", uuid::Uuid::new_v4().simple());
+    client.batch_execute(&format!("CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0")).await.unwrap();
+    let mut config = admin.config.clone();
+    config.dbname(&name);
+    f(PgTarget { config, db: name.clone(), ..admin.clone() }).await;
+    client.batch_execute(&format!("DROP DATABASE \"{name}\" WITH (FORCE)")).await.unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,20 +465,6 @@ mod tests {
         assert!(foreign.to_string().contains("is not a sessions-mcp database (it has tables, e.g. accounts, orders, but no sessions_mcp marker table)"), "{foreign}");
         assert!(SchemaState::Empty.refusal(&t).is_none());
         assert!(SchemaState::Ours { version: 1 }.refusal(&t).is_none());
-    }
-
-    /// Creates a database on the test server, runs `f` on a target naming it, and drops it.
-    async fn with_test_database(f: impl AsyncFnOnce(PgTarget)) {
-        let Some(url) = test_url() else { return };
-        let admin = PgTarget::parse(&url).unwrap();
-        let pool = admin.connect().await.unwrap();
-        let client = admin.client(&pool).await.unwrap();
-        let name = format!("smcp_lib_{}", uuid::Uuid::new_v4().simple());
-        client.batch_execute(&format!("CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0")).await.unwrap();
-        let mut config = admin.config.clone();
-        config.dbname(&name);
-        f(PgTarget { config, db: name.clone(), ..admin.clone() }).await;
-        client.batch_execute(&format!("DROP DATABASE \"{name}\" WITH (FORCE)")).await.unwrap();
     }
 
     #[tokio::test]
