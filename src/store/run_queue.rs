@@ -586,6 +586,33 @@ impl Store {
     }
 }
 
+/// The queue both backends' claim tests start from, and what one claim of it must take.
+#[cfg(test)]
+pub(in crate::store) mod claim_case {
+    use super::{Caps, RunMode, RunRow};
+    use RunMode::{Send, Spawn};
+
+    /// `(agent, session index, mode)`, queued in this order as `run-<position>`.
+    pub const QUEUE: &[(&str, usize, RunMode)] = &[
+        ("a", 0, Send),
+        ("a", 0, Send), // same session: waits for run-0 (FIFO, never overlapping)
+        ("a", 1, Send),
+        ("a", 2, Send), // agent a's cap is 2
+        ("b", 0, Spawn),
+        ("b", 1, Spawn), // the spawn cap is 1
+        ("c", 0, Send),
+    ];
+    pub const CLAIMED: [&str; 4] = ["run-0", "run-2", "run-4", "run-6"];
+
+    pub fn caps() -> Caps {
+        Caps { global: 10, per_agent: [("a".to_string(), 2)].into(), default_agent: 4, spawns: 1 }
+    }
+
+    pub fn ids(claimed: &[(RunRow, i64)]) -> Vec<&str> {
+        claimed.iter().map(|(r, _)| r.run_id.as_str()).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,31 +661,18 @@ mod tests {
         (dir, store)
     }
 
-    fn claimed_ids(claimed: &[(RunRow, i64)]) -> Vec<&str> {
-        claimed.iter().map(|(r, _)| r.run_id.as_str()).collect()
-    }
-
     #[test]
     fn one_claim_takes_every_run_that_may_start_and_no_more() {
-        use RunMode::{Send, Spawn};
-        let (_dir, store) = queued(&[
-            ("a", 0, Send),
-            ("a", 0, Send), // same session: waits for run-0 (FIFO, never overlapping)
-            ("a", 1, Send),
-            ("a", 2, Send), // agent a's cap is 2
-            ("b", 0, Spawn),
-            ("b", 1, Spawn), // the spawn cap is 1
-            ("c", 0, Send),
-        ]);
-        let caps = Caps { global: 10, per_agent: [("a".to_string(), 2)].into(), default_agent: 4, spawns: 1 };
+        let (_dir, store) = queued(claim_case::QUEUE);
+        let caps = claim_case::caps();
         let claimed = store.claim_ready("owner", &caps).unwrap();
-        assert_eq!(claimed_ids(&claimed), ["run-0", "run-2", "run-4", "run-6"]);
+        assert_eq!(claim_case::ids(&claimed), claim_case::CLAIMED);
         assert!(claimed.iter().all(|(r, _)| r.status == RunStatus::Running && r.started_at.is_some()));
         assert!(store.claim_ready("owner", &caps).unwrap().is_empty(), "the caps are full");
 
-        let (_dir, store) = queued(&[("a", 0, Send), ("a", 1, Send), ("a", 2, Send)]);
+        let (_dir, store) = queued(&[("a", 0, RunMode::Send), ("a", 1, RunMode::Send), ("a", 2, RunMode::Send)]);
         let global = Caps { global: 2, per_agent: Default::default(), default_agent: 4, spawns: 4 };
-        assert_eq!(claimed_ids(&store.claim_ready("owner", &global).unwrap()), ["run-0", "run-1"], "global cap");
+        assert_eq!(claim_case::ids(&store.claim_ready("owner", &global).unwrap()), ["run-0", "run-1"], "global cap");
     }
 
     #[test]

@@ -341,10 +341,12 @@ fn a_newer_schema_is_refused_in_migrate_and_doctor() {
     let out = env.run(&["doctor", "--store-url", &db.url()]);
     let stdout = text(&out.stdout);
     assert!(!out.status.success());
-    assert!(
-        stdout.lines().any(|l| l.starts_with("store schema problem: ") && l.contains("has schema version 99, newer")),
-        "{stdout}"
-    );
+    assert_schema_problem(&stdout, "has schema version 99, newer");
+}
+
+/// Doctor's output has a schema problem line saying `what`.
+fn assert_schema_problem(stdout: &str, what: &str) {
+    assert!(stdout.lines().any(|l| l.starts_with("store schema problem: ") && l.contains(what)), "{stdout}");
 }
 
 #[test]
@@ -366,10 +368,7 @@ fn a_database_that_is_not_ours_is_refused_and_left_alone() {
     assert_eq!(tables, ["accounts"], "nothing was written");
     let out = env.command(&["doctor"]).env("SESSIONS_MCP_STORE_URL", db.url()).output().unwrap();
     let stdout = text(&out.stdout);
-    assert!(
-        stdout.lines().any(|l| l.starts_with("store schema problem: ") && l.contains("is not a sessions-mcp database")),
-        "{stdout}"
-    );
+    assert_schema_problem(&stdout, "is not a sessions-mcp database");
 }
 
 #[test]

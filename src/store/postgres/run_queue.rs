@@ -273,6 +273,7 @@ mod tests {
 
     use super::*;
     use crate::store::postgres::{PgTarget, open, with_test_database};
+    use crate::store::run_queue::claim_case;
     use RunMode::{Send, Spawn};
 
     const LEASE: Duration = Duration::from_secs(15);
@@ -314,30 +315,17 @@ mod tests {
         .await;
     }
 
-    fn ids(claimed: &[(RunRow, i64)]) -> Vec<&str> {
-        claimed.iter().map(|(r, _)| r.run_id.as_str()).collect()
-    }
-
     fn caps(global: u32, per_agent: &[(&str, u32)], default_agent: u32, spawns: u32) -> Caps {
         Caps { global, per_agent: per_agent.iter().map(|(a, c)| (a.to_string(), *c)).collect(), default_agent, spawns }
     }
 
     #[tokio::test]
     async fn postgres_one_claim_takes_every_run_that_may_start_and_no_more() {
-        let runs = [
-            ("a", 0, Send),
-            ("a", 0, Send), // same session: waits for run-0 (FIFO, never overlapping)
-            ("a", 1, Send),
-            ("a", 2, Send), // agent a's cap is 2
-            ("b", 0, Spawn),
-            ("b", 1, Spawn), // the spawn cap is 1
-            ("c", 0, Send),
-        ];
-        with_queue(&runs, async |_, client| {
-            let caps = caps(10, &[("a", 2)], 4, 1);
+        with_queue(claim_case::QUEUE, async |_, client| {
+            let caps = claim_case::caps();
             let node = NodeId::new("node-a");
             let claimed = claim_ready(client, &node, &caps, LEASE).await.unwrap();
-            assert_eq!(ids(&claimed), ["run-0", "run-2", "run-4", "run-6"]);
+            assert_eq!(claim_case::ids(&claimed), claim_case::CLAIMED);
             assert!(claimed.iter().all(|(r, _)| r.status == RunStatus::Running && r.started_at.is_some()));
             assert!(claim_ready(client, &node, &caps, LEASE).await.unwrap().is_empty(), "the caps are full");
 
@@ -365,7 +353,7 @@ mod tests {
         with_queue(&[("a", 0, Send), ("a", 1, Send), ("a", 2, Send)], async |_, client| {
             let global = caps(2, &[], 4, 4);
             let claimed = claim_ready(client, &NodeId::new("n"), &global, LEASE).await.unwrap();
-            assert_eq!(ids(&claimed), ["run-0", "run-1"], "global cap");
+            assert_eq!(claim_case::ids(&claimed), ["run-0", "run-1"], "global cap");
         })
         .await;
     }
@@ -555,7 +543,7 @@ mod tests {
             let (a, b) = (NodeId::new("node-a"), NodeId::new("node-b"));
             // A lease that has passed by the time anyone looks: node a stops renewing at once.
             let taken = claim_ready(client, &a, &caps, Duration::ZERO).await.unwrap();
-            assert_eq!(ids(&taken), ["run-0", "run-2"]);
+            assert_eq!(claim_case::ids(&taken), ["run-0", "run-2"]);
             assert!(claim_ready(client, &b, &caps, LEASE).await.unwrap().is_empty(), "run-1 waits for run-0");
             tokio::time::sleep(Duration::from_millis(20)).await;
 
@@ -579,7 +567,7 @@ mod tests {
 
             // The queued run of node a's session goes to node b; renewing keeps its lease alive.
             let next = claim_ready(client, &b, &caps, Duration::ZERO).await.unwrap();
-            assert_eq!(ids(&next), ["run-1"]);
+            assert_eq!(claim_case::ids(&next), ["run-1"]);
             assert_eq!(next[0].1, 2, "after run-0's input");
             assert_eq!(renew_leases(client, &b, LEASE).await.unwrap(), 1);
             tokio::time::sleep(Duration::from_millis(20)).await;
