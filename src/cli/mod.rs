@@ -362,16 +362,18 @@ pub fn main() -> ExitCode {
         Command::Bench { quick, only, .. } => block_on(crate::bench::run(quick, only)),
         Command::Dev(DevCommand::Seed(args)) => seed::seed(&args),
         Command::Dev(DevCommand::Dump { paths }) => with_store(&paths, operator::dump),
-        Command::Dev(DevCommand::Fingerprint { paths }) => match open_store(&paths.state_dir()) {
-            Ok(store) => match store.fingerprint() {
-                Ok(f) => {
-                    println!("{f}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(e),
-            },
-            Err(code) => code,
-        },
+        Command::Dev(DevCommand::Fingerprint { paths }) => {
+            match open_store(&paths.state_dir(), env_store_url().as_deref()) {
+                Ok(store) => match store.fingerprint() {
+                    Ok(f) => {
+                        println!("{f}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(e),
+                },
+                Err(code) => code,
+            }
+        }
     }
 }
 
@@ -397,14 +399,31 @@ fn with_store(paths: &Paths, f: impl FnOnce(&Env, &Store) -> ExitCode) -> ExitCo
         Ok(env) => env,
         Err(e) => return fail(format!("{e} (run `sessions-mcp doctor` for details)")),
     };
-    match open_store(&env.state_dir) {
+    match env.open_store() {
         Ok(store) => f(&env, &store),
         Err(code) => code,
     }
 }
 
-pub fn open_store(state_dir: &Path) -> Result<Store, ExitCode> {
-    Store::open(&Store::path_in(state_dir)).map_err(fail)
+/// Opens the store of `state_dir`, in PostgreSQL when `url` names a database.
+pub fn open_store(state_dir: &Path, url: Option<&str>) -> Result<Store, ExitCode> {
+    Store::open_in(state_dir, url).map_err(fail)
+}
+
+impl Env {
+    /// The PostgreSQL URL this environment serves from (`store.url`, or the environment's).
+    pub fn store_url(&self) -> Option<String> {
+        self.loaded.config.store.effective_url()
+    }
+
+    pub fn open_store(&self) -> Result<Store, ExitCode> {
+        open_store(&self.state_dir, self.store_url().as_deref())
+    }
+}
+
+/// The PostgreSQL URL of a command that reads no configuration file: the environment's.
+pub fn env_store_url() -> Option<String> {
+    crate::config::StoreConfig::default().effective_url()
 }
 
 /// An OpenClaw state dir (agents/*/sessions/sessions.json) is not ours to serve.
@@ -426,7 +445,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         );
         return cannot_start(problem, strict).await;
     }
-    let store = match Store::open(&Store::path_in(&env.state_dir)) {
+    let store = match Store::open_in(&env.state_dir, env.store_url().as_deref()) {
         Ok(s) => s,
         Err(e) => return cannot_start(e.to_string(), strict).await,
     };
@@ -605,7 +624,7 @@ async fn daemon(paths: Paths, force: bool, http: Option<&str>, insecure_remote: 
     if holds_reference_store(&env.state_dir) && !force {
         return fail(format!("{} holds an OpenClaw store; pass --force to use it anyway", env.state_dir.display()));
     }
-    let store = match open_store(&env.state_dir) {
+    let store = match env.open_store() {
         Ok(s) => s,
         Err(code) => return code,
     };

@@ -532,7 +532,7 @@ pub async fn inject(
         Ok(env) => env,
         Err(e) => return crate::cli::fail(e),
     };
-    let store = match crate::cli::open_store(&env.state_dir) {
+    let store = match env.open_store() {
         Ok(s) => s,
         Err(code) => return code,
     };

@@ -135,7 +135,7 @@ pub struct RunTokenSpec {
 }
 
 pub fn seed(args: &SeedArgs) -> ExitCode {
-    let store = match crate::cli::open_store(&args.paths.state_dir()) {
+    let store = match crate::cli::open_store(&args.paths.state_dir(), crate::cli::env_store_url().as_deref()) {
         Ok(s) => s,
         Err(code) => return code,
     };

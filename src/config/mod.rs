@@ -79,6 +79,24 @@ pub struct Config {
     pub channels: BTreeMap<String, ChannelConfig>,
     pub server: ServerConfig,
     pub security: SecurityConfig,
+    pub store: StoreConfig,
+}
+
+/// Where the store lives: the SQLite file in the state directory unless `url` names a
+/// PostgreSQL database (`SESSIONS_MCP_STORE_URL` overrides it, keeping the password out of
+/// the file).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// postgres://USER:PASSWORD@HOST:PORT/DATABASE; unset: SQLite in the state directory.
+    pub url: Option<String>,
+}
+
+impl StoreConfig {
+    /// The PostgreSQL URL to serve from: the environment's, else the file's; None for SQLite.
+    pub fn effective_url(&self) -> Option<String> {
+        std::env::var("SESSIONS_MCP_STORE_URL").ok().or_else(|| self.url.clone()).filter(|u| !u.trim().is_empty())
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]

@@ -150,6 +150,7 @@ impl Scheduler {
         tokio::spawn(link::forward_wakes(rt.clone(), woken));
         tokio::spawn(link::follow(rt.clone()));
         tokio::spawn(rt.clone().scheduler());
+        tokio::spawn(wake_on_remote_commits(rt.clone()));
         tokio::spawn(give_back_memory(rt.store.clone()));
         Ok(rt)
     }
@@ -176,6 +177,17 @@ impl Scheduler {
         let Ok(file) = open_lock(&self.state_dir.join("runtime.lock")) else { return false };
         if file.try_lock().is_err() {
             return false;
+        }
+        match self.store.hold_database_runtime() {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!("another node runs the agents of this database");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot take the database's runtime");
+                return false;
+            }
         }
         *self.lock.lock().expect("lock slot") = Some(file);
         self.owner.store(true, Ordering::SeqCst);
@@ -211,6 +223,7 @@ impl Scheduler {
             c.cancel();
         }
         self.owner.store(false, Ordering::SeqCst);
+        self.store.release_database_runtime();
         *self.lock.lock().expect("lock slot") = None;
         tracing::info!("runtime ownership released");
     }
@@ -553,6 +566,15 @@ fn trim_heap() {
 /// exclusive look, an owner that looked while another process was looking took that for a
 /// daemon and handed its runtime over to nobody (CI, the three-server load test: the next
 /// owner was a `serve` whose client killed it with a run still running).
+/// Another node committed to a shared database (work queued, a run ended, a cancel): the
+/// scheduler looks at once rather than at its next tick. Ends with the store.
+async fn wake_on_remote_commits(rt: Arc<Scheduler>) {
+    let mut commits = rt.store.remote_changes();
+    while commits.changed().await.is_ok() {
+        rt.changed.notify_waiters();
+    }
+}
+
 pub fn daemon_running(state_dir: &Path) -> bool {
     match std::fs::File::open(state_dir.join("daemon.lock")) {
         Ok(f) => f.try_lock_shared().is_err(),

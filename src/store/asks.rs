@@ -3,7 +3,7 @@
 //! compare-and-set on `open`); the owner hands the answer to the turn. An ask whose run ended
 //! first is withdrawn.
 
-use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use super::sql::{Optional, Row, Sql, args};
 use serde_json::Value;
 
 use super::text_enum::text_enum;
@@ -116,23 +116,23 @@ const SELECT: &str = "SELECT a.id, a.run_id, a.session, c.key, a.agent_request_i
          a.deadline_at
      FROM asks a JOIN sessions c ON c.id = a.session";
 
-fn from_row(r: &rusqlite::Row) -> rusqlite::Result<AskRow> {
-    let json = |i: usize| -> rusqlite::Result<Option<Value>> {
-        Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
+fn from_row(r: &Row) -> Result<AskRow> {
+    let json = |i: usize| -> Result<Option<Value>> {
+        Ok(r.get::<Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
     };
-    let text = |i: usize| -> rusqlite::Result<Option<String>> { r.get(i) };
+    let text = |i: usize| -> Result<Option<String>> { r.get(i) };
     Ok(AskRow {
         id: r.get(0)?,
         run_id: r.get(1)?,
         session: r.get(2)?,
-        child: SessionKey::from_canonical(r.get::<_, String>(3)?),
+        child: SessionKey::from_canonical(r.get::<String>(3)?),
         agent_request_id: r.get(4)?,
-        kind: AskKind::parse(&r.get::<_, String>(5)?).unwrap_or(AskKind::Question),
+        kind: AskKind::parse(&r.get::<String>(5)?).unwrap_or(AskKind::Question),
         text: r.get(6)?,
         options: json(7)?,
         details: json(8)?,
-        target: SessionKey::from_canonical(r.get::<_, String>(9)?),
-        state: AskState::parse(&r.get::<_, String>(10)?).unwrap_or(AskState::Open),
+        target: SessionKey::from_canonical(r.get::<String>(9)?),
+        state: AskState::parse(&r.get::<String>(10)?).unwrap_or(AskState::Open),
         decision: text(11)?.as_deref().and_then(AskDecision::parse),
         answer_text: text(12)?,
         answered_by: text(13)?,
@@ -142,80 +142,65 @@ fn from_row(r: &rusqlite::Row) -> rusqlite::Result<AskRow> {
     })
 }
 
-pub(super) fn add_ask(tx: &Transaction, a: &NewAsk) -> rusqlite::Result<()> {
-    tx.prepare_cached(
+pub(super) fn add_ask(tx: &dyn Sql, a: &NewAsk) -> Result<()> {
+    tx.execute(
         "INSERT INTO asks (id, run_id, session, agent_request_id, kind, text, options, details, target_key, state,
                            created_at, deadline_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'open', ?10, ?11)",
-    )?
-    .execute(params![
-        a.id,
-        a.run_id,
-        a.session,
-        a.agent_request_id,
-        a.kind.as_str(),
-        a.text,
-        a.options.map(Value::to_string),
-        a.details.map(Value::to_string),
-        a.target.as_str(),
-        now_ms(),
-        a.deadline_at
-    ])?;
+        args![
+            a.id,
+            a.run_id,
+            a.session,
+            a.agent_request_id,
+            a.kind.as_str(),
+            a.text,
+            a.options.map(Value::to_string),
+            a.details.map(Value::to_string),
+            a.target.as_str(),
+            now_ms(),
+            a.deadline_at
+        ],
+    )?;
     Ok(())
 }
 
 /// Closes an open ask as `state` with `answer`; false when it was closed already.
-pub(super) fn close_ask(tx: &Transaction, id: &str, state: AskState, answer: &Answer) -> rusqlite::Result<bool> {
-    let changed = tx
-        .prepare_cached(
-            "UPDATE asks SET state = ?2, decision = ?3, answer_text = ?4, answered_by = ?5, answered_via = ?6,
+pub(super) fn close_ask(tx: &dyn Sql, id: &str, state: AskState, answer: &Answer) -> Result<bool> {
+    let changed = tx.execute(
+        "UPDATE asks SET state = ?2, decision = ?3, answer_text = ?4, answered_by = ?5, answered_via = ?6,
                  answered_at = ?7
              WHERE id = ?1 AND state = 'open'",
-        )?
-        .execute(params![
-            id,
-            state.as_str(),
-            answer.decision.as_str(),
-            answer.text,
-            answer.by,
-            answer.via.as_str(),
-            now_ms()
-        ])?;
+        args![id, state.as_str(), answer.decision.as_str(), answer.text, answer.by, answer.via.as_str(), now_ms()],
+    )?;
     Ok(changed == 1)
 }
 
 /// The open asks of one session, oldest first.
-pub(super) fn open_asks_of(c: &Connection, session: i64) -> rusqlite::Result<Vec<AskRow>> {
+pub(super) fn open_asks_of(c: &dyn Sql, session: i64) -> Result<Vec<AskRow>> {
     let sql = format!("{SELECT} WHERE a.state = 'open' AND a.session = ?1 ORDER BY a.created_at");
-    c.prepare_cached(&sql)?.query_map([session], from_row)?.collect()
+    c.query_map(&sql, args![session], from_row)
 }
 
 /// The open asks of the sessions `cond` (an SQL condition on `a.session` bound to `?1`) admits,
 /// oldest first, up to `limit`.
-pub(super) fn open_asks_in(
-    c: &Connection,
-    cond: &str,
-    root: Option<i64>,
-    limit: usize,
-) -> rusqlite::Result<Vec<AskRow>> {
+pub(super) fn open_asks_in(c: &dyn Sql, cond: &str, root: Option<i64>, limit: usize) -> Result<Vec<AskRow>> {
     let sql = format!("{SELECT} WHERE a.state = 'open' AND {cond} ORDER BY a.created_at LIMIT ?2");
-    c.prepare_cached(&sql)?.query_map(rusqlite::params![root, limit as i64], from_row)?.collect()
+    c.query_map(&sql, args![root, limit as i64], from_row)
 }
 
 impl Store {
     pub fn ask(&self, id: &str) -> Result<Option<AskRow>> {
         let sql = format!("{SELECT} WHERE a.id = ?1");
-        self.read(|c| c.prepare_cached(&sql)?.query_row([id], from_row).optional())
+        self.read(|c| c.query_row(&sql, args![id], from_row).optional())
     }
 
     /// The open asks of these runs (a run's owner holds their turns).
     pub fn asks_of_runs(&self, run_ids: &[String]) -> Result<Vec<AskRow>> {
         let sql = format!("{SELECT} WHERE a.run_id = ?1 ORDER BY a.created_at");
         self.read(|c| {
-            let mut stmt = c.prepare_cached(&sql)?;
             let mut out = Vec::new();
             for run in run_ids {
-                out.extend(stmt.query_map([run], from_row)?.collect::<rusqlite::Result<Vec<_>>>()?);
+                out.extend(c.query_map(&sql, args![run], from_row)?);
             }
             Ok(out)
         })
@@ -227,25 +212,25 @@ impl Store {
             "{SELECT} WHERE a.state = 'open' AND a.session IN (SELECT t.session FROM session_tree t
                  WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1)) ORDER BY a.created_at"
         );
-        self.read(|c| c.prepare_cached(&sql)?.query_map([ancestor.as_str()], from_row)?.collect())
+        self.read(|c| c.query_map(&sql, args![ancestor.as_str()], from_row))
     }
 
     /// Every open ask, oldest first (the operator's `ls --pending`).
     pub fn open_asks(&self) -> Result<Vec<AskRow>> {
         let sql = format!("{SELECT} WHERE a.state = 'open' ORDER BY a.created_at");
-        self.read(|c| c.prepare_cached(&sql)?.query_map([], from_row)?.collect())
+        self.read(|c| c.query_map(&sql, args![], from_row))
     }
 
     /// Open asks whose deadline has passed.
     pub fn asks_due(&self, now: i64) -> Result<Vec<AskRow>> {
         let sql = format!("{SELECT} WHERE a.state = 'open' AND a.deadline_at <= ?1 ORDER BY a.deadline_at");
-        self.read(|c| c.prepare_cached(&sql)?.query_map([now], from_row)?.collect())
+        self.read(|c| c.query_map(&sql, args![now], from_row))
     }
 
     /// Open asks whose run is no longer running (it ended, or its owner died).
     pub fn stranded_asks(&self) -> Result<Vec<AskRow>> {
         let sql =
             format!("{SELECT} JOIN runs r ON r.run_id = a.run_id WHERE a.state = 'open' AND r.status <> 'running'");
-        self.read(|c| c.prepare_cached(&sql)?.query_map([], from_row)?.collect())
+        self.read(|c| c.query_map(&sql, args![], from_row))
     }
 }

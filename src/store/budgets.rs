@@ -3,7 +3,7 @@
 //! spend at its end and of a child's at its close. What is allowed is `policy::budget`'s to say;
 //! this file reads and writes the amounts, each change in the transaction that needs it.
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use super::sql::{Optional, Row, Sql, args};
 
 use super::{Result, Store, now_ms};
 use crate::policy::budget::{self, Account, Amounts, Dim, Limits};
@@ -21,7 +21,7 @@ fn amount_columns(dim: Dim) -> (&'static str, &'static str) {
     }
 }
 
-fn account_from_row(r: &Row) -> rusqlite::Result<Account> {
+fn account_from_row(r: &Row) -> Result<Account> {
     let exceeded: Option<String> = r.get(10)?;
     Ok(Account {
         session: r.get(0)?,
@@ -35,20 +35,22 @@ fn account_from_row(r: &Row) -> rusqlite::Result<Account> {
 }
 
 /// What the runs drawing on `account` have used so far (their runtime up to `now`).
-fn live_of(c: &Connection, account: i64, now: i64) -> rusqlite::Result<Amounts> {
-    c.prepare_cached(
-        "SELECT (SELECT coalesce(sum(tokens), 0) FROM budget_live WHERE tokens_account = ?1),
-                (SELECT coalesce(sum(cost_micros), 0) FROM budget_live WHERE cost_account = ?1),
-                (SELECT coalesce(sum(max(?2 - started_at, 0)), 0) FROM budget_live WHERE runtime_account = ?1)",
-    )?
-    .query_row(params![account, now], |r| {
+fn live_of(c: &dyn Sql, account: i64, now: i64) -> Result<Amounts> {
+    let sql = format!(
+        "SELECT (SELECT CAST(coalesce(sum(tokens), 0) AS BIGINT) FROM budget_live WHERE tokens_account = ?1),
+                (SELECT CAST(coalesce(sum(cost_micros), 0) AS BIGINT) FROM budget_live WHERE cost_account = ?1),
+                (SELECT CAST(coalesce(sum({}(?2 - started_at, 0)), 0) AS BIGINT) FROM budget_live
+                 WHERE runtime_account = ?1)",
+        c.dialect().greatest()
+    );
+    c.query_row(&sql, args![account, now], |r| {
         Ok(Amounts { tokens: r.get(0)?, cost_micros: r.get(1)?, runtime_ms: r.get(2)? })
     })
 }
 
-pub(super) fn account(c: &Connection, session: i64, now: i64) -> rusqlite::Result<Option<Account>> {
+pub(super) fn account(c: &dyn Sql, session: i64, now: i64) -> Result<Option<Account>> {
     let sql = format!("SELECT {ACCOUNT_COLUMNS} FROM budgets b WHERE b.session = ?1");
-    let Some(mut a) = c.prepare_cached(&sql)?.query_row([session], account_from_row).optional()? else {
+    let Some(mut a) = c.query_row(&sql, args![session], account_from_row).optional()? else {
         return Ok(None);
     };
     a.live = live_of(c, session, now)?;
@@ -56,14 +58,13 @@ pub(super) fn account(c: &Connection, session: i64, now: i64) -> rusqlite::Resul
 }
 
 /// The session's own account and its ancestors', nearest first.
-pub(super) fn chain(c: &Connection, session: i64, now: i64) -> rusqlite::Result<Vec<Account>> {
+pub(super) fn chain(c: &dyn Sql, session: i64, now: i64) -> Result<Vec<Account>> {
     let sql = format!(
         "SELECT {ACCOUNT_COLUMNS} FROM budgets b JOIN sessions s ON s.id = b.session
          WHERE b.session = ?1 OR b.session IN (SELECT ancestor FROM session_tree WHERE session = ?1)
          ORDER BY b.session = ?1 DESC, s.spawn_depth DESC"
     );
-    let mut accounts: Vec<Account> =
-        c.prepare_cached(&sql)?.query_map([session], account_from_row)?.collect::<rusqlite::Result<_>>()?;
+    let mut accounts: Vec<Account> = c.query_map(&sql, args![session], account_from_row)?;
     for a in &mut accounts {
         a.live = live_of(c, a.session, now)?;
     }
@@ -71,12 +72,12 @@ pub(super) fn chain(c: &Connection, session: i64, now: i64) -> rusqlite::Result<
 }
 
 /// Opens a child's account at its spawn.
-pub(super) fn open_account(c: &Connection, session: i64, limits: &Limits, clamped: &[Dim]) -> rusqlite::Result<()> {
+pub(super) fn open_account(c: &dyn Sql, session: i64, limits: &Limits, clamped: &[Dim]) -> Result<()> {
     let clamped = (!clamped.is_empty()).then(|| clamped.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(","));
     c.execute(
-        "INSERT OR IGNORE INTO budgets (session, limit_tokens, limit_cost_micros, limit_runtime_ms, clamped, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![session, limits.tokens, limits.cost_micros, limits.runtime_ms, clamped, now_ms()],
+        "INSERT INTO budgets (session, limit_tokens, limit_cost_micros, limit_runtime_ms, clamped, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+        args![session, limits.tokens, limits.cost_micros, limits.runtime_ms, clamped, now_ms()],
     )?;
     Ok(())
 }
@@ -84,27 +85,25 @@ pub(super) fn open_account(c: &Connection, session: i64, limits: &Limits, clampe
 /// Opens a root's account with the configured limits, or brings an open one to them: a changed
 /// `session.budget` applies at the root's next spawn, and clears an exceeded mark (the operator
 /// gave it more, or less, on purpose).
-pub(super) fn set_root_account(c: &Connection, session: i64, limits: &Limits) -> rusqlite::Result<()> {
+pub(super) fn set_root_account(c: &dyn Sql, session: i64, limits: &Limits) -> Result<()> {
     c.execute(
         "INSERT INTO budgets (session, limit_tokens, limit_cost_micros, limit_runtime_ms, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (session) DO UPDATE SET limit_tokens = excluded.limit_tokens,
              limit_cost_micros = excluded.limit_cost_micros, limit_runtime_ms = excluded.limit_runtime_ms,
              exceeded = NULL, exceeded_at = NULL
-         WHERE limit_tokens IS NOT excluded.limit_tokens OR limit_cost_micros IS NOT excluded.limit_cost_micros
-             OR limit_runtime_ms IS NOT excluded.limit_runtime_ms",
-        params![session, limits.tokens, limits.cost_micros, limits.runtime_ms, now_ms()],
+         WHERE budgets.limit_tokens IS DISTINCT FROM excluded.limit_tokens
+             OR budgets.limit_cost_micros IS DISTINCT FROM excluded.limit_cost_micros
+             OR budgets.limit_runtime_ms IS DISTINCT FROM excluded.limit_runtime_ms",
+        args![session, limits.tokens, limits.cost_micros, limits.runtime_ms, now_ms()],
     )?;
     Ok(())
 }
 
 /// Adds `amount` of `dim` to what `account` holds reserved for its children.
-pub(super) fn reserve(c: &Connection, account: i64, dim: Dim, amount: i64) -> rusqlite::Result<()> {
+pub(super) fn reserve(c: &dyn Sql, account: i64, dim: Dim, amount: i64) -> Result<()> {
     let (reserved, _) = amount_columns(dim);
-    c.execute(
-        &format!("UPDATE budgets SET {reserved} = {reserved} + ?2 WHERE session = ?1"),
-        params![account, amount],
-    )?;
+    c.execute(&format!("UPDATE budgets SET {reserved} = {reserved} + ?2 WHERE session = ?1"), args![account, amount])?;
     Ok(())
 }
 
@@ -149,14 +148,14 @@ fn draws(chain: &[Account]) -> Draws {
     Dim::ALL.map(|d| (d, budget::drawn_from(chain, d).map(|a| a.session)))
 }
 
-fn key_of(c: &Connection, session: i64) -> rusqlite::Result<String> {
-    c.prepare_cached("SELECT key FROM sessions WHERE id = ?1")?.query_row([session], |r| r.get(0))
+fn key_of(c: &dyn Sql, session: i64) -> Result<String> {
+    c.query_row("SELECT key FROM sessions WHERE id = ?1", args![session], |r| r.get(0))
 }
 
 /// If `a` is over its limit in `dim` (or, with `at_limit`, has nothing left), the crossing, with
 /// the live runs of its subtree: any of them spending on would add to its excess (a child within
 /// its reservation included, once it overshoots that), so all stop.
-fn crossing(c: &Connection, a: &Account, dim: Dim, at_limit: bool) -> rusqlite::Result<Option<Crossing>> {
+fn crossing(c: &dyn Sql, a: &Account, dim: Dim, at_limit: bool) -> Result<Option<Crossing>> {
     let (Some(limit), used) = (a.limits.get(dim), a.used().get(dim)) else { return Ok(None) };
     if used < limit || (used == limit && !at_limit) {
         return Ok(None);
@@ -165,28 +164,29 @@ fn crossing(c: &Connection, a: &Account, dim: Dim, at_limit: bool) -> rusqlite::
 }
 
 /// The nearest account of `chain` marked exceeded, as a crossing.
-pub(super) fn exceeded_in(c: &Connection, chain: &[Account]) -> rusqlite::Result<Option<Crossing>> {
+pub(super) fn exceeded_in(c: &dyn Sql, chain: &[Account]) -> Result<Option<Crossing>> {
     let Some((a, dim)) = chain.iter().find_map(|a| a.exceeded.map(|d| (a, d))) else { return Ok(None) };
     let (used, limit) = (a.used().get(dim), a.limits.get(dim).unwrap_or(0));
     Ok(Some(Crossing { dim, account_key: key_of(c, a.session)?, used, limit, runs: vec![] }))
 }
 
 /// Records the first dimension an account crossed.
-fn mark_exceeded(c: &Connection, account: i64, dim: Dim, now: i64) -> rusqlite::Result<()> {
+fn mark_exceeded(c: &dyn Sql, account: i64, dim: Dim, now: i64) -> Result<()> {
     c.execute(
         "UPDATE budgets SET exceeded = ?2, exceeded_at = ?3 WHERE session = ?1 AND exceeded IS NULL",
-        params![account, dim.as_str(), now],
+        args![account, dim.as_str(), now],
     )?;
     Ok(())
 }
 
 /// The accounts a live run draws on, per dimension.
-fn live_draws(c: &Connection, run_id: &str) -> rusqlite::Result<Option<Draws>> {
-    c.prepare_cached("SELECT tokens_account, cost_account, runtime_account FROM budget_live WHERE run_id = ?1")?
-        .query_row([run_id], |r| {
-            Ok([(Dim::Tokens, r.get(0)?), (Dim::CostUsd, r.get(1)?), (Dim::RuntimeSeconds, r.get(2)?)])
-        })
-        .optional()
+fn live_draws(c: &dyn Sql, run_id: &str) -> Result<Option<Draws>> {
+    c.query_row(
+        "SELECT tokens_account, cost_account, runtime_account FROM budget_live WHERE run_id = ?1",
+        args![run_id],
+        |r| Ok([(Dim::Tokens, r.get(0)?), (Dim::CostUsd, r.get(1)?), (Dim::RuntimeSeconds, r.get(2)?)]),
+    )
+    .optional()
 }
 
 /// The first crossing among the accounts a run draws on. An account over its limit is over its
@@ -194,7 +194,7 @@ fn live_draws(c: &Connection, run_id: &str) -> rusqlite::Result<Option<Draws>> {
 /// pushes over its own limit is crossed too, and the highest such one stops its whole subtree, so
 /// that no part of a tree keeps spending once its root is spent: the tree then overspends its
 /// root by at most the one report that crossed (and what runs report before their cancel lands).
-fn first_crossing(c: &Connection, draws: &[(Dim, Option<i64>)], now: i64) -> rusqlite::Result<Option<Crossing>> {
+fn first_crossing(c: &dyn Sql, draws: &[(Dim, Option<i64>)], now: i64) -> Result<Option<Crossing>> {
     for (dim, account_id) in draws {
         let Some(a) = account_id.map(|id| account(c, id, now)).transpose()?.flatten() else { continue };
         let Some(mut x) = crossing(c, &a, *dim, false)? else { continue };
@@ -224,7 +224,7 @@ struct Over {
 
 /// Walks up from `a` (over its limit in `dim`) while the excess pushes each account that limits
 /// `dim` over its own; marks them exceeded and returns the highest.
-fn over_ancestor(c: &Connection, a: &Account, dim: Dim, now: i64) -> rusqlite::Result<Option<Over>> {
+fn over_ancestor(c: &dyn Sql, a: &Account, dim: Dim, now: i64) -> Result<Option<Over>> {
     let Some(limit) = a.limits.get(dim) else { return Ok(None) };
     let mut excess = a.used().get(dim) - limit;
     let mut top = None;
@@ -242,43 +242,44 @@ fn over_ancestor(c: &Connection, a: &Account, dim: Dim, now: i64) -> rusqlite::R
 }
 
 /// The live runs of a session and of its descendants.
-fn subtree_runs(c: &Connection, session: i64) -> rusqlite::Result<Vec<String>> {
-    c.prepare_cached(
+fn subtree_runs(c: &dyn Sql, session: i64) -> Result<Vec<String>> {
+    c.query_map(
         "SELECT run_id FROM budget_live WHERE session = ?1
             OR session IN (SELECT session FROM session_tree WHERE ancestor = ?1) ORDER BY run_id",
-    )?
-    .query_map([session], |r| r.get(0))?
-    .collect()
+        args![session],
+        |r| r.get(0),
+    )
 }
 
 /// Settles a run's spend into the accounts it drew on and drops its live row, in the transaction
 /// that records its end: `usage` is its final (tokens, micro-dollars), else what it reported live.
-pub(super) fn settle_run(c: &Connection, run_id: &str, usage: Option<(i64, i64)>, now: i64) -> rusqlite::Result<()> {
+pub(super) fn settle_run(c: &dyn Sql, run_id: &str, usage: Option<(i64, i64)>, now: i64) -> Result<()> {
     let row = c
-        .prepare_cached(
+        .query_row(
             "SELECT tokens_account, cost_account, runtime_account, tokens, cost_micros, reported, started_at
              FROM budget_live WHERE run_id = ?1",
-        )?
-        .query_row([run_id], |r| {
-            let accounts: [Option<i64>; 3] = [r.get(0)?, r.get(1)?, r.get(2)?];
-            Ok((accounts, r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, bool>(5)?, r.get::<_, i64>(6)?))
-        })
+            args![run_id],
+            |r| {
+                let accounts: [Option<i64>; 3] = [r.get(0)?, r.get(1)?, r.get(2)?];
+                Ok((accounts, r.get::<i64>(3)?, r.get::<i64>(4)?, r.get::<bool>(5)?, r.get::<i64>(6)?))
+            },
+        )
         .optional()?;
     let Some(([tokens_acct, cost_acct, runtime_acct], live_tokens, live_cost, reported, started)) = row else {
         return Ok(());
     };
-    c.execute("DELETE FROM budget_live WHERE run_id = ?1", [run_id])?;
+    c.execute("DELETE FROM budget_live WHERE run_id = ?1", args![run_id])?;
     let (tokens, cost) = usage.unwrap_or((live_tokens, live_cost));
     let spend = [(Dim::Tokens, tokens_acct, tokens), (Dim::CostUsd, cost_acct, cost)];
     for (dim, account, amount) in spend.into_iter().chain([(Dim::RuntimeSeconds, runtime_acct, (now - started).max(0))])
     {
         let Some(account) = account else { continue };
         let (_, spent) = amount_columns(dim);
-        c.execute(&format!("UPDATE budgets SET {spent} = {spent} + ?2 WHERE session = ?1"), params![account, amount])?;
+        c.execute(&format!("UPDATE budgets SET {spent} = {spent} + ?2 WHERE session = ?1"), args![account, amount])?;
     }
     if usage.is_none() && !reported {
         for account in [tokens_acct, cost_acct].into_iter().flatten() {
-            c.execute("UPDATE budgets SET unmetered = 1 WHERE session = ?1", [account])?;
+            c.execute("UPDATE budgets SET unmetered = 1 WHERE session = ?1", args![account])?;
         }
     }
     let draws = [(Dim::Tokens, tokens_acct), (Dim::CostUsd, cost_acct), (Dim::RuntimeSeconds, runtime_acct)];
@@ -289,10 +290,10 @@ pub(super) fn settle_run(c: &Connection, run_id: &str, usage: Option<(i64, i64)>
 /// A child's flow ended: its account closes, and what it used — its spend, plus what its own open
 /// children still hold reserved, counted as spent so that they never make its requester's tree
 /// overspend — moves from reserved to spent in the accounts it reserved from.
-pub(super) fn close_account(c: &Connection, session: i64) -> rusqlite::Result<()> {
+pub(super) fn close_account(c: &dyn Sql, session: i64) -> Result<()> {
     let now = now_ms();
     let closed =
-        c.execute("UPDATE budgets SET closed_at = ?2 WHERE session = ?1 AND closed_at IS NULL", params![session, now])?;
+        c.execute("UPDATE budgets SET closed_at = ?2 WHERE session = ?1 AND closed_at IS NULL", args![session, now])?;
     if closed == 0 {
         return Ok(());
     }
@@ -304,9 +305,10 @@ pub(super) fn close_account(c: &Connection, session: i64) -> rusqlite::Result<()
         let (reserved, spent) = amount_columns(dim);
         c.execute(
             &format!(
-                "UPDATE budgets SET {reserved} = max({reserved} - ?2, 0), {spent} = {spent} + ?3 WHERE session = ?1"
+                "UPDATE budgets SET {reserved} = {greatest}({reserved} - ?2, 0), {spent} = {spent} + ?3 WHERE session = ?1",
+                greatest = c.dialect().greatest()
             ),
-            params![from.session, limit, used.get(dim)],
+            args![from.session, limit, used.get(dim)],
         )?;
     }
     Ok(())
@@ -342,9 +344,13 @@ impl Store {
                 }
             }
             tx.execute(
-                "INSERT OR REPLACE INTO budget_live (run_id, session, tokens_account, cost_account, runtime_account, started_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![run_id, session, draws[0].1, draws[1].1, draws[2].1, now],
+                "INSERT INTO budget_live (run_id, session, tokens_account, cost_account, runtime_account, started_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (run_id) DO UPDATE SET session = excluded.session,
+                     tokens_account = excluded.tokens_account, cost_account = excluded.cost_account,
+                     runtime_account = excluded.runtime_account, started_at = excluded.started_at,
+                     tokens = 0, cost_micros = 0, reported = 0",
+                args![run_id, session, draws[0].1, draws[1].1, draws[2].1, now],
             )?;
             Ok(Meter::Drawing)
         })
@@ -355,9 +361,12 @@ impl Store {
     pub fn record_usage(&self, run_id: &str, tokens: i64, cost_micros: i64) -> Result<Option<Crossing>> {
         self.write_sql(|tx| -> Result<Option<Crossing>> {
             let updated = tx.execute(
-                "UPDATE budget_live SET tokens = max(tokens, ?2), cost_micros = max(cost_micros, ?3), reported = 1
-                 WHERE run_id = ?1",
-                params![run_id, tokens, cost_micros],
+                &format!(
+                    "UPDATE budget_live SET tokens = {g}(tokens, ?2), cost_micros = {g}(cost_micros, ?3), reported = 1
+                     WHERE run_id = ?1",
+                    g = tx.dialect().greatest()
+                ),
+                args![run_id, tokens, cost_micros],
             )?;
             if updated == 0 {
                 return Ok(None);
@@ -367,7 +376,7 @@ impl Store {
                 (Dim::CostUsd, None),
                 (Dim::RuntimeSeconds, None),
             ]);
-            Ok(first_crossing(tx, &draws, now_ms())?)
+            first_crossing(tx, &draws, now_ms())
         })
     }
 
@@ -375,18 +384,20 @@ impl Store {
     pub fn runtime_crossings(&self) -> Result<Vec<Crossing>> {
         // Every tick asks; only a live run with a runtime limit makes it take the writer.
         let limited = self.read(|c| {
-            c.prepare_cached("SELECT EXISTS (SELECT 1 FROM budget_live WHERE runtime_account IS NOT NULL)")?
-                .query_row([], |r| r.get::<_, bool>(0))
+            c.query_row("SELECT EXISTS (SELECT 1 FROM budget_live WHERE runtime_account IS NOT NULL)", args![], |r| {
+                r.get::<bool>(0)
+            })
         })?;
         if !limited {
             return Ok(Vec::new());
         }
         self.write_sql(|tx| -> Result<Vec<Crossing>> {
             let now = now_ms();
-            let ids: Vec<i64> = tx
-                .prepare_cached("SELECT DISTINCT runtime_account FROM budget_live WHERE runtime_account IS NOT NULL")?
-                .query_map([], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+            let ids: Vec<i64> = tx.query_map(
+                "SELECT DISTINCT runtime_account FROM budget_live WHERE runtime_account IS NOT NULL",
+                args![],
+                |r| r.get(0),
+            )?;
             let mut out = Vec::new();
             for id in ids {
                 let Some(a) = account(tx, id, now)? else { continue };
@@ -404,8 +415,7 @@ impl Store {
     pub fn run_over_budget(&self, run_id: &str) -> Result<Option<Crossing>> {
         self.read(|c| {
             let session: Option<i64> = c
-                .prepare_cached("SELECT session FROM budget_live WHERE run_id = ?1")?
-                .query_row([run_id], |r| r.get(0))
+                .query_row("SELECT session FROM budget_live WHERE run_id = ?1", args![run_id], |r| r.get(0))
                 .optional()?;
             let Some(session) = session else { return Ok(None) };
             exceeded_in(c, &chain(c, session, now_ms())?)
@@ -428,6 +438,6 @@ impl Store {
     /// Settles a live run as its end would, with what it reported (the property tests' runs have
     /// no runs rows to finish).
     pub fn settle_live_for_test(&self, run_id: &str) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> { Ok(settle_run(tx, run_id, None, now_ms())?) })
+        self.write_sql(|tx| -> Result<()> { settle_run(tx, run_id, None, now_ms()) })
     }
 }

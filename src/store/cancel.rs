@@ -2,7 +2,7 @@
 //! at once; a running one is flagged, and its owner — the one process that runs runs — cancels the
 //! agent when it sees the flag (the agent gets the protocol's `cancel` line and its grace period).
 
-use rusqlite::params;
+use super::sql::{Sql, args};
 
 use super::run_queue::run_by_id;
 use super::{Result, RunRow, RunStatus, Store, now_ms};
@@ -19,11 +19,11 @@ pub enum CancelRequest {
 }
 
 /// Ends a queued run `cancelled` before it started; `why` is its error.
-pub(super) fn dequeue(tx: &rusqlite::Transaction, run_id: &str, now: i64, why: &str) -> rusqlite::Result<()> {
+pub(super) fn dequeue(tx: &dyn Sql, run_id: &str, now: i64, why: &str) -> Result<()> {
     tx.execute(
         "UPDATE runs SET status = 'cancelled', ended_at = ?2, cancel_requested_at = ?2, error = ?3
          WHERE run_id = ?1 AND status = 'queued'",
-        params![run_id, now, why],
+        args![run_id, now, why],
     )?;
     Ok(())
 }
@@ -43,7 +43,7 @@ impl Store {
                 RunStatus::Running => {
                     tx.execute(
                         "UPDATE runs SET cancel_requested_at = coalesce(cancel_requested_at, ?2) WHERE run_id = ?1",
-                        params![run_id, now],
+                        args![run_id, now],
                     )?;
                     Ok(CancelRequest::Flagged)
                 }
@@ -55,11 +55,11 @@ impl Store {
     /// Runs of `owner` that were asked to stop and still run.
     pub fn cancel_requests(&self, owner: &str) -> Result<Vec<String>> {
         self.read(|c| {
-            c.prepare_cached(
+            c.query_map(
                 "SELECT run_id FROM runs WHERE owner = ?1 AND cancel_requested_at IS NOT NULL AND status = 'running'",
-            )?
-            .query_map([owner], |r| r.get(0))?
-            .collect()
+                args![owner],
+                |r| r.get(0),
+            )
         })
     }
 }

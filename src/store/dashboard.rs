@@ -3,7 +3,7 @@
 //! offers (retry, dismiss). Every read is bounded (pages of roots, runs and deliveries), so the
 //! first paint costs the same with 10,000 sessions as with 10.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use super::sql::{Optional, Row, Sql, args};
 use serde::Serialize;
 
 use super::sessions::session_columns;
@@ -30,7 +30,8 @@ impl Scope {
 }
 
 /// `session` (a column of the query) is in scope `?1`.
-const IN_SCOPE: &str = "(?1 IS NULL OR {s} = ?1 OR {s} IN (SELECT session FROM session_tree WHERE ancestor = ?1))";
+const IN_SCOPE: &str =
+    "(CAST(?1 AS BIGINT) IS NULL OR {s} = ?1 OR {s} IN (SELECT session FROM session_tree WHERE ancestor = ?1))";
 
 fn in_scope(column: &str) -> String {
     IN_SCOPE.replace("{s}", column)
@@ -128,7 +129,7 @@ pub enum LedgerAct {
 const DELIVERY_COLUMNS: &str = "d.id, d.run_id, s.key, d.kind, d.mode, d.status, d.target_key, d.channel, d.attempts,
     d.last_error, d.next_attempt_at, d.deadline_at, d.created_at, d.updated_at";
 
-fn delivery_from_row(r: &rusqlite::Row) -> rusqlite::Result<DeliveryLine> {
+fn delivery_from_row(r: &Row) -> Result<DeliveryLine> {
     Ok(DeliveryLine {
         id: r.get(0)?,
         run_id: r.get(1)?,
@@ -149,8 +150,8 @@ fn delivery_from_row(r: &rusqlite::Row) -> rusqlite::Result<DeliveryLine> {
 
 const RUN_COLUMNS: &str = "r.run_id, r.mode, r.status, r.created_at, r.started_at, r.ended_at, r.error";
 
-fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<LatestRun> {
-    let text = |i: usize| -> rusqlite::Result<String> { r.get(i) };
+fn run_from_row(r: &Row) -> Result<LatestRun> {
+    let text = |i: usize| -> Result<String> { r.get(i) };
     Ok(LatestRun {
         run_id: r.get(0)?,
         mode: RunMode::parse(&text(1)?).unwrap_or(RunMode::Send),
@@ -162,30 +163,31 @@ fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<LatestRun> {
     })
 }
 
-fn node(c: &Connection, row: SessionRow, now: i64) -> rusqlite::Result<TreeNode> {
-    let run = c
-        .prepare_cached(&format!(
-            "SELECT {RUN_COLUMNS} FROM runs r WHERE r.session = ?1 ORDER BY r.created_at DESC, r.rowid DESC LIMIT 1"
-        ))?
-        .query_row([row.id], run_from_row)
-        .optional()?;
+fn node(c: &dyn Sql, row: SessionRow, now: i64) -> Result<TreeNode> {
+    let run = c.query_opt(
+        &format!(
+            "SELECT {RUN_COLUMNS} FROM runs r WHERE r.session = ?1 ORDER BY r.created_at DESC, r.{} DESC LIMIT 1",
+            c.dialect().runs_order()
+        ),
+        args![row.id],
+        run_from_row,
+    )?;
     let first_started_at =
-        c.prepare_cached("SELECT min(started_at) FROM runs WHERE session = ?1")?.query_row([row.id], |r| r.get(0))?;
+        c.query_row("SELECT min(started_at) FROM runs WHERE session = ?1", args![row.id], |r| r.get(0))?;
     let open_asks = open_asks_of(c, row.id)?;
     let budget = super::budgets::account(c, row.id, now)?;
     Ok(TreeNode { row, run, first_started_at, open_asks, budget })
 }
 
-fn open_asks_of(c: &Connection, session: i64) -> rusqlite::Result<i64> {
-    c.prepare_cached("SELECT count(*) FROM asks WHERE session = ?1 AND state = 'open'")?
-        .query_row([session], |r| r.get(0))
+fn open_asks_of(c: &dyn Sql, session: i64) -> Result<i64> {
+    c.query_row("SELECT count(*) FROM asks WHERE session = ?1 AND state = 'open'", args![session], |r| r.get(0))
 }
 
-fn sessions_by_id(c: &Connection, ids: &[i64], now: i64) -> rusqlite::Result<Vec<TreeNode>> {
-    let mut stmt = c.prepare_cached(&format!("SELECT {} FROM sessions WHERE id = ?1", session_columns()))?;
+fn sessions_by_id(c: &dyn Sql, ids: &[i64], now: i64) -> Result<Vec<TreeNode>> {
+    let sql = format!("SELECT {} FROM sessions WHERE id = ?1", session_columns());
     let mut nodes = Vec::with_capacity(ids.len());
     for id in ids {
-        if let Some(row) = stmt.query_row([id], SessionRow::from_row).optional()? {
+        if let Some(row) = c.query_opt(&sql, args![id], SessionRow::from_row)? {
             nodes.push(node(c, row, now)?);
         }
     }
@@ -209,31 +211,30 @@ impl Store {
                 Scope::Tree(id) => (vec![id], 1),
                 Scope::All => {
                     let like = filter.map(|f| format!("%{}%", f.replace(['%', '_'], "")));
-                    let cond = "spawned_by IS NULL AND state <> 2
-                        AND (?1 IS NULL OR key LIKE ?1 OR label LIKE ?1 OR agent_id LIKE ?1)";
+                    let cond = format!(
+                        "spawned_by IS NULL AND state <> 2
+                         AND (CAST(?1 AS TEXT) IS NULL OR key {like} ?1 OR label {like} ?1 OR agent_id {like} ?1)",
+                        like = c.dialect().like_nocase()
+                    );
                     let ids = c
-                        .prepare_cached(&format!(
+                        .query_map(&format!(
                             "SELECT id FROM sessions WHERE {cond} ORDER BY updated_at DESC, id DESC LIMIT ?2"
-                        ))?
-                        .query_map(params![like, limit as i64], |r| r.get(0))?
-                        .collect::<rusqlite::Result<_>>()?;
+                        ), args![like, limit as i64], |r| r.get(0))?;
                     let total = c
-                        .prepare_cached(&format!("SELECT count(*) FROM sessions WHERE {cond}"))?
-                        .query_row([&like], |r| r.get(0))?;
+                        .query_row(&format!("SELECT count(*) FROM sessions WHERE {cond}"), args![like], |r| r.get(0))?;
                     (ids, total)
                 }
             };
             let roots = sessions_by_id(c, &root_ids, now)?;
             let mut descendants = Vec::with_capacity(roots.len());
-            let mut below = c.prepare_cached(
-                "SELECT session FROM session_tree WHERE ancestor = ?1 ORDER BY updated_at DESC, session DESC LIMIT ?2",
-            )?;
-            let mut count = c.prepare_cached("SELECT count(*) FROM session_tree WHERE ancestor = ?1")?;
             for root in &roots {
-                let ids: Vec<i64> = below
-                    .query_map(params![root.row.id, per_root as i64], |r| r.get(0))?
-                    .collect::<rusqlite::Result<_>>()?;
-                let total: i64 = count.query_row([root.row.id], |r| r.get(0))?;
+                let ids: Vec<i64> = c.query_map(
+                    "SELECT session FROM session_tree WHERE ancestor = ?1 ORDER BY updated_at DESC, session DESC LIMIT ?2",
+                    args![root.row.id, per_root as i64],
+                    |r| r.get(0),
+                )?;
+                let total: i64 =
+                    c.one("SELECT count(*) FROM session_tree WHERE ancestor = ?1", args![root.row.id])?;
                 descendants.push((sessions_by_id(c, &ids, now)?, total));
             }
             Ok(TreesPage { roots_total, roots, descendants })
@@ -247,13 +248,13 @@ impl Store {
             let select = format!(
                 "SELECT {RUN_COLUMNS}, s.key, s.agent_id, r.requester_key, r.usage, r.cost, r.session
                  FROM runs r JOIN sessions s ON s.id = r.session WHERE {} AND r.status {{}}
-                 ORDER BY r.created_at DESC, r.rowid DESC LIMIT ?2",
-                in_scope("r.session")
+                 ORDER BY r.created_at DESC, r.{} DESC LIMIT ?2",
+                in_scope("r.session"),
+                c.dialect().runs_order()
             );
             let mut lines = Vec::new();
             for statuses in ["IN ('queued', 'running')", "NOT IN ('queued', 'running')"] {
-                let mut stmt = c.prepare_cached(&select.replace("{}", statuses))?;
-                let rows = stmt.query_map(params![scope.root(), limit as i64], |r| {
+                let rows = c.query_map(&select.replace("{}", statuses), args![scope.root(), limit as i64], |r| {
                     let usage: Option<String> = r.get(10)?;
                     let usage: Option<serde_json::Value> = usage.and_then(|u| serde_json::from_str(&u).ok());
                     let tokens = |k: &str| usage.as_ref().and_then(|u| u.get(k)).and_then(|v| v.as_i64()).unwrap_or(0);
@@ -269,21 +270,21 @@ impl Store {
                             open_asks: 0,
                             deliveries: Vec::new(),
                         },
-                        r.get::<_, i64>(12)?,
+                        r.get::<i64>(12)?,
                     ))
                 })?;
-                for row in rows {
-                    let (mut line, session) = row?;
+                for (mut line, session) in rows {
                     if line.run.status == RunStatus::Running {
                         line.open_asks = open_asks_of(c, session)?;
                     }
-                    line.deliveries = c
-                        .prepare_cached(&format!(
+                    line.deliveries = c.query_map(
+                        &format!(
                             "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
                              LEFT JOIN sessions s ON s.id = r.session WHERE d.run_id = ?1 ORDER BY d.id"
-                        ))?
-                        .query_map([&line.run.run_id], delivery_from_row)?
-                        .collect::<rusqlite::Result<_>>()?;
+                        ),
+                        args![&line.run.run_id],
+                        delivery_from_row,
+                    )?;
                     lines.push(line);
                 }
             }
@@ -295,25 +296,30 @@ impl Store {
     /// undeliverable) first, then the newest, up to `limit`.
     pub fn dashboard_deliveries(&self, scope: Scope, limit: usize) -> Result<Vec<DeliveryLine>> {
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
+            c.query_map(
+                &format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
                  LEFT JOIN sessions s ON s.id = r.session WHERE {}
                  ORDER BY d.status IN ('failed', 'expired', 'undeliverable') DESC, d.id DESC LIMIT ?2",
-                in_scope("r.session")
-            ))?
-            .query_map(params![scope.root(), limit as i64], delivery_from_row)?
-            .collect()
+                    in_scope("r.session")
+                ),
+                args![scope.root(), limit as i64],
+                delivery_from_row,
+            )
         })
     }
 
     /// One delivery, and the session whose run it carries out.
     pub fn delivery_line(&self, id: i64) -> Result<Option<(DeliveryLine, Option<i64>)>> {
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {DELIVERY_COLUMNS}, r.session FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
+            c.query_row(
+                &format!(
+                    "SELECT {DELIVERY_COLUMNS}, r.session FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
                  LEFT JOIN sessions s ON s.id = r.session WHERE d.id = ?1"
-            ))?
-            .query_row([id], |r| Ok((delivery_from_row(r)?, r.get(14)?)))
+                ),
+                args![id],
+                |r| Ok((delivery_from_row(r)?, r.get(14)?)),
+            )
             .optional()
         })
     }
@@ -322,23 +328,27 @@ impl Store {
     /// first (empty buckets left out).
     pub fn usage_over_time(&self, scope: Scope, since: i64, bucket_ms: i64) -> Result<Vec<UsageBucket>> {
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT (r.ended_at / ?3) * ?3 AS start, count(*),
-                     coalesce(sum(json_extract(r.usage, '$.inputTokens')), 0),
-                     coalesce(sum(json_extract(r.usage, '$.outputTokens')), 0), coalesce(sum(r.cost), 0)
+            c.query_map(
+                &format!(
+                    "SELECT (r.ended_at / ?3) * ?3 AS start, count(*),
+                     CAST(coalesce(sum({}), 0) AS BIGINT), CAST(coalesce(sum({}), 0) AS BIGINT),
+                     coalesce(sum(r.cost), 0)
                  FROM runs r WHERE r.ended_at >= ?2 AND {} GROUP BY start ORDER BY start",
-                in_scope("r.session")
-            ))?
-            .query_map(params![scope.root(), since, bucket_ms], |r| {
-                Ok(UsageBucket {
-                    start: r.get(0)?,
-                    runs: r.get(1)?,
-                    tokens_in: r.get(2)?,
-                    tokens_out: r.get(3)?,
-                    cost_usd: r.get(4)?,
-                })
-            })?
-            .collect()
+                    c.dialect().json_int("r.usage", "inputTokens"),
+                    c.dialect().json_int("r.usage", "outputTokens"),
+                    in_scope("r.session")
+                ),
+                args![scope.root(), since, bucket_ms],
+                |r| {
+                    Ok(UsageBucket {
+                        start: r.get(0)?,
+                        runs: r.get(1)?,
+                        tokens_in: r.get(2)?,
+                        tokens_out: r.get(3)?,
+                        cost_usd: r.get(4)?,
+                    })
+                },
+            )
         })
     }
 
@@ -352,15 +362,18 @@ impl Store {
     pub fn dashboard_mark(&self) -> Result<String> {
         self.read(|c| {
             c.query_row(
-                "SELECT (SELECT coalesce(max(id), 0) FROM messages),
+                &format!(
+                    "SELECT (SELECT coalesce(max(id), 0) FROM messages),
                         (SELECT count(*) FROM runs WHERE status = 'queued'),
                         (SELECT count(*) FROM runs WHERE status = 'running'),
-                        (SELECT coalesce(max(rowid), 0) FROM runs),
+                        (SELECT coalesce(max({}), 0) FROM runs),
                         (SELECT coalesce(max(updated_at), 0) FROM deliveries),
                         (SELECT count(*) FROM asks WHERE state = 'open')",
-                [],
+                    c.dialect().runs_order()
+                ),
+                args![],
                 |r| {
-                    let n = |i: usize| -> rusqlite::Result<i64> { r.get(i) };
+                    let n = |i: usize| -> Result<i64> { r.get(i) };
                     Ok(format!("{}.{}.{}.{}.{}.{}", n(0)?, n(1)?, n(2)?, n(3)?, n(4)?, n(5)?))
                 },
             )
@@ -372,10 +385,10 @@ impl Store {
     pub fn retry_delivery(&self, id: i64, by: &str) -> Result<LedgerAct> {
         self.ledger_act(id, |tx, now| {
             tx.execute(
-                "UPDATE deliveries SET status = 'queued', next_attempt_at = ?2, deadline_at = ?2 + 1800000,
+                "UPDATE deliveries SET status = 'queued', next_attempt_at = ?2, deadline_at = CAST(?2 AS BIGINT) + 1800000,
                      last_error = 'retried by ' || ?3 || coalesce('; before: ' || last_error, ''), updated_at = ?2
                  WHERE id = ?1 AND mode = 'channel' AND status IN ('failed', 'expired') AND payload IS NOT NULL",
-                params![id, now, by],
+                args![id, now, by],
             )
         })
     }
@@ -387,19 +400,15 @@ impl Store {
                 "UPDATE deliveries SET status = ?4, updated_at = ?2,
                      last_error = 'dismissed by ' || ?3 || coalesce('; before: ' || last_error, '')
                  WHERE id = ?1 AND status IN ('failed', 'expired', 'undeliverable')",
-                params![id, now, by, DeliveryStatus::Dismissed.as_str()],
+                args![id, now, by, DeliveryStatus::Dismissed.as_str()],
             )
         })
     }
 
-    fn ledger_act(
-        &self,
-        id: i64,
-        update: impl FnOnce(&rusqlite::Transaction, i64) -> rusqlite::Result<usize>,
-    ) -> Result<LedgerAct> {
+    fn ledger_act(&self, id: i64, update: impl FnOnce(&dyn Sql, i64) -> Result<usize>) -> Result<LedgerAct> {
         self.write_sql(|tx| -> Result<LedgerAct> {
             let status: Option<String> =
-                tx.query_row("SELECT status FROM deliveries WHERE id = ?1", [id], |r| r.get(0)).optional()?;
+                tx.query_row("SELECT status FROM deliveries WHERE id = ?1", args![id], |r| r.get(0)).optional()?;
             let Some(status) = status else { return Ok(LedgerAct::Missing) };
             Ok(if update(tx, now_ms())? == 1 { LedgerAct::Done } else { LedgerAct::NotApplicable(status) })
         })

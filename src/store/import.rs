@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use rusqlite::{Transaction, params};
+use super::sql::{Sql, args};
 
 use super::messages::append_message;
 use super::sessions::{insert_session, set_updated_at};
@@ -54,15 +54,17 @@ impl Store {
     /// Merges `sessions` in order, in one transaction; one [`Merged`] per session. Give parents
     /// before their children, so that the spawn tree links as the rows arrive.
     pub fn import_sessions(&self, sessions: &[ImportedSession]) -> Result<Vec<Merged>> {
-        self.write_sql(|tx| -> Result<Vec<Merged>> { sessions.iter().map(|s| Ok(merge_session(tx, s)?)).collect() })
+        self.write_sql(|tx| -> Result<Vec<Merged>> { sessions.iter().map(|s| merge_session(tx, s)).collect() })
     }
 }
 
-fn merge_session(tx: &Transaction, s: &ImportedSession) -> rusqlite::Result<Merged> {
+fn merge_session(tx: &dyn Sql, s: &ImportedSession) -> Result<Merged> {
     let created = insert_session(tx, &s.session)?;
-    let (id, stored_session_id, updated_before): (i64, String, i64) = tx
-        .prepare_cached("SELECT id, session_id, updated_at FROM sessions WHERE key = ?1")?
-        .query_row([s.session.key.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    let (id, stored_session_id, updated_before): (i64, String, i64) = tx.query_row(
+        "SELECT id, session_id, updated_at FROM sessions WHERE key = ?1",
+        args![s.session.key.as_str()],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
     if created {
         write_extras(tx, id, &s.extras)?;
     }
@@ -83,38 +85,39 @@ fn merge_session(tx: &Transaction, s: &ImportedSession) -> rusqlite::Result<Merg
     Ok(merged)
 }
 
-fn write_extras(tx: &Transaction, id: i64, x: &SessionExtras) -> rusqlite::Result<()> {
-    tx.prepare_cached(
+fn write_extras(tx: &dyn Sql, id: i64, x: &SessionExtras) -> Result<()> {
+    tx.execute(
         "UPDATE sessions SET last_account_id = ?2, send_policy = ?3, model_provider = ?4, thinking_level = ?5,
              verbose_level = ?6, context_tokens = ?7, system_sent = ?8, aborted_last_run = ?9, tokens_in = ?10,
              tokens_out = ?11, tokens_total = ?12, cost = ?13
          WHERE id = ?1",
-    )?
-    .execute(params![
-        id,
-        x.last_account_id,
-        x.send_policy.map(SendPolicyOverride::as_str),
-        x.model_provider,
-        x.thinking_level,
-        x.verbose_level,
-        x.context_tokens,
-        x.system_sent,
-        x.aborted_last_run,
-        x.tokens_in,
-        x.tokens_out,
-        x.tokens_total,
-        x.cost
-    ])?;
+        args![
+            id,
+            x.last_account_id,
+            x.send_policy.map(SendPolicyOverride::as_str),
+            x.model_provider,
+            x.thinking_level,
+            x.verbose_level,
+            x.context_tokens,
+            x.system_sent,
+            x.aborted_last_run,
+            x.tokens_in,
+            x.tokens_out,
+            x.tokens_total,
+            x.cost
+        ],
+    )?;
     Ok(())
 }
 
 /// The reference ids of the session's messages that an import wrote.
-fn imported_ids(tx: &Transaction, session: i64) -> rusqlite::Result<HashSet<String>> {
-    let mut stmt = tx.prepare_cached(
-        "SELECT json_extract(extra, '$.imported.id') FROM messages WHERE session = ?1 AND extra IS NOT NULL",
-    )?;
-    let ids = stmt.query_map([session], |r| r.get::<_, Option<String>>(0))?.filter_map(|r| r.ok().flatten()).collect();
-    Ok(ids)
+fn imported_ids(tx: &dyn Sql, session: i64) -> Result<HashSet<String>> {
+    let sql = format!(
+        "SELECT {} FROM messages WHERE session = ?1 AND extra IS NOT NULL",
+        tx.dialect().json_text("extra", "imported.id")
+    );
+    let ids = tx.query_map(&sql, args![session], |r| r.get::<Option<String>>(0))?;
+    Ok(ids.into_iter().flatten().collect())
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The delivery ledger and idempotency keys.
 
-use rusqlite::{OptionalExtension, Transaction, params};
+use super::sql::{Optional, Sql, args};
 use serde_json::{Value, json};
 
 use super::text_enum::text_enum;
@@ -62,15 +62,12 @@ pub struct NewDelivery<'a> {
 
 /// Records a delivery, once: a run has at most one delivery of each kind, so a flow step that is
 /// taken again after a crash adds nothing. Returns false when the delivery was already there.
-pub(super) fn add_delivery(tx: &Transaction, d: &NewDelivery, payload: Option<&str>) -> rusqlite::Result<bool> {
+pub(super) fn add_delivery(tx: &dyn Sql, d: &NewDelivery, payload: Option<&str>) -> Result<bool> {
     let now = now_ms();
     let added = tx
-        .prepare_cached(
-            "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, last_error, attempts, created_at, updated_at, payload)
+        .execute("INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, last_error, attempts, created_at, updated_at, payload)
              SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10
-             WHERE NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND kind = ?2)",
-        )?
-        .execute(params![
+             WHERE NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND kind = ?2)", args![
             d.run_id,
             d.kind.as_str(),
             d.mode.as_str(),
@@ -87,19 +84,13 @@ pub(super) fn add_delivery(tx: &Transaction, d: &NewDelivery, payload: Option<&s
 
 /// Moves a pending delivery to `status`. Returns false when it had already reached a final
 /// status (a step taken again after a crash): final is final.
-pub(super) fn set_delivery_status(
-    tx: &Transaction,
-    id: i64,
-    status: DeliveryStatus,
-    error: Option<&str>,
-) -> rusqlite::Result<bool> {
-    let changed = tx
-        .prepare_cached(
-            "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
+pub(super) fn set_delivery_status(tx: &dyn Sql, id: i64, status: DeliveryStatus, error: Option<&str>) -> Result<bool> {
+    let changed = tx.execute(
+        "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
                  updated_at = ?4
              WHERE id = ?1 AND status IN ('queued', 'running')",
-        )?
-        .execute(params![id, status.as_str(), error, now_ms()])?;
+        args![id, status.as_str(), error, now_ms()],
+    )?;
     Ok(changed == 1)
 }
 
@@ -115,19 +106,21 @@ pub struct IdempotencyHit {
 pub const IDEMPOTENCY_TTL_MS: i64 = 24 * 3600 * 1000;
 
 pub(super) fn remember_key(
-    tx: &Transaction,
+    tx: &dyn Sql,
     caller: &str,
     key: &str,
     tool: &str,
     args_hash: &str,
     run_id: &str,
     result: &Value,
-) -> rusqlite::Result<()> {
-    tx.prepare_cached(
-        "INSERT OR REPLACE INTO idempotency (caller, key, tool, args_hash, run_id, result, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![caller, key, tool, args_hash, run_id, result.to_string(), now_ms()])?;
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO idempotency (caller, key, tool, args_hash, run_id, result, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (caller, key) DO UPDATE SET tool = excluded.tool, args_hash = excluded.args_hash,
+             run_id = excluded.run_id, result = excluded.result, created_at = excluded.created_at",
+        args![caller, key, tool, args_hash, run_id, result.to_string(), now_ms()],
+    )?;
     Ok(())
 }
 
@@ -135,9 +128,12 @@ impl Store {
     /// The first delivery of a run: `{status, mode}` (what sessions_send reports).
     pub fn delivery_of(&self, run_id: &str) -> Result<Option<Value>> {
         self.read(|c| {
-            c.prepare_cached("SELECT status, mode FROM deliveries WHERE run_id = ?1 ORDER BY id LIMIT 1")?
-                .query_row([run_id], |r| Ok(json!({"status": r.get::<_, String>(0)?, "mode": r.get::<_, String>(1)?})))
-                .optional()
+            c.query_row(
+                "SELECT status, mode FROM deliveries WHERE run_id = ?1 ORDER BY id LIMIT 1",
+                args![run_id],
+                |r| Ok(json!({"status": r.get::<String>(0)?, "mode": r.get::<String>(1)?})),
+            )
+            .optional()
         })
     }
 
@@ -151,26 +147,30 @@ impl Store {
     /// Whether the steps after a run were taken and none of its deliveries is still on its way.
     pub fn run_settled(&self, run_id: &str) -> Result<bool> {
         self.read(|c| {
-            c.prepare_cached(
+            c.query_row(
                 "SELECT (SELECT steps_done_at IS NOT NULL FROM runs WHERE run_id = ?1)
                     AND NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND status IN ('queued', 'running'))",
-            )?
-            .query_row([run_id], |r| Ok(r.get::<_, Option<bool>>(0)?.unwrap_or(true)))
+                args![run_id],
+                |r| Ok(r.get::<Option<bool>>(0)?.unwrap_or(true)),
+            )
         })
     }
 
     /// The run's reply delivery that is still queued, if any.
     pub fn pending_delivery(&self, run_id: &str) -> Result<Option<i64>> {
         self.read(|c| {
-            c.prepare_cached("SELECT id FROM deliveries WHERE run_id = ?1 AND status = 'queued' ORDER BY id LIMIT 1")?
-                .query_row([run_id], |r| r.get(0))
-                .optional()
+            c.query_row(
+                "SELECT id FROM deliveries WHERE run_id = ?1 AND status = 'queued' ORDER BY id LIMIT 1",
+                args![run_id],
+                |r| r.get(0),
+            )
+            .optional()
         })
     }
 
     /// Messages appended on a chain so far (the loop guard's count).
     pub fn chain_messages(&self, chain: &str) -> Result<i64> {
-        self.read(|c| c.query_row("SELECT count(*) FROM messages WHERE chain_id = ?1", [chain], |r| r.get(0)))
+        self.read(|c| c.query_row("SELECT count(*) FROM messages WHERE chain_id = ?1", args![chain], |r| r.get(0)))
     }
 }
 
@@ -202,7 +202,7 @@ impl Store {
                      next_attempt_at, deadline_at, created_at, updated_at)
                  SELECT ?1, ?7, 'channel', 'queued', ?2, ?3, ?4, 0, ?5, ?6, ?5, ?5
                  WHERE NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND kind = ?7)",
-                params![run_id, target, channel, payload.to_string(), now, now + 30 * 60 * 1000, kind.as_str()],
+                args![run_id, target, channel, payload.to_string(), now, now + 30 * 60 * 1000, kind.as_str()],
             )?;
             Ok(())
         })
@@ -213,22 +213,18 @@ impl Store {
         self.write_sql(|tx| -> Result<Vec<DueDelivery>> {
             let now = now_ms();
             let due: Vec<DueDelivery> = tx
-                .prepare_cached(
-                    "SELECT id, channel, payload, attempts, deadline_at FROM deliveries
-                     WHERE status = 'queued' AND mode = 'channel' AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?2",
-                )?
-                .query_map(params![now, limit as i64], |r| {
+                .query_map("SELECT id, channel, payload, attempts, deadline_at FROM deliveries
+                     WHERE status = 'queued' AND mode = 'channel' AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?2", args![now, limit as i64], |r| {
                     Ok(DueDelivery {
                         id: r.get(0)?,
-                        channel: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
-                        payload: r.get::<_, Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
+                        channel: r.get::<Option<String>>(1)?.unwrap_or_default(),
+                        payload: r.get::<Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
                         attempts: r.get(3)?,
-                        deadline_at: r.get::<_, Option<i64>>(4)?.unwrap_or(now),
+                        deadline_at: r.get::<Option<i64>>(4)?.unwrap_or(now),
                     })
-                })?
-                .collect::<rusqlite::Result<_>>()?;
+                })?;
             for d in &due {
-                tx.execute("UPDATE deliveries SET status = 'running', updated_at = ?2 WHERE id = ?1", params![d.id, now])?;
+                tx.execute("UPDATE deliveries SET status = 'running', updated_at = ?2 WHERE id = ?1", args![d.id, now])?;
             }
             Ok(due)
         })
@@ -246,7 +242,7 @@ impl Store {
             tx.execute(
                 "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
                      next_attempt_at = coalesce(?4, next_attempt_at), updated_at = ?5 WHERE id = ?1",
-                params![id, status.as_str(), error, next_attempt_at, now_ms()],
+                args![id, status.as_str(), error, next_attempt_at, now_ms()],
             )?;
             Ok(())
         })
@@ -255,27 +251,26 @@ impl Store {
     /// Channel deliveries left `running` by a dead owner are attempted again.
     pub fn requeue_running_deliveries(&self) -> Result<usize> {
         self.write_sql(|tx| -> Result<usize> {
-            Ok(tx
-                .execute("UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'", [])?)
+            tx.execute(
+                "UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'",
+                args![],
+            )
         })
     }
 }
 
 /// A caller's idempotency key, if used in the last 24 h (inside a transaction too).
-pub(super) fn idempotency_hit(
-    c: &rusqlite::Connection,
-    caller: &str,
-    key: &str,
-) -> rusqlite::Result<Option<IdempotencyHit>> {
-    c.prepare_cached(
+pub(super) fn idempotency_hit(c: &dyn Sql, caller: &str, key: &str) -> Result<Option<IdempotencyHit>> {
+    c.query_row(
         "SELECT args_hash, run_id, result FROM idempotency WHERE caller = ?1 AND key = ?2 AND created_at > ?3",
-    )?
-    .query_row(params![caller, key, now_ms() - IDEMPOTENCY_TTL_MS], |r| {
-        Ok(IdempotencyHit {
-            args_hash: r.get(0)?,
-            run_id: r.get(1)?,
-            result: r.get::<_, Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()),
-        })
-    })
+        args![caller, key, now_ms() - IDEMPOTENCY_TTL_MS],
+        |r| {
+            Ok(IdempotencyHit {
+                args_hash: r.get(0)?,
+                run_id: r.get(1)?,
+                result: r.get::<Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()),
+            })
+        },
+    )
     .optional()
 }

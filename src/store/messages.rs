@@ -1,6 +1,6 @@
 //! Transcript messages: append with the next `seq`, and read pages that cost O(limit).
 
-use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
+use super::sql::{Optional, Row, Sql, args};
 use serde_json::{Map, Value};
 
 use super::{Result, Store, now_ms};
@@ -28,9 +28,9 @@ pub(super) fn message_columns() -> &'static str {
 }
 
 impl MessageRow {
-    pub(super) fn from_row(r: &Row) -> rusqlite::Result<Self> {
-        let json = |i: usize| -> rusqlite::Result<Option<Value>> {
-            Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
+    pub(super) fn from_row(r: &Row) -> Result<Self> {
+        let json = |i: usize| -> Result<Option<Value>> {
+            Ok(r.get::<Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
         };
         Ok(MessageRow {
             seq: r.get(0)?,
@@ -165,11 +165,12 @@ impl Store {
     /// The seq of a run's last assistant message in `session`: where its whole reply is.
     pub fn reply_seq(&self, session: &crate::keys::SessionKey, run_id: &str) -> Result<Option<i64>> {
         self.read(|c| {
-            c.prepare_cached(
+            c.query_row(
                 "SELECT m.seq FROM messages m JOIN sessions s ON s.id = m.session
                  WHERE s.key = ?1 AND m.run_id = ?2 AND m.role = 'assistant' ORDER BY m.seq DESC LIMIT 1",
-            )?
-            .query_row(params![session.as_str(), run_id], |r| r.get(0))
+                args![session.as_str(), run_id],
+                |r| r.get(0),
+            )
             .optional()
         })
     }
@@ -177,9 +178,12 @@ impl Store {
     /// One message by seq, whatever its role.
     pub fn message_at(&self, session: i64, seq: i64) -> Result<Option<MessageRow>> {
         self.read(|c| {
-            c.prepare_cached(&format!("SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq = ?2"))?
-                .query_row(params![session, seq], MessageRow::from_row)
-                .optional()
+            c.query_row(
+                &format!("SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq = ?2"),
+                args![session, seq],
+                MessageRow::from_row,
+            )
+            .optional()
         })
     }
 
@@ -189,10 +193,11 @@ impl Store {
         self.read(|c| {
             let filter = visible_filter(include_tools);
             let exists = |cmp: &str, seq: i64| {
-                c.prepare_cached(&format!(
-                    "SELECT EXISTS(SELECT 1 FROM messages WHERE session = ?1 AND seq {cmp} ?2{filter})"
-                ))?
-                .query_row(params![session, seq], |r| r.get::<_, bool>(0))
+                c.query_row(
+                    &format!("SELECT EXISTS(SELECT 1 FROM messages WHERE session = ?1 AND seq {cmp} ?2{filter})"),
+                    args![session, seq],
+                    |r| r.get::<bool>(0),
+                )
             };
             Ok((exists("<", first)?, exists(">", last)?))
         })
@@ -211,34 +216,32 @@ impl Store {
     /// [`Store::last_seq_of`] for several sessions in one read.
     pub fn last_seqs_of(&self, keys: &[crate::keys::SessionKey]) -> Result<Vec<i64>> {
         self.read(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT coalesce(max(m.seq), 0) FROM messages m JOIN sessions s ON s.id = m.session WHERE s.key = ?1",
-            )?;
-            keys.iter().map(|k| stmt.query_row([k.as_str()], |r| r.get(0))).collect()
+            let sql =
+                "SELECT coalesce(max(m.seq), 0) FROM messages m JOIN sessions s ON s.id = m.session WHERE s.key = ?1";
+            keys.iter().map(|k| c.one(sql, args![k.as_str()])).collect()
         })
     }
 
     /// The newest message id, 0 for an empty store: where a change feed starts.
     pub fn newest_message_id(&self) -> Result<i64> {
-        self.read(|c| c.query_row("SELECT coalesce(max(id), 0) FROM messages", [], |r| r.get(0)))
+        self.read(|c| c.query_row("SELECT coalesce(max(id), 0) FROM messages", args![], |r| r.get(0)))
     }
 
     /// The sessions that gained messages with an id above `after`, with their new last seq, and
     /// the id to ask from next time. The idle case costs one lookup at the end of the rowid index.
     pub fn grown_since(&self, after: i64) -> Result<(i64, Vec<(String, i64)>)> {
         self.read(|c| {
-            let top: i64 = c.query_row("SELECT coalesce(max(id), 0) FROM messages", [], |r| r.get(0))?;
+            let top: i64 = c.query_row("SELECT coalesce(max(id), 0) FROM messages", args![], |r| r.get(0))?;
             // Below `after`: `prune` removed the newest rows; ids above `top` will be new ones.
             if top <= after {
                 return Ok((top, Vec::new()));
             }
-            let grown = c
-                .prepare_cached(
-                    "SELECT s.key, max(m.seq) FROM messages m JOIN sessions s ON s.id = m.session
-                     WHERE m.id > ?1 AND m.id <= ?2 GROUP BY m.session",
-                )?
-                .query_map([after, top], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<_>>()?;
+            let grown = c.query_map(
+                "SELECT s.key, max(m.seq) FROM messages m JOIN sessions s ON s.id = m.session
+                     WHERE m.id > ?1 AND m.id <= ?2 GROUP BY m.session, s.key",
+                args![after, top],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
             Ok((top, grown))
         })
     }
@@ -246,11 +249,12 @@ impl Store {
     /// Runs of a session still waiting to start: their input shows in history as `pending`.
     pub fn pending_inputs(&self, session: i64) -> Result<Vec<PendingInput>> {
         self.read(|c| {
-            let mut stmt = c.prepare_cached(
+            let sql = format!(
                 "SELECT run_id, input, provenance, created_at FROM runs
-                 WHERE session = ?1 AND status = 'queued' ORDER BY created_at, rowid LIMIT 100",
-            )?;
-            stmt.query_map([session], |r| {
+                 WHERE session = ?1 AND status = 'queued' ORDER BY created_at, {} LIMIT 100",
+                c.dialect().runs_order()
+            );
+            c.query_map(&sql, args![session], |r| {
                 let input: String = r.get(1)?;
                 let prov: Option<String> = r.get(2)?;
                 Ok(PendingInput {
@@ -259,13 +263,12 @@ impl Store {
                     provenance: prov.and_then(|p| serde_json::from_str(&p).ok()),
                     created_at: r.get(3)?,
                 })
-            })?
-            .collect()
+            })
         })
     }
 }
 
-fn history_tail(c: &Connection, session: i64, limit: usize, include_tools: bool) -> rusqlite::Result<HistoryPage> {
+fn history_tail(c: &dyn Sql, session: i64, limit: usize, include_tools: bool) -> Result<HistoryPage> {
     history_from(c, session, Direction::Before(i64::MAX), limit, include_tools)
 }
 
@@ -278,12 +281,12 @@ enum Direction {
 
 /// A page next to a seq, oldest first either way.
 fn history_from(
-    c: &Connection,
+    c: &dyn Sql,
     session: i64,
     direction: Direction,
     limit: usize,
     include_tools: bool,
-) -> rusqlite::Result<HistoryPage> {
+) -> Result<HistoryPage> {
     let (cmp, order, seq) = match direction {
         Direction::After(seq) => (">", "ASC", seq),
         Direction::Before(seq) => ("<", "DESC", seq),
@@ -292,10 +295,8 @@ fn history_from(
         "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq {cmp} ?2{} ORDER BY seq {order} LIMIT ?3",
         visible_filter(include_tools)
     );
-    let mut messages: Vec<MessageRow> = c
-        .prepare_cached(&sql)?
-        .query_map(params![session, seq, limit as i64 + 1], MessageRow::from_row)?
-        .collect::<rusqlite::Result<_>>()?;
+    let mut messages: Vec<MessageRow> =
+        c.query_map(&sql, args![session, seq, limit as i64 + 1], MessageRow::from_row)?;
     let has_more = messages.len() > limit;
     messages.truncate(limit);
     if matches!(direction, Direction::Before(_)) {
@@ -305,16 +306,12 @@ fn history_from(
 }
 
 /// Appends `m` to session `session` (row id) with the next seq; bumps `updated_at`.
-pub(super) fn append_message(tx: &Transaction, session: i64, m: &NewMessage) -> rusqlite::Result<i64> {
+pub(super) fn append_message(tx: &dyn Sql, session: i64, m: &NewMessage) -> Result<i64> {
     let seq: i64 = tx
-        .prepare_cached("UPDATE sessions SET next_seq = next_seq + 1, updated_at = max(updated_at, ?2) WHERE id = ?1 RETURNING next_seq - 1")?
-        .query_row(params![session, m.timestamp.unwrap_or_else(now_ms)], |r| r.get(0))?;
+        .query_row(&format!("UPDATE sessions SET next_seq = next_seq + 1, updated_at = {}(updated_at, ?2) WHERE id = ?1 RETURNING next_seq - 1", tx.dialect().greatest()), args![session, m.timestamp.unwrap_or_else(now_ms)], |r| r.get(0))?;
     let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
-    tx.prepare_cached(
-        "INSERT INTO messages (session, seq, role, content, timestamp, run_id, provenance, usage, model, stop_reason, silent, extra, chain_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-    )?
-    .execute(params![
+    tx.execute("INSERT INTO messages (session, seq, role, content, timestamp, run_id, provenance, usage, model, stop_reason, silent, extra, chain_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)", args![
         session,
         seq,
         m.role,
@@ -340,9 +337,7 @@ impl Store {
                 "SELECT {COLUMNS} FROM messages WHERE session = ?1 AND seq < ?2 AND silent = 0 ORDER BY seq DESC LIMIT ?3"
             );
             let mut rows: Vec<MessageRow> = c
-                .prepare_cached(&sql)?
-                .query_map(params![session, seq, limit as i64], MessageRow::from_row)?
-                .collect::<rusqlite::Result<_>>()?;
+                .query_map(&sql, args![session, seq, limit as i64], MessageRow::from_row)?;
             rows.reverse();
             Ok(rows)
         })

@@ -1,4 +1,6 @@
-//! The store: one SQLite database (WAL, `synchronous=FULL`) behind one type, [`Store`].
+//! The store: one type, [`Store`], over one of two backends: an SQLite database (WAL,
+//! `synchronous=FULL`; the default) or PostgreSQL ([`postgres`], when `store.url` names one).
+//! Every operation is written once against [`sql::Sql`], which both implement.
 //!
 //! Everything durable lives here: sessions, messages, runs, deliveries, tokens, idempotency keys
 //! and attachment receipts. Reads go through a small pool of read connections (WAL lets them run
@@ -6,9 +8,9 @@
 //! transactions. Schema changes are embedded, versioned migrations; a backup is taken before an
 //! existing store is migrated, and a store written by a newer version is refused.
 //!
-//! [`postgres`] is the first slice of a second backend: connecting, its own schema and
-//! migrations, and copying this store into PostgreSQL (`sessions-mcp migrate --to`). `Store`
-//! itself is SQLite only until the backend lands inside it.
+//! What follows of SQLite holds for PostgreSQL too, as [`postgres`] says: one writer at a time
+//! (across every process sharing the database), read snapshots, embedded versioned migrations,
+//! a newer schema refused; `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
 
 mod asks;
 mod budgets;
@@ -25,6 +27,7 @@ mod schema;
 mod seed;
 mod sessions;
 mod spawn;
+pub(crate) mod sql;
 mod steer;
 mod subagents;
 mod text_enum;
@@ -36,8 +39,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, OpenFlags, Transaction};
+use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
+use sql::{Sql, args};
 
 pub use asks::{Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk};
 pub use budgets::{Crossing, Meter};
@@ -83,6 +87,12 @@ pub enum StoreError {
     Backend(Box<dyn std::error::Error + Send + Sync>),
     #[error("store: stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The database server cannot be reached (PostgreSQL); nothing of the request was stored.
+    #[error("{0}; nothing of this request was stored: retry once the database is back")]
+    Unavailable(String),
+    /// A query that had to return a row returned none (see [`sql::Optional`]).
+    #[error("store: no such row")]
+    NoRow,
 }
 
 impl StoreError {
@@ -116,6 +126,12 @@ enum Survives {
     ProcessDeath,
 }
 
+/// Where the rows live.
+enum Backend {
+    Sqlite { writer: Mutex<Connection>, readers: Mutex<Vec<Connection>> },
+    Postgres(Box<postgres::backend::PgBackend>),
+}
+
 /// The durable store. Cheap to clone; every clone shares the same connections.
 #[derive(Clone)]
 pub struct Store {
@@ -123,14 +139,18 @@ pub struct Store {
 }
 
 struct Inner {
+    /// The SQLite file; for PostgreSQL, where it would be in the state directory (its parent is
+    /// the state directory either way).
     path: PathBuf,
-    writer: Mutex<Connection>,
-    readers: Mutex<Vec<Connection>>,
+    backend: Backend,
     /// Reads and writes served, so that a rest can be told from a burst.
     reads: AtomicU64,
     writes: AtomicU64,
     /// Counts changes: each commit here, and each change another process announced.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Counts the commits other processes told of through the database (PostgreSQL's
+    /// notifications): work another node queued.
+    remote_changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Store {
@@ -142,16 +162,86 @@ impl Store {
         }
         let writer = open_connection(path, false)?;
         migrate(&writer, path)?;
-        Ok(Store {
+        Ok(Store::with(path, Backend::Sqlite { writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) }))
+    }
+
+    /// Opens the store of `state_dir`: the PostgreSQL database `url` names when there is one
+    /// (its schema created or migrated), else the SQLite file in the directory.
+    pub fn open_in(state_dir: &Path, url: Option<&str>) -> Result<Store> {
+        let Some(url) = url else { return Store::open(&Store::path_in(state_dir)) };
+        Store::open_postgres(postgres::PgTarget::parse(url)?, state_dir)
+    }
+
+    /// Opens the PostgreSQL store `target` names, for the state directory `state_dir`.
+    pub fn open_postgres(target: postgres::PgTarget, state_dir: &Path) -> Result<Store> {
+        crate::privacy::create_private_dir(state_dir)
+            .map_err(|source| StoreError::StateDir { path: state_dir.to_path_buf(), source })?;
+        let backend = postgres::backend::PgBackend::open(target)?;
+        let store = Store::with(&Store::path_in(state_dir), Backend::Postgres(Box::new(backend)));
+        let Backend::Postgres(pg) = &store.inner.backend else { unreachable!("just made") };
+        // Weak: the listener must not keep the store alive.
+        let inner = Arc::downgrade(&store.inner);
+        pg.listen(move || {
+            if let Some(inner) = inner.upgrade() {
+                inner.changes.send_modify(|n| *n = n.wrapping_add(1));
+                inner.remote_changes.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        });
+        Ok(store)
+    }
+
+    fn with(path: &Path, backend: Backend) -> Store {
+        Store {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
-                writer: Mutex::new(writer),
-                readers: Mutex::new(Vec::new()),
+                backend,
                 reads: AtomicU64::new(0),
                 writes: AtomicU64::new(0),
                 changes: tokio::sync::watch::Sender::new(0),
+                remote_changes: tokio::sync::watch::Sender::new(0),
             }),
-        })
+        }
+    }
+
+    /// Takes the database's runtime for this process: with PostgreSQL one process of all that
+    /// share the database runs the agents (an advisory lock, released when the process or its
+    /// connection dies); SQLite's runtime is the state directory's lock alone. True when held.
+    pub fn hold_database_runtime(&self) -> Result<bool> {
+        match &self.inner.backend {
+            Backend::Sqlite { .. } => Ok(true),
+            Backend::Postgres(pg) => pg.hold_runtime(),
+        }
+    }
+
+    /// Whether this process still holds the database's runtime (see
+    /// [`Store::hold_database_runtime`]).
+    pub fn holds_database_runtime(&self) -> bool {
+        match &self.inner.backend {
+            Backend::Sqlite { .. } => true,
+            Backend::Postgres(pg) => pg.holds_runtime(),
+        }
+    }
+
+    pub fn release_database_runtime(&self) {
+        if let Backend::Postgres(pg) = &self.inner.backend {
+            pg.release_runtime();
+        }
+    }
+
+    /// The SQL dialect of the backend.
+    fn dialect(&self) -> sql::Dialect {
+        match &self.inner.backend {
+            Backend::Sqlite { .. } => sql::Dialect::Sqlite,
+            Backend::Postgres(_) => sql::Dialect::Postgres,
+        }
+    }
+
+    /// The PostgreSQL database served from, shown without its password; None for SQLite.
+    pub fn postgres_target(&self) -> Option<String> {
+        match &self.inner.backend {
+            Backend::Sqlite { .. } => None,
+            Backend::Postgres(pg) => Some(pg.target().to_string()),
+        }
     }
 
     /// The store file inside a state directory.
@@ -164,9 +254,13 @@ impl Store {
     }
 
     /// Runs `f` on a read connection (a consistent snapshot for the duration of `f`).
-    fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+    fn read<T>(&self, f: impl FnOnce(&dyn Sql) -> Result<T>) -> Result<T> {
         self.inner.reads.fetch_add(1, Ordering::Relaxed);
-        let conn = self.inner.readers.lock().expect("reader pool").pop();
+        let readers = match &self.inner.backend {
+            Backend::Sqlite { readers, .. } => readers,
+            Backend::Postgres(pg) => return pg.read(f),
+        };
+        let conn = readers.lock().expect("reader pool").pop();
         let conn = match conn {
             Some(c) => c,
             None => open_connection(&self.inner.path, true)?,
@@ -177,16 +271,27 @@ impl Store {
             conn.execute_batch("COMMIT")?;
             r
         })();
-        let mut pool = self.inner.readers.lock().expect("reader pool");
+        let mut pool = readers.lock().expect("reader pool");
         if pool.len() < READ_POOL && conn.is_autocommit() {
             pool.push(conn);
         }
-        out.map_err(|e| StoreError::classify(&self.inner.path, e))
+        out.map_err(|e| self.classify(e))
+    }
+
+    /// A failure of the store file itself (not a database) named with its path.
+    fn classify(&self, e: StoreError) -> StoreError {
+        match e {
+            StoreError::Backend(b) => match b.downcast::<rusqlite::Error>() {
+                Ok(e) => StoreError::classify(&self.inner.path, *e),
+                Err(b) => StoreError::Backend(b),
+            },
+            e => e,
+        }
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when `f` returns `Ok`. The commit
     /// survives a power loss (`synchronous=FULL`): what a caller is told was done stays done.
-    fn write_sql<T, E>(&self, f: impl FnOnce(&Transaction) -> std::result::Result<T, E>) -> std::result::Result<T, E>
+    fn write_sql<T, E>(&self, f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>) -> std::result::Result<T, E>
     where
         E: From<StoreError>,
     {
@@ -201,7 +306,7 @@ impl Store {
     /// One fsync saved for each of a run's three such records (BENCHMARKS.md, fan-out).
     fn write_sql_for_this_boot<T, E>(
         &self,
-        f: impl FnOnce(&Transaction) -> std::result::Result<T, E>,
+        f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E>
     where
         E: From<StoreError>,
@@ -212,14 +317,22 @@ impl Store {
     fn write_surviving<T, E>(
         &self,
         survives: Survives,
-        f: impl FnOnce(&Transaction) -> std::result::Result<T, E>,
+        f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E>
     where
         E: From<StoreError>,
     {
         self.inner.writes.fetch_add(1, Ordering::Relaxed);
+        let writer = match &self.inner.backend {
+            Backend::Sqlite { writer, .. } => writer,
+            Backend::Postgres(pg) => {
+                let value = pg.write(survives == Survives::PowerLoss, f)?;
+                self.announce_change();
+                return Ok(value);
+            }
+        };
         let classify = |e| E::from(StoreError::classify(&self.inner.path, e));
-        let mut conn = self.inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut conn = writer.lock().unwrap_or_else(|p| p.into_inner());
         if survives == Survives::ProcessDeath {
             conn.pragma_update(None, "synchronous", "NORMAL").map_err(classify)?;
         }
@@ -246,6 +359,12 @@ impl Store {
         self.inner.changes.subscribe()
     }
 
+    /// Watches the commits of other processes that the database told of (PostgreSQL only;
+    /// SQLite's processes tell each other through the runtime owner's socket).
+    pub fn remote_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.remote_changes.subscribe()
+    }
+
     /// Tells the watchers of [`Store::changes`] that the store changed (another process said so).
     pub fn announce_change(&self) {
         self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
@@ -265,30 +384,35 @@ impl Store {
                 tracing::warn!(error = %e, "shrinking a store connection's cache failed");
             }
         };
-        self.inner.readers.lock().expect("reader pool").iter().for_each(shrink);
-        shrink(&self.inner.writer.lock().unwrap_or_else(|p| p.into_inner()));
+        // PostgreSQL's caches are the server's.
+        let Backend::Sqlite { writer, readers } = &self.inner.backend else { return };
+        readers.lock().expect("reader pool").iter().for_each(shrink);
+        shrink(&writer.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// An ordered content hash of every table: equal fingerprints mean equal stores.
     pub fn fingerprint(&self) -> Result<String> {
-        self.read(|conn| {
-            let mut tables: Vec<String> = conn
-                .prepare(
+        self.read(|c| {
+            let (tables_sql, width_sql) = match c.dialect() {
+                sql::Dialect::Sqlite => (
                     "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
-                )?
-                .query_map([], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+                    "SELECT count(*) FROM pragma_table_info(?1)",
+                ),
+                sql::Dialect::Postgres => (
+                    "SELECT table_name::text FROM information_schema.tables
+                     WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' ORDER BY 1",
+                    "SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ?1",
+                ),
+            };
+            let mut tables: Vec<String> = c.query_map(tables_sql, args![], |r| r.get(0))?;
             tables.retain(|t| t != "schema_version");
             let mut hasher = Sha256::new();
             for table in tables {
                 hasher.update(table.as_bytes());
-                let cols = conn.prepare(&format!("SELECT * FROM \"{table}\""))?.column_count();
+                let cols: i64 = c.one(width_sql, args![table])?;
                 let order: Vec<String> = (1..=cols).map(|i| i.to_string()).collect();
-                let mut stmt = conn.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY {}", order.join(", ")))?;
-                let mut rows = stmt.query([])?;
-                while let Some(row) = rows.next()? {
-                    for i in 0..cols {
-                        let v: rusqlite::types::Value = row.get(i)?;
+                for row in c.rows(&format!("SELECT * FROM \"{table}\" ORDER BY {}", order.join(", ")), args![])? {
+                    for v in row.cells() {
                         hasher.update(format!("{v:?}\u{1f}").as_bytes());
                     }
                     hasher.update(b"\x1e");
@@ -410,7 +534,8 @@ mod tests {
     use super::*;
 
     fn writer_synchronous(store: &Store) -> i64 {
-        let conn = store.inner.writer.lock().unwrap();
+        let Backend::Sqlite { writer, .. } = &store.inner.backend else { unreachable!() };
+        let conn = writer.lock().unwrap();
         conn.pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap()
     }
 
@@ -420,15 +545,14 @@ mod tests {
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         const FULL: i64 = 2;
         assert_eq!(writer_synchronous(&store), FULL);
-        let put = |tx: &Transaction| {
-            tx.execute("INSERT INTO agent_ids (agent_id) VALUES ('x')", []).map_err(StoreError::from)
-        };
+        let put = |tx: &dyn Sql| {
+            tx.execute("INSERT INTO agent_ids (agent_id) VALUES ('x')", args![])};
         store.write_sql_for_this_boot(put).unwrap();
         assert_eq!(writer_synchronous(&store), FULL, "restored after a commit");
         assert!(store.write_sql_for_this_boot(put).is_err(), "the key exists: rolled back");
         assert_eq!(writer_synchronous(&store), FULL, "restored after a rollback");
         let n: i64 = store
-            .read(|c| c.query_row("SELECT count(*) FROM agent_ids WHERE agent_id = 'x'", [], |r| r.get(0)))
+            .read(|c| c.query_row("SELECT count(*) FROM agent_ids WHERE agent_id = 'x'", args![], |r| r.get(0)))
             .unwrap();
         assert_eq!(n, 1, "the first write committed, the failed one changed nothing");
     }
@@ -456,15 +580,16 @@ mod tests {
         let store = Store::open(&Store::path_in(dir.path())).unwrap();
         store
             .write_sql(|tx| -> Result<()> {
-                tx.execute_batch("CREATE TABLE filler (x BLOB)")?;
+                tx.execute("CREATE TABLE filler (x BLOB)", args![])?;
                 for _ in 0..200 {
-                    tx.execute("INSERT INTO filler VALUES (zeroblob(4000))", [])?;
+                    tx.execute("INSERT INTO filler VALUES (zeroblob(4000))", args![])?;
                 }
                 Ok(())
             })
             .unwrap();
-        store.read(|c| c.query_row("SELECT sum(length(x)) FROM filler", [], |r| r.get::<_, i64>(0))).unwrap();
-        let pooled = || cache_used(&store.inner.readers.lock().unwrap()[0]);
+        store.read(|c| c.query_row("SELECT sum(length(x)) FROM filler", args![], |r| r.get::<i64>(0))).unwrap();
+        let Backend::Sqlite { readers, .. } = &store.inner.backend else { unreachable!() };
+        let pooled = || cache_used(&readers.lock().unwrap()[0]);
         assert!(pooled() > 500_000, "the read filled the reader's cache: {}", pooled());
         store.shrink_memory();
         assert!(pooled() < 100_000, "the cache was given back: {}", pooled());
@@ -475,9 +600,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         let store = Store::open(&path).unwrap();
-        let v: i64 = store.read(current_version).unwrap();
+        let v: i64 = store.read(|c| c.one("SELECT coalesce(max(version), 0) FROM schema_version", args![])).unwrap();
         assert_eq!(v, SCHEMA_VERSION);
-        let mode: String = store.read(|c| c.query_row("PRAGMA journal_mode", [], |r| r.get(0))).unwrap();
+        let mode: String = store.read(|c| c.query_row("PRAGMA journal_mode", args![], |r| r.get(0))).unwrap();
         assert_eq!(mode, "wal");
         drop(store);
         Store::open(&path).unwrap();
@@ -513,9 +638,7 @@ mod tests {
         assert!(!store.is_ancestor(&key(&keys[5]), &key(&keys[4])).unwrap(), "a parent is not its child's descendant");
         store
             .write_sql(|tx| {
-                tx.execute("UPDATE sessions SET state = 2, deleted_at = 0 WHERE key = ?1", [&keys[10]])
-                    .map_err(StoreError::from)
-            })
+                tx.execute("UPDATE sessions SET state = 2, deleted_at = 0 WHERE key = ?1", args![&keys[10]])})
             .unwrap();
         assert_eq!(store.prune(1).unwrap().sessions, 1);
         assert!(store.is_ancestor(&root, &leaf).unwrap(), "pruning a middle session keeps the lineage");
@@ -533,12 +656,12 @@ mod tests {
         insert("agent:main:main", None);
         let links: Vec<(String, String)> = store
             .read(|c| {
-                c.prepare(
+                c.query_map(
                     "SELECT a.key, d.key FROM session_tree t JOIN sessions a ON a.id = t.ancestor
                      JOIN sessions d ON d.id = t.session ORDER BY a.key, d.key",
-                )?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect()
+                    args![],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
             })
             .unwrap();
         let pairs: Vec<(&str, &str)> = links.iter().map(|(a, d)| (a.as_str(), d.as_str())).collect();
@@ -572,10 +695,12 @@ mod tests {
         let (pending, links): (i64, i64) = store
             .read(|c| {
                 Ok((
-                    c.query_row("SELECT count(*) FROM runs WHERE steps_done_at IS NULL", [], |r| r.get(0))?,
-                    c.query_row("SELECT count(*) FROM session_tree WHERE ancestor = 2 AND session = 1", [], |r| {
-                        r.get(0)
-                    })?,
+                    c.query_row("SELECT count(*) FROM runs WHERE steps_done_at IS NULL", args![], |r| r.get(0))?,
+                    c.query_row(
+                        "SELECT count(*) FROM session_tree WHERE ancestor = 2 AND session = 1",
+                        args![],
+                        |r| r.get(0),
+                    )?,
                 ))
             })
             .unwrap();
@@ -590,7 +715,7 @@ mod tests {
         let path = dir.path().join("s.db");
         let store = Store::open(&path).unwrap();
         store
-            .write_sql(|tx| tx.execute("INSERT INTO schema_version VALUES (999, 0)", []).map_err(StoreError::from))
+            .write_sql(|tx| tx.execute("INSERT INTO schema_version VALUES (999, 0)", args![]))
             .unwrap();
         drop(store);
         let err = Store::open(&path).err().unwrap();

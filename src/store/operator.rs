@@ -1,6 +1,6 @@
 //! Whole-store reads and maintenance for the operator CLI (ls, show, policy, export, prune).
 
-use rusqlite::params;
+use super::sql::args;
 
 use super::messages::message_columns;
 use super::sessions::session_columns;
@@ -19,7 +19,7 @@ impl Store {
     pub fn all_sessions(&self) -> Result<Vec<SessionRow>> {
         self.read(|c| {
             let sql = format!("SELECT {} FROM sessions ORDER BY id", session_columns());
-            c.prepare(&sql)?.query_map([], SessionRow::from_row)?.collect()
+            c.query_map(&sql, args![], SessionRow::from_row)
         })
     }
 
@@ -27,16 +27,15 @@ impl Store {
     pub fn all_messages(&self, session: i64) -> Result<Vec<MessageRow>> {
         self.read(|c| {
             let sql = format!("SELECT {} FROM messages WHERE session = ?1 ORDER BY seq", message_columns());
-            c.prepare_cached(&sql)?.query_map([session], MessageRow::from_row)?.collect()
+            c.query_map(&sql, args![session], MessageRow::from_row)
         })
     }
 
     /// Records where `export` wrote each session's transcript.
     pub fn set_transcript_paths(&self, paths: &[(i64, String)]) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {
-            let mut stmt = tx.prepare_cached("UPDATE sessions SET transcript_path = ?2 WHERE id = ?1")?;
             for (id, path) in paths {
-                stmt.execute(params![id, path])?;
+                tx.execute("UPDATE sessions SET transcript_path = ?2 WHERE id = ?1", args![id, path])?;
             }
             Ok(())
         })
@@ -47,7 +46,7 @@ impl Store {
         self.write_sql(|tx| -> Result<bool> {
             Ok(tx.execute(
                 "UPDATE sessions SET send_policy = ?2 WHERE key = ?1",
-                params![key, policy.map(super::SendPolicyOverride::as_str)],
+                args![key, policy.map(super::SendPolicyOverride::as_str)],
             )? > 0)
         })
     }
@@ -55,9 +54,9 @@ impl Store {
     /// Run counts per status.
     pub fn run_counts(&self) -> Result<Vec<(String, i64)>> {
         self.read(|c| {
-            c.prepare("SELECT status, count(*) FROM runs GROUP BY status ORDER BY status")?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect()
+            c.query_map("SELECT status, count(*) FROM runs GROUP BY status ORDER BY status", args![], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
         })
     }
 
@@ -65,26 +64,25 @@ impl Store {
     /// `before` (ms), with their messages, runs, deliveries and tree links.
     pub fn prune(&self, before: i64) -> Result<Pruned> {
         self.write_sql(|tx| -> Result<Pruned> {
-            let ids: Vec<i64> = tx
-                .prepare(
-                    "SELECT id FROM sessions WHERE (state = 2 AND deleted_at < ?1) OR (state = 1 AND archived_at < ?1)",
-                )?
-                .query_map([before], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+            let ids: Vec<i64> = tx.query_map(
+                "SELECT id FROM sessions WHERE (state = 2 AND deleted_at < ?1) OR (state = 1 AND archived_at < ?1)",
+                args![before],
+                |r| r.get(0),
+            )?;
             let mut out = Pruned::default();
             for id in ids {
-                out.messages += tx.execute("DELETE FROM messages WHERE session = ?1", [id])?;
+                out.messages += tx.execute("DELETE FROM messages WHERE session = ?1", args![id])?;
                 tx.execute(
                     "DELETE FROM deliveries WHERE run_id IN (SELECT run_id FROM runs WHERE session = ?1)",
-                    [id],
+                    args![id],
                 )?;
                 tx.execute(
                     "DELETE FROM attachments WHERE run_id IN (SELECT run_id FROM runs WHERE session = ?1)",
-                    [id],
+                    args![id],
                 )?;
-                out.runs += tx.execute("DELETE FROM runs WHERE session = ?1", [id])?;
-                tx.execute("DELETE FROM session_tree WHERE session = ?1 OR ancestor = ?1", [id])?;
-                out.sessions += tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+                out.runs += tx.execute("DELETE FROM runs WHERE session = ?1", args![id])?;
+                tx.execute("DELETE FROM session_tree WHERE session = ?1 OR ancestor = ?1", args![id])?;
+                out.sessions += tx.execute("DELETE FROM sessions WHERE id = ?1", args![id])?;
             }
             Ok(out)
         })
@@ -96,8 +94,8 @@ impl Store {
     /// kind, usage and sessions by agent (deleted sessions left out of the last).
     pub fn metric_counts(&self) -> Result<crate::metrics::StoreCounts> {
         self.read(|c| {
-            let rows3 = |sql: &str| -> rusqlite::Result<Vec<(String, String, i64)>> {
-                c.prepare_cached(sql)?.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect()
+            let rows3 = |sql: &str| -> Result<Vec<(String, String, i64)>> {
+                c.query_map(sql, args![], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             };
             let runs = rows3(
                 "SELECT r.status, s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
@@ -105,19 +103,18 @@ impl Store {
             )?;
             let deliveries =
                 rows3("SELECT status, kind, count(*) FROM deliveries GROUP BY status, kind ORDER BY 1, 2")?;
-            let usage = c
-                .prepare_cached(
-                    "SELECT agent_id, sum(tokens_in), sum(tokens_out), coalesce(sum(cost), 0) FROM sessions
+            let usage = c.query_map(
+                "SELECT agent_id, CAST(sum(tokens_in) AS BIGINT), CAST(sum(tokens_out) AS BIGINT), coalesce(sum(cost), 0)
+                     FROM sessions
                      GROUP BY agent_id ORDER BY 1",
-                )?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-                .collect::<rusqlite::Result<_>>()?;
-            let sessions = c
-                .prepare_cached(
-                    "SELECT agent_id, count(*) FROM sessions WHERE state <> 2 GROUP BY agent_id ORDER BY 1",
-                )?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<_>>()?;
+                args![],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )?;
+            let sessions = c.query_map(
+                "SELECT agent_id, count(*) FROM sessions WHERE state <> 2 GROUP BY agent_id ORDER BY 1",
+                args![],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
             Ok(crate::metrics::StoreCounts { runs, deliveries, usage, sessions })
         })
     }

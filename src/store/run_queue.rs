@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use rusqlite::{OptionalExtension, Transaction, params};
+use super::sql::{Optional, Row, Sql, args};
 use serde_json::Value;
 
 use super::messages::append_message;
@@ -199,16 +199,16 @@ pub(super) fn run_columns(run: &str, session: &str) -> String {
     RUN_COLUMNS.split(", ").map(column).collect::<Vec<_>>().join(", ")
 }
 
-pub(super) fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
+pub(super) fn run_from_row(r: &Row) -> Result<RunRow> {
     run_at(r, 0)
 }
 
 /// The run whose [`RUN_COLUMNS`] start at column `at`.
-pub(super) fn run_at(r: &rusqlite::Row, at: usize) -> rusqlite::Result<RunRow> {
-    let json = |i: usize| -> rusqlite::Result<Option<Value>> {
-        Ok(r.get::<_, Option<String>>(at + i)?.and_then(|s| serde_json::from_str(&s).ok()))
+pub(super) fn run_at(r: &Row, at: usize) -> Result<RunRow> {
+    let json = |i: usize| -> Result<Option<Value>> {
+        Ok(r.get::<Option<String>>(at + i)?.and_then(|s| serde_json::from_str(&s).ok()))
     };
-    let text = |i: usize| r.get::<_, String>(at + i);
+    let text = |i: usize| r.get::<String>(at + i);
     Ok(RunRow {
         run_id: text(0)?,
         session: r.get(at + 1)?,
@@ -227,10 +227,10 @@ pub(super) fn run_at(r: &rusqlite::Row, at: usize) -> rusqlite::Result<RunRow> {
         },
         input: json(6)?.unwrap_or(Value::Null),
         provenance: json(7)?,
-        requester_key: r.get::<_, Option<String>>(at + 8)?.map(SessionKey::from_canonical),
+        requester_key: r.get::<Option<String>>(at + 8)?.map(SessionKey::from_canonical),
         chain_id: r.get(at + 9)?,
         hop: r.get(at + 10)?,
-        announce_kind: r.get::<_, Option<String>>(at + 11)?.as_deref().and_then(AnnounceKind::parse),
+        announce_kind: r.get::<Option<String>>(at + 11)?.as_deref().and_then(AnnounceKind::parse),
         model: r.get(at + 12)?,
         thinking: r.get(at + 13)?,
         timeout_ms: r.get(at + 14)?,
@@ -276,16 +276,14 @@ pub struct Finished {
 
 /// Queues a run, once: a flow step that is taken again after a crash derives the same run id
 /// (`flows::step_id`) and adds nothing. Returns false when the run was already there.
-pub(super) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<bool> {
+pub(super) fn enqueue(tx: &dyn Sql, run: &NewRun) -> Result<bool> {
     let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
-    let added = tx
-        .prepare_cached(
-            "INSERT INTO runs (run_id, session, mode, status, input, provenance, requester_key, chain_id, hop,
+    let added = tx.execute(
+        "INSERT INTO runs (run_id, session, mode, status, input, provenance, requester_key, chain_id, hop,
                  announce_kind, model, thinking, timeout_ms, extra, created_at)
              VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
              ON CONFLICT (run_id) DO NOTHING",
-        )?
-        .execute(params![
+        args![
             run.run_id,
             run.session,
             run.mode.as_str(),
@@ -300,13 +298,14 @@ pub(super) fn enqueue(tx: &Transaction, run: &NewRun) -> rusqlite::Result<bool> 
             run.timeout_ms,
             json(&run.extra),
             now_ms(),
-        ])?;
+        ],
+    )?;
     Ok(added == 1)
 }
 
 /// Marks `run` running for `owner` and appends its input to its transcript: the claimed row and
 /// the input's seq.
-fn claim(tx: &Transaction, run: &RunRow, owner: &str) -> rusqlite::Result<(RunRow, i64)> {
+fn claim(tx: &dyn Sql, run: &RunRow, owner: &str) -> Result<(RunRow, i64)> {
     let now = now_ms();
     let content = run.input.get("content").cloned().unwrap_or(Value::Null);
     let role = run.input.get("role").and_then(Value::as_str).unwrap_or("user").to_string();
@@ -323,14 +322,14 @@ fn claim(tx: &Transaction, run: &RunRow, owner: &str) -> rusqlite::Result<(RunRo
     tx.execute(
         "UPDATE runs SET status = 'running', owner = ?2, lease_until = ?3, started_at = ?4, input_seq = ?5
          WHERE run_id = ?1",
-        params![run.run_id, owner, now + 15_000, now, seq],
+        args![run.run_id, owner, now + 15_000, now, seq],
     )?;
     Ok((run_by_id(tx, &run.run_id)?.expect("claimed run exists"), seq))
 }
 
-pub(super) fn run_by_id(c: &rusqlite::Connection, run_id: &str) -> rusqlite::Result<Option<RunRow>> {
+pub(super) fn run_by_id(c: &dyn Sql, run_id: &str) -> Result<Option<RunRow>> {
     let sql = format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session WHERE r.run_id = ?1");
-    c.prepare_cached(&sql)?.query_row([run_id], run_from_row).optional()
+    c.query_row(&sql, args![run_id], run_from_row).optional()
 }
 
 impl Store {
@@ -345,12 +344,14 @@ impl Store {
     pub fn claim_ready(&self, owner: &str, caps: &Caps) -> Result<Vec<(RunRow, i64)>> {
         self.write_sql(|tx| -> Result<Vec<(RunRow, i64)>> {
             let mut running: HashMap<String, i64> = tx
-                .prepare_cached(
+                .query_map(
                     "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
                      WHERE r.status = 'running' GROUP BY s.agent_id",
+                    args![],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<_>>()?;
+                .into_iter()
+                .collect();
             let mut total: i64 = running.values().sum();
             if total >= i64::from(caps.global) {
                 return Ok(Vec::new());
@@ -359,12 +360,12 @@ impl Store {
                 "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
                  WHERE r.status = 'queued'
                    AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.session = r.session AND x.status = 'running')
-                 ORDER BY r.created_at, r.rowid LIMIT 256"
+                 ORDER BY r.created_at, r.{} LIMIT 256",
+                tx.dialect().runs_order()
             );
-            let candidates: Vec<RunRow> =
-                tx.prepare_cached(&sql)?.query_map([], run_from_row)?.collect::<rusqlite::Result<_>>()?;
+            let candidates: Vec<RunRow> = tx.query_map(&sql, args![], run_from_row)?;
             let mut running_spawns: i64 =
-                tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", [], |r| {
+                tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| {
                     r.get(0)
                 })?;
             let mut seen_sessions = std::collections::HashSet::new();
@@ -396,7 +397,8 @@ impl Store {
     /// Records the end of a run: its messages, status, usage and the session's totals, at once.
     pub fn finish_run(&self, run_id: &str, f: &Finished) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {
-            let session: i64 = tx.query_row("SELECT session FROM runs WHERE run_id = ?1", [run_id], |r| r.get(0))?;
+            let session: i64 =
+                tx.query_row("SELECT session FROM runs WHERE run_id = ?1", args![run_id], |r| r.get(0))?;
             for m in &f.messages {
                 append_message(tx, session, m)?;
             }
@@ -405,7 +407,7 @@ impl Store {
                 "UPDATE runs SET status = ?2, reply = ?3, usage = ?4, cost = ?5, model = coalesce(?6, model),
                      error = ?7, exit_status = ?8, ended_at = ?9, lease_until = NULL
                  WHERE run_id = ?1",
-                params![
+                args![
                     run_id,
                     f.status.as_str(),
                     f.reply,
@@ -419,16 +421,19 @@ impl Store {
             )?;
             let tokens = |k: &str| f.usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_i64).unwrap_or(0);
             let (tin, tout) = (tokens("inputTokens"), tokens("outputTokens"));
-            let final_usage =
-                f.usage.as_ref().map(|_| (tin + tout, f.cost.map_or(0, crate::policy::budget::micros)));
+            let final_usage = f.usage.as_ref().map(|_| (tin + tout, f.cost.map_or(0, crate::policy::budget::micros)));
             super::budgets::settle_run(tx, run_id, final_usage, now)?;
             tx.execute(
-                "UPDATE sessions SET tokens_in = tokens_in + ?2, tokens_out = tokens_out + ?3,
-                     tokens_total = tokens_total + ?2 + ?3, cost = CASE WHEN ?4 IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END,
-                     model = coalesce(?5, model), aborted_last_run = ?6, updated_at = max(updated_at, ?7),
+                &format!(
+                    "UPDATE sessions SET tokens_in = tokens_in + ?2, tokens_out = tokens_out + ?3,
+                     tokens_total = tokens_total + ?2 + ?3,
+                     cost = CASE WHEN CAST(?4 AS DOUBLE PRECISION) IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END,
+                     model = coalesce(?5, model), aborted_last_run = ?6, updated_at = {}(updated_at, ?7),
                      external_session_id = ?8, cli_usage_total = ?9
                  WHERE id = ?1",
-                params![
+                    tx.dialect().greatest()
+                ),
+                args![
                     session,
                     tin,
                     tout,
@@ -443,7 +448,7 @@ impl Store {
             // The run's token ends with the run: by now every process of the run is gone (the
             // supervisor, or the server when the supervisor died, ended the tree), so nothing
             // legitimate can present it again; an escaper that copied it gets no grace.
-            tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'", params![run_id, now])?;
+            tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'", args![run_id, now])?;
             Ok(())
         })
     }
@@ -451,8 +456,7 @@ impl Store {
     /// The usage totals of the CLI session that `session` last resumed (see [`Finished`]).
     pub fn cli_usage_total(&self, session: i64) -> Result<Option<Value>> {
         let text: Option<String> = self.read(|c| {
-            c.prepare_cached("SELECT cli_usage_total FROM sessions WHERE id = ?1")?
-                .query_row([session], |r| r.get(0))
+            c.query_row("SELECT cli_usage_total FROM sessions WHERE id = ?1", args![session], |r| r.get(0))
                 .optional()
                 .map(Option::flatten)
         })?;
@@ -464,7 +468,7 @@ impl Store {
         self.write_sql(|tx| -> Result<()> {
             tx.execute(
                 "UPDATE runs SET lease_until = ?2 WHERE owner = ?1 AND status = 'running'",
-                params![owner, now_ms() + 15_000],
+                args![owner, now_ms() + 15_000],
             )?;
             Ok(())
         })
@@ -478,17 +482,16 @@ impl Store {
                 "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
                  WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1)"
             );
-            let runs: Vec<RunRow> =
-                tx.prepare(&sql)?.query_map([owner], run_from_row)?.collect::<rusqlite::Result<_>>()?;
+            let runs: Vec<RunRow> = tx.query_map(&sql, args![owner], run_from_row)?;
             for r in &runs {
                 super::budgets::settle_run(tx, &r.run_id, None, now_ms())?;
                 tx.execute(
                     "UPDATE runs SET status = 'interrupted', ended_at = ?2, lease_until = NULL,
                          error = 'interrupted: the process running it died; it was not re-run'
                      WHERE run_id = ?1",
-                    params![r.run_id, now_ms()],
+                    args![r.run_id, now_ms()],
                 )?;
-                tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1", params![r.run_id, now_ms()])?;
+                tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1", args![r.run_id, now_ms()])?;
             }
             Ok(runs)
         })
@@ -500,7 +503,7 @@ impl Store {
         self.write_sql_for_this_boot(|tx| -> Result<()> {
             tx.execute(
                 "UPDATE runs SET supervisor_pid = ?2, supervisor_pgid = ?2, supervisor_start = ?3 WHERE run_id = ?1",
-                params![run_id, pid, start_time],
+                args![run_id, pid, start_time],
             )?;
             Ok(())
         })
@@ -509,11 +512,11 @@ impl Store {
     /// Supervisor (pid, start time) of the given runs.
     pub fn supervisors(&self, run_ids: &[String]) -> Result<Vec<(i64, Option<i64>)>> {
         self.read(|c| {
-            let mut stmt = c.prepare_cached("SELECT supervisor_pid, supervisor_start FROM runs WHERE run_id = ?1")?;
+            let sql = "SELECT supervisor_pid, supervisor_start FROM runs WHERE run_id = ?1";
             let mut out = Vec::new();
             for id in run_ids {
                 if let Some((Some(pid), start)) =
-                    stmt.query_row([id], |r| Ok((r.get::<_, Option<i64>>(0)?, r.get(1)?))).optional()?
+                    c.query_opt(sql, args![id], |r| Ok((r.get::<Option<i64>>(0)?, r.get(1)?)))?
                 {
                     out.push((pid, start));
                 }
@@ -525,7 +528,7 @@ impl Store {
     /// Records that the steps after `run_id`'s end (reply-back, announce, deliveries) were taken.
     pub fn steps_taken(&self, run_id: &str) -> Result<()> {
         self.write_sql_for_this_boot(|tx| -> Result<()> {
-            tx.execute("UPDATE runs SET steps_done_at = ?2 WHERE run_id = ?1", params![run_id, now_ms()])?;
+            tx.execute("UPDATE runs SET steps_done_at = ?2 WHERE run_id = ?1", args![run_id, now_ms()])?;
             Ok(())
         })
     }
@@ -540,13 +543,15 @@ impl Store {
                  WHERE r.steps_done_at IS NULL AND r.status NOT IN ('queued', 'running') AND r.ended_at <= ?1
                  ORDER BY r.ended_at"
             );
-            c.prepare(&sql)?.query_map([now_ms() - min_age_ms], run_from_row)?.collect()
+            c.query_map(&sql, args![now_ms() - min_age_ms], run_from_row)
         })
     }
 
     /// How many runs are queued or running (the drain condition).
     pub fn unfinished_runs(&self) -> Result<i64> {
-        self.read(|c| c.query_row("SELECT count(*) FROM runs WHERE status IN ('queued', 'running')", [], |r| r.get(0)))
+        self.read(|c| {
+            c.query_row("SELECT count(*) FROM runs WHERE status IN ('queued', 'running')", args![], |r| r.get(0))
+        })
     }
 }
 
@@ -554,7 +559,7 @@ impl Store {
     /// Records that `run_id` (a run inside which a caller waits) waits on `on` (None clears it).
     pub fn set_waiting(&self, run_id: &str, on: Option<&str>) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {
-            tx.execute("UPDATE runs SET waiting_on = ?2 WHERE run_id = ?1", params![run_id, on])?;
+            tx.execute("UPDATE runs SET waiting_on = ?2 WHERE run_id = ?1", args![run_id, on])?;
             Ok(())
         })
     }
@@ -563,17 +568,14 @@ impl Store {
     /// cycle? Follows the target's running run through `waiting_on` (bounded).
     pub fn wait_would_deadlock(&self, caller: i64, target: i64) -> Result<bool> {
         self.read(|c| {
-            let mut running =
-                c.prepare_cached("SELECT waiting_on FROM runs WHERE session = ?1 AND status = 'running'")?;
-            let mut session_of = c.prepare_cached("SELECT session FROM runs WHERE run_id = ?1")?;
             let mut session = target;
             for _ in 0..32 {
-                let Some(Some(waits_on)) =
-                    running.query_row([session], |r| r.get::<_, Option<String>>(0)).optional()?
-                else {
+                let running = "SELECT waiting_on FROM runs WHERE session = ?1 AND status = 'running'";
+                let Some(Some(waits_on)) = c.query_opt(running, args![session], |r| r.get::<Option<String>>(0))? else {
                     return Ok(false);
                 };
-                let Some(next) = session_of.query_row([&waits_on], |r| r.get::<_, i64>(0)).optional()? else {
+                let session_of = "SELECT session FROM runs WHERE run_id = ?1";
+                let Some(next) = c.query_opt(session_of, args![waits_on], |r| r.get::<i64>(0))? else {
                     return Ok(false);
                 };
                 if next == caller {

@@ -2,7 +2,7 @@
 //! run tokens, runs and idempotency keys — for `dev seed` (the tests build their worlds with it) and the stores the
 //! benchmarks generate. Rows are written as given: nothing here decides visibility or policy.
 
-use rusqlite::{Transaction, params};
+use super::sql::{Sql, args};
 use serde_json::Value;
 
 use super::messages::append_message;
@@ -106,16 +106,16 @@ impl Store {
     }
 }
 
-fn seed_session<M: IntoIterator<Item = NewMessage>>(tx: &Transaction, s: SeedSession<M>) -> rusqlite::Result<()> {
+fn seed_session<M: IntoIterator<Item = NewMessage>>(tx: &dyn Sql, s: SeedSession<M>) -> Result<()> {
     insert_session(tx, &s.session)?;
     let id = session_id(tx, &s.session.key)?;
     if let Some(stated) = &s.stated {
-        tx.prepare_cached(
+        tx.execute(
             "UPDATE sessions SET send_policy = ?2, deleted_at = ?3,
-                 state = CASE WHEN ?3 IS NOT NULL THEN 2 ELSE state END
+                 state = CASE WHEN CAST(?3 AS BIGINT) IS NOT NULL THEN 2 ELSE state END
              WHERE id = ?1",
-        )?
-        .execute(params![id, stated.send_policy.map(SendPolicyOverride::as_str), stated.deleted_at])?;
+            args![id, stated.send_policy.map(SendPolicyOverride::as_str), stated.deleted_at],
+        )?;
     }
     for m in s.messages {
         append_message(tx, id, &m)?;
@@ -126,23 +126,20 @@ fn seed_session<M: IntoIterator<Item = NewMessage>>(tx: &Transaction, s: SeedSes
     Ok(())
 }
 
-fn insert_token(tx: &Transaction, t: &SeedToken) -> rusqlite::Result<()> {
+fn insert_token(tx: &dyn Sql, t: &SeedToken) -> Result<()> {
     let r = &t.row;
-    tx.prepare_cached(
+    tx.execute(
         "INSERT INTO tokens (hash, kind, session_key, run_id, chain_id, hop, sandboxed, expires_at, created_at)
          VALUES (?1, 'run', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![t.hash, r.session_key, r.run_id, r.chain_id, r.hop, r.sandboxed, t.expires_at, now_ms()])?;
+        args![t.hash, r.session_key, r.run_id, r.chain_id, r.hop, r.sandboxed, t.expires_at, now_ms()],
+    )?;
     Ok(())
 }
 
-fn insert_run(tx: &Transaction, r: &SeedRun) -> rusqlite::Result<()> {
+fn insert_run(tx: &dyn Sql, r: &SeedRun) -> Result<()> {
     let session = session_id(tx, &r.session)?;
-    tx.prepare_cached(
-        "INSERT INTO runs (run_id, session, mode, status, input, waiting_on, owner, requester_key, created_at, started_at)
-         VALUES (?1, ?2, 'send', ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
-    )?
-    .execute(params![
+    tx.execute("INSERT INTO runs (run_id, session, mode, status, input, waiting_on, owner, requester_key, created_at, started_at)
+         VALUES (?1, ?2, 'send', ?3, ?4, ?5, ?6, ?7, ?8, ?8)", args![
         r.run_id,
         session,
         r.status.as_str(),
@@ -155,11 +152,11 @@ fn insert_run(tx: &Transaction, r: &SeedRun) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn insert_key(tx: &Transaction, k: &SeedKey) -> rusqlite::Result<()> {
-    tx.prepare_cached(
+fn insert_key(tx: &dyn Sql, k: &SeedKey) -> Result<()> {
+    tx.execute(
         "INSERT INTO idempotency (caller, key, tool, args_hash, run_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![k.caller.as_str(), k.key, k.tool, k.args_hash, k.run_id, now_ms()])?;
+        args![k.caller.as_str(), k.key, k.tool, k.args_hash, k.run_id, now_ms()],
+    )?;
     Ok(())
 }
 

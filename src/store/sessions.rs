@@ -1,6 +1,6 @@
 //! Session rows: insert, look up, walk the spawn tree, and list in index order.
 
-use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
+use super::sql::{Arg, ArgValue, Optional, Row, Sql, args};
 use serde_json::Value;
 
 use super::text_enum::text_enum;
@@ -100,19 +100,19 @@ pub(super) fn session_columns() -> &'static str {
 }
 
 impl SessionRow {
-    pub(super) fn from_row(r: &Row) -> rusqlite::Result<Self> {
-        let json = |i: usize| -> rusqlite::Result<Option<Value>> {
-            Ok(r.get::<_, Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
+    pub(super) fn from_row(r: &Row) -> Result<Self> {
+        let json = |i: usize| -> Result<Option<Value>> {
+            Ok(r.get::<Option<String>>(i)?.and_then(|s| serde_json::from_str(&s).ok()))
         };
         Ok(SessionRow {
             id: r.get(0)?,
-            key: SessionKey::from_canonical(r.get::<_, String>(1)?),
+            key: SessionKey::from_canonical(r.get::<String>(1)?),
             session_id: r.get(2)?,
-            agent_id: AgentId::parse(&r.get::<_, String>(3)?).unwrap_or_else(|_| AgentId::main()),
-            kind: SessionKind::parse(&r.get::<_, String>(4)?).unwrap_or(SessionKind::Other),
+            agent_id: AgentId::parse(&r.get::<String>(3)?).unwrap_or_else(|_| AgentId::main()),
+            kind: SessionKind::parse(&r.get::<String>(4)?).unwrap_or(SessionKind::Other),
             state: SessionState::from_i64(r.get(5)?),
-            external: r.get::<_, String>(6)? == "external",
-            chat_type: r.get::<_, Option<String>>(7)?.as_deref().and_then(ChatType::parse),
+            external: r.get::<String>(6)? == "external",
+            chat_type: r.get::<Option<String>>(7)?.as_deref().and_then(ChatType::parse),
             channel: r.get(8)?,
             last_channel: r.get(9)?,
             last_to: r.get(10)?,
@@ -120,11 +120,11 @@ impl SessionRow {
             delivery_context: json(12)?,
             label: r.get(13)?,
             display_name: r.get(14)?,
-            spawned_by: r.get::<_, Option<String>>(15)?.map(SessionKey::from_canonical),
+            spawned_by: r.get::<Option<String>>(15)?.map(SessionKey::from_canonical),
             spawn_depth: r.get(16)?,
             subagent_role: r.get(17)?,
             sandboxed: r.get(18)?,
-            send_policy: r.get::<_, Option<String>>(19)?.as_deref().and_then(SendPolicyOverride::parse),
+            send_policy: r.get::<Option<String>>(19)?.as_deref().and_then(SendPolicyOverride::parse),
             model: r.get(20)?,
             thinking_level: r.get(21)?,
             verbose_level: r.get(22)?,
@@ -236,8 +236,11 @@ impl Store {
     /// Sessions whose sessionId matches (case-insensitive); the caller filters visibility.
     pub fn sessions_by_session_id(&self, id: &str) -> Result<Vec<SessionRow>> {
         self.read(|c| {
-            let sql = format!("SELECT {COLUMNS} FROM sessions WHERE session_id = ?1 COLLATE NOCASE LIMIT 64");
-            c.prepare_cached(&sql)?.query_map([id], SessionRow::from_row)?.collect()
+            let sql = format!(
+                "SELECT {COLUMNS} FROM sessions WHERE {} LIMIT 64",
+                self.dialect().eq_nocase("session_id", "?1")
+            );
+            c.query_map(&sql, args![id], SessionRow::from_row)
         })
     }
 
@@ -245,7 +248,7 @@ impl Store {
     pub fn sessions_by_label(&self, label: &str) -> Result<Vec<SessionRow>> {
         self.read(|c| {
             let sql = format!("SELECT {COLUMNS} FROM sessions WHERE label = ?1 AND state <> 2 LIMIT 256");
-            c.prepare_cached(&sql)?.query_map([label], SessionRow::from_row)?.collect()
+            c.query_map(&sql, args![label], SessionRow::from_row)
         })
     }
 
@@ -254,12 +257,13 @@ impl Store {
     /// after `prune` removed a session in the middle of a lineage.
     pub fn is_ancestor(&self, ancestor: &SessionKey, key: &SessionKey) -> Result<bool> {
         self.read(|c| {
-            c.prepare_cached(
+            c.query_row(
                 "SELECT EXISTS (SELECT 1 FROM session_tree
                      WHERE ancestor = (SELECT id FROM sessions WHERE key = ?1)
                        AND session = (SELECT id FROM sessions WHERE key = ?2))",
-            )?
-            .query_row([ancestor.as_str(), key.as_str()], |r| r.get(0))
+                args![ancestor.as_str(), key.as_str()],
+                |r| r.get(0),
+            )
         })
     }
 
@@ -271,8 +275,8 @@ impl Store {
     /// Agent ids that own at least one session.
     pub fn agent_ids(&self) -> Result<Vec<AgentId>> {
         self.read(|c| {
-            let mut stmt = c.prepare_cached("SELECT agent_id FROM agent_ids ORDER BY agent_id")?;
-            let ids: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+            let ids: Vec<String> =
+                c.query_map("SELECT agent_id FROM agent_ids ORDER BY agent_id", args![], |r| r.get(0))?;
             Ok(ids.iter().filter_map(|s| AgentId::parse(s).ok()).collect())
         })
     }
@@ -294,7 +298,7 @@ impl Store {
                 tx.execute(
                     "UPDATE sessions SET driver = 'external', last_channel = coalesce(last_channel, 'webchat')
                      WHERE key = ?1 AND driver <> 'external'",
-                    [new.key.as_str()],
+                    args![new.key.as_str()],
                 )?;
             }
             session_by_key(tx, &new.key)?.ok_or_else(|| StoreError::Corrupt(format!("session {} vanished", new.key)))
@@ -302,25 +306,25 @@ impl Store {
     }
 }
 
-pub(super) fn session_by_key(c: &Connection, key: &SessionKey) -> rusqlite::Result<Option<SessionRow>> {
+pub(super) fn session_by_key(c: &dyn Sql, key: &SessionKey) -> Result<Option<SessionRow>> {
     let sql = format!("SELECT {COLUMNS} FROM sessions WHERE key = ?1");
-    c.prepare_cached(&sql)?.query_row([key.as_str()], SessionRow::from_row).optional()
+    c.query_row(&sql, args![key.as_str()], SessionRow::from_row).optional()
 }
 
 /// The row id of the session `key`, inside a write (the flows append to sessions they just
 /// created or looked up).
-pub(super) fn session_id(tx: &Transaction, key: &SessionKey) -> rusqlite::Result<i64> {
-    tx.prepare_cached("SELECT id FROM sessions WHERE key = ?1")?.query_row([key.as_str()], |r| r.get(0))
+pub(super) fn session_id(tx: &dyn Sql, key: &SessionKey) -> Result<i64> {
+    tx.query_row("SELECT id FROM sessions WHERE key = ?1", args![key.as_str()], |r| r.get(0))
 }
 
 /// Sets a session's `updated_at` back to what its source says (appending moves it).
-pub(super) fn set_updated_at(tx: &Transaction, id: i64, at: i64) -> rusqlite::Result<()> {
-    tx.prepare_cached("UPDATE sessions SET updated_at = ?2 WHERE id = ?1")?.execute(params![id, at])?;
+pub(super) fn set_updated_at(tx: &dyn Sql, id: i64, at: i64) -> Result<()> {
+    tx.execute("UPDATE sessions SET updated_at = ?2 WHERE id = ?1", args![id, at])?;
     Ok(())
 }
 
 /// Inserts `s` unless its key exists. Returns whether a row was created.
-pub(super) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Result<bool> {
+pub(super) fn insert_session(tx: &dyn Sql, s: &NewSession) -> Result<bool> {
     let state = if s.key.is_cron_run() {
         SessionState::Unlisted
     } else if s.archived_at.is_some() {
@@ -329,15 +333,13 @@ pub(super) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Resu
         SessionState::Active
     };
     let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
-    let created =
-        tx.prepare_cached(
-            "INSERT INTO sessions (key, session_id, agent_id, kind, state, driver, chat_type, channel, last_channel,
+    let created = tx.execute(
+        "INSERT INTO sessions (key, session_id, agent_id, kind, state, driver, chat_type, channel, last_channel,
              last_to, delivery_context, label, display_name, spawned_by, spawn_depth, subagent_role, sandboxed,
              model, origin, created_at, updated_at, archived_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)
          ON CONFLICT (key) DO NOTHING",
-        )?
-        .execute(params![
+        args![
             s.key.as_str(),
             s.session_id,
             s.agent_id.as_str(),
@@ -360,14 +362,15 @@ pub(super) fn insert_session(tx: &Transaction, s: &NewSession) -> rusqlite::Resu
             s.created_at,
             s.updated_at,
             s.archived_at,
-        ])? > 0;
+        ],
+    )? > 0;
     if created {
-        tx.prepare_cached("INSERT OR IGNORE INTO agent_ids (agent_id) VALUES (?1)")?.execute([s.agent_id.as_str()])?;
+        tx.execute("INSERT INTO agent_ids (agent_id) VALUES (?1) ON CONFLICT DO NOTHING", args![s.agent_id.as_str()])?;
     }
     Ok(created)
 }
 
-fn list_slice(c: &Connection, q: &ListQuery) -> rusqlite::Result<Vec<SessionRow>> {
+fn list_slice(c: &dyn Sql, q: &ListQuery) -> Result<Vec<SessionRow>> {
     // Both shapes order by (updated_at DESC, id DESC) straight off an index.
     let (root, mut sql) = match q.scope {
         SliceScope::Agent(agent) => (agent, format!("SELECT {COLUMNS} FROM sessions WHERE agent_id = ?1")),
@@ -393,44 +396,29 @@ fn list_slice(c: &Connection, q: &ListQuery) -> rusqlite::Result<Vec<SessionRow>
         SliceScope::TreeOf(_) => "t.",
     };
     let id = if t.is_empty() { "id" } else { "t.session" };
-    if q.kind.is_some() {
-        sql.push_str(&format!(" AND {p}kind = ?2"));
+    // Only the filters asked for are in the statement; each takes the next parameter number.
+    let mut bound: Vec<ArgValue> = vec![root.arg()];
+    let mut param = |v: ArgValue<'static>| {
+        bound.push(v);
+        format!("?{}", bound.len())
+    };
+    if let Some(kind) = q.kind {
+        sql.push_str(&format!(" AND {p}kind = {}", param(ArgValue::Text(kind.as_str().into()))));
     }
     sql.push_str(&if q.include_archived { format!(" AND {p}state IN (0, 1)") } else { format!(" AND {p}state = 0") });
-    if q.updated_since.is_some() {
-        sql.push_str(&format!(" AND {t}updated_at >= ?3"));
-    }
-    if q.after.is_some() {
-        sql.push_str(&format!(" AND ({t}updated_at < ?4 OR ({t}updated_at = ?4 AND {id} < ?5))"));
-    }
-    if q.exclude_key.is_some() {
-        sql.push_str(&format!(" AND {p}key <> ?6"));
-    }
-    sql.push_str(&format!(" ORDER BY {t}updated_at DESC, {id} DESC LIMIT ?7"));
-    let mut stmt = c.prepare_cached(&sql)?;
-    let (after_u, after_id) = q.after.unwrap_or((0, 0));
-    let mut bind = |i: usize, v: &dyn rusqlite::ToSql| stmt.raw_bind_parameter(i, v);
-    bind(1, &root)?;
-    if let Some(kind) = q.kind {
-        bind(2, &kind.as_str())?;
-    }
     if let Some(since) = q.updated_since {
-        bind(3, &since)?;
+        sql.push_str(&format!(" AND {t}updated_at >= {}", param(ArgValue::Int(since))));
     }
-    if q.after.is_some() {
-        bind(4, &after_u)?;
-        bind(5, &after_id)?;
+    if let Some((after_u, after_id)) = q.after {
+        let (u, i) = (param(ArgValue::Int(after_u)), param(ArgValue::Int(after_id)));
+        sql.push_str(&format!(" AND ({t}updated_at < {u} OR ({t}updated_at = {u} AND {id} < {i}))"));
     }
     if let Some(k) = q.exclude_key {
-        bind(6, &k)?;
+        sql.push_str(&format!(" AND {p}key <> {}", param(ArgValue::Text(k.to_string().into()))));
     }
-    bind(7, &(q.limit as i64))?;
-    let mut rows = stmt.raw_query();
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(SessionRow::from_row(row)?);
-    }
-    Ok(out)
+    sql.push_str(&format!(" ORDER BY {t}updated_at DESC, {id} DESC LIMIT {}", param(ArgValue::Int(q.limit as i64))));
+    let args: Vec<&dyn Arg> = bound.iter().map(|v| v as &dyn Arg).collect();
+    c.query_map(&sql, &args, SessionRow::from_row)
 }
 
 /// Where a session's replies on its channel go (`Tx::set_route`).

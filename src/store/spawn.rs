@@ -1,7 +1,7 @@
 //! Sub-agent bookkeeping: admission counts, the announce mark (which closes the child's budget),
 //! and the archive sweep.
 
-use rusqlite::{Transaction, params};
+use super::sql::{Sql, args};
 
 use super::{Result, Store, now_ms};
 
@@ -16,8 +16,8 @@ pub struct SpawnCounts {
     pub running: i64,
 }
 
-pub(super) fn spawn_counts(tx: &Transaction, requester: &str) -> rusqlite::Result<SpawnCounts> {
-    let count = |sql: &str, p: &[&dyn rusqlite::ToSql]| tx.query_row(sql, p, |r| r.get::<_, i64>(0));
+pub(super) fn spawn_counts(tx: &dyn Sql, requester: &str) -> Result<SpawnCounts> {
+    let count = |sql: &str, p: &[&dyn super::sql::Arg]| tx.one::<i64>(sql, p);
     Ok(SpawnCounts {
         unfinished: count(
             "SELECT count(*) FROM runs WHERE requester_key = ?1 AND mode = 'spawn' AND status IN ('queued', 'running')",
@@ -33,10 +33,8 @@ impl Store {
     pub fn unannounced_children(&self, key: &str) -> Result<i64> {
         self.read(|c| {
             c.query_row(
-                "SELECT count(*) FROM sessions WHERE spawned_by = ?1 AND spawn_run IS NOT NULL AND announced_at IS NULL",
-                [key],
-                |r| r.get(0),
-            )
+                "SELECT count(*) FROM sessions WHERE spawned_by = ?1 AND spawn_run IS NOT NULL AND announced_at IS NULL", args![key],
+                |r| r.get(0))
         })
     }
 
@@ -49,12 +47,12 @@ impl Store {
             if delete {
                 tx.execute(
                     "UPDATE sessions SET announced_at = ?2, state = 2, deleted_at = ?2 WHERE id = ?1",
-                    params![session, now],
+                    args![session, now],
                 )?;
             } else {
                 tx.execute(
                     "UPDATE sessions SET announced_at = ?2, archive_due_at = ?3 WHERE id = ?1",
-                    params![session, now, archive_after_ms.map(|ms| now + ms)],
+                    args![session, now, archive_after_ms.map(|ms| now + ms)],
                 )?;
             }
             Ok(())
@@ -66,13 +64,9 @@ impl Store {
         self.write_sql(|tx| -> Result<Vec<String>> {
             let now = now_ms();
             let keys: Vec<String> = tx
-                .prepare_cached("SELECT key FROM sessions WHERE archive_due_at IS NOT NULL AND archive_due_at <= ?1 AND state = 0")?
-                .query_map([now], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+                .query_map("SELECT key FROM sessions WHERE archive_due_at IS NOT NULL AND archive_due_at <= ?1 AND state = 0", args![now], |r| r.get(0))?;
             tx.execute(
-                "UPDATE sessions SET state = 1, archived_at = ?1 WHERE archive_due_at IS NOT NULL AND archive_due_at <= ?1 AND state = 0",
-                [now],
-            )?;
+                "UPDATE sessions SET state = 1, archived_at = ?1 WHERE archive_due_at IS NOT NULL AND archive_due_at <= ?1 AND state = 0", args![now])?;
             Ok(keys)
         })
     }
@@ -82,7 +76,7 @@ impl Store {
     /// Records that a run's attachment files were removed (their receipts stay).
     pub fn attachments_removed(&self, run_id: &str) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {
-            tx.execute("UPDATE attachments SET removed_at = ?2 WHERE run_id = ?1", params![run_id, now_ms()])?;
+            tx.execute("UPDATE attachments SET removed_at = ?2 WHERE run_id = ?1", args![run_id, now_ms()])?;
             Ok(())
         })
     }

@@ -3,7 +3,7 @@
 //! `steered` or `queued`, once (a compare-and-set on `pending`, so the owner and a requester
 //! that gave up waiting never both settle it).
 
-use rusqlite::{OptionalExtension, Transaction, params};
+use super::sql::{Optional, Row, Sql, args};
 use serde_json::Value;
 
 use super::text_enum::text_enum;
@@ -55,60 +55,53 @@ pub struct SteerRow {
 const SELECT: &str = "SELECT s.id, s.session, c.key, s.run_id, s.requester, s.text, s.provenance, s.state, s.queued_run
      FROM steers s JOIN sessions c ON c.id = s.session";
 
-fn from_row(r: &rusqlite::Row) -> rusqlite::Result<SteerRow> {
+fn from_row(r: &Row) -> Result<SteerRow> {
     Ok(SteerRow {
         id: r.get(0)?,
         session: r.get(1)?,
-        child: SessionKey::from_canonical(r.get::<_, String>(2)?),
+        child: SessionKey::from_canonical(r.get::<String>(2)?),
         run_id: r.get(3)?,
-        requester: SessionKey::from_canonical(r.get::<_, String>(4)?),
+        requester: SessionKey::from_canonical(r.get::<String>(4)?),
         text: r.get(5)?,
-        provenance: r.get::<_, Option<String>>(6)?.and_then(|s| serde_json::from_str(&s).ok()),
-        state: SteerState::parse(&r.get::<_, String>(7)?).unwrap_or(SteerState::Pending),
+        provenance: r.get::<Option<String>>(6)?.and_then(|s| serde_json::from_str(&s).ok()),
+        state: SteerState::parse(&r.get::<String>(7)?).unwrap_or(SteerState::Pending),
         queued_run: r.get(8)?,
     })
 }
 
-pub(super) fn add_steer(tx: &Transaction, s: &NewSteer) -> rusqlite::Result<i64> {
+pub(super) fn add_steer(tx: &dyn Sql, s: &NewSteer) -> Result<i64> {
     let now = now_ms();
     let decided = (s.state != SteerState::Pending).then_some(now);
-    tx.prepare_cached(
+    tx.one(
         "INSERT INTO steers (session, run_id, requester, text, provenance, state, queued_run, created_at, decided_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )?
-    .execute(params![
-        s.session,
-        s.run_id,
-        s.requester.as_str(),
-        s.text,
-        s.provenance.to_string(),
-        s.state.as_str(),
-        s.queued_run,
-        now,
-        decided
-    ])?;
-    Ok(tx.last_insert_rowid())
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
+        args![
+            s.session,
+            s.run_id,
+            s.requester.as_str(),
+            s.text,
+            s.provenance.to_string(),
+            s.state.as_str(),
+            s.queued_run,
+            now,
+            decided
+        ],
+    )
 }
 
 /// Settles a pending steer; false when it was settled already.
-pub(super) fn settle_steer(
-    tx: &Transaction,
-    id: i64,
-    state: SteerState,
-    queued_run: Option<&str>,
-) -> rusqlite::Result<bool> {
-    let changed = tx
-        .prepare_cached(
-            "UPDATE steers SET state = ?2, queued_run = ?3, decided_at = ?4 WHERE id = ?1 AND state = 'pending'",
-        )?
-        .execute(params![id, state.as_str(), queued_run, now_ms()])?;
+pub(super) fn settle_steer(tx: &dyn Sql, id: i64, state: SteerState, queued_run: Option<&str>) -> Result<bool> {
+    let changed = tx.execute(
+        "UPDATE steers SET state = ?2, queued_run = ?3, decided_at = ?4 WHERE id = ?1 AND state = 'pending'",
+        args![id, state.as_str(), queued_run, now_ms()],
+    )?;
     Ok(changed == 1)
 }
 
 impl Store {
     pub fn steer(&self, id: i64) -> Result<Option<SteerRow>> {
         let sql = format!("{SELECT} WHERE s.id = ?1");
-        self.read(|c| c.prepare_cached(&sql)?.query_row([id], from_row).optional())
+        self.read(|c| c.query_row(&sql, args![id], from_row).optional())
     }
 
     /// Pending steers for the running runs of `owner`, oldest first.
@@ -124,7 +117,7 @@ impl Store {
     fn steers_where(&self, filter: &str, param: &str) -> Result<Vec<SteerRow>> {
         let sql =
             format!("{SELECT} JOIN runs r ON r.run_id = s.run_id WHERE s.state = 'pending' AND {filter} ORDER BY s.id");
-        self.read(|c| c.prepare_cached(&sql)?.query_map([param], from_row)?.collect())
+        self.read(|c| c.query_map(&sql, args![param], from_row))
     }
 }
 

@@ -2,7 +2,7 @@
 //! totals), each child's work and announce, the announce marked read, and a subtree cancelled in
 //! one transaction.
 
-use rusqlite::{OptionalExtension, Row, params};
+use super::sql::{Dialect, Optional, Row, args};
 
 use super::asks::open_asks_of;
 use super::ledger::{DeliveryKind, DeliveryStatus};
@@ -44,7 +44,7 @@ fn announce_id(run: &str) -> String {
 
 /// The announce whose [`ANNOUNCE_COLUMNS`] start at column `at`; None where they are NULL (a
 /// LEFT JOIN found none).
-fn announce_at(r: &Row, at: usize) -> rusqlite::Result<Option<AnnounceRow>> {
+fn announce_at(r: &Row, at: usize) -> Result<Option<AnnounceRow>> {
     let Some(id) = r.get(at)? else { return Ok(None) };
     let kind: String = r.get(at + 1)?;
     let status: String = r.get(at + 2)?;
@@ -66,18 +66,24 @@ struct RunPick {
 
 /// What [`Store::active_run_of`] picks.
 const ACTIVE_RUN: RunPick =
-    RunPick { filter: "r.status IN ('queued', 'running')", order: "r.status = 'running' DESC, r.created_at" };
+    RunPick { filter: "r.status IN ('queued', 'running')", order: "r.status = 'running' DESC, r.created_at, r.{seq}" };
 
 /// What [`Store::last_work_run`] picks.
 const LAST_WORK_RUN: RunPick =
-    RunPick { filter: "r.mode IN ('spawn', 'completion', 'steer')", order: "r.created_at DESC, r.rowid DESC" };
+    RunPick { filter: "r.mode IN ('spawn', 'completion', 'steer')", order: "r.created_at DESC, r.{seq} DESC" };
 
 impl RunPick {
-    /// The rowid of the run it picks of session `session` (an SQL expression).
-    fn rowid(&self, session: &str) -> String {
+    /// Its order, `{seq}` being the column that orders runs by when they were queued.
+    fn order(&self, dialect: Dialect) -> String {
+        self.order.replace("{seq}", dialect.runs_order())
+    }
+
+    /// The id of the run it picks of session `session` (an SQL expression).
+    fn run_id(&self, session: &str, dialect: Dialect) -> String {
         format!(
-            "(SELECT r.rowid FROM runs r WHERE r.session = {session} AND {} ORDER BY {} LIMIT 1)",
-            self.filter, self.order
+            "(SELECT r.run_id FROM runs r WHERE r.session = {session} AND {} ORDER BY {} LIMIT 1)",
+            self.filter,
+            self.order(dialect)
         )
     }
 }
@@ -138,12 +144,11 @@ impl Store {
             prefixed_session_columns()
         );
         self.read(|c| {
-            c.prepare_cached(&sql)?
-                .query_map(
-                    params![ancestor.as_str(), deleted_since, before.unwrap_or(i64::MAX), limit as i64],
-                    SessionRow::from_row,
-                )?
-                .collect()
+            c.query_map(
+                &sql,
+                args![ancestor.as_str(), deleted_since, before.unwrap_or(i64::MAX), limit as i64],
+                SessionRow::from_row,
+            )
         })
     }
 
@@ -153,21 +158,20 @@ impl Store {
             "SELECT {} FROM sessions s WHERE s.spawned_by = ?1 AND {SHOWN} ORDER BY s.id",
             prefixed_session_columns()
         );
-        self.read(|c| {
-            c.prepare_cached(&sql)?.query_map(params![parent.as_str(), deleted_since], SessionRow::from_row)?.collect()
-        })
+        self.read(|c| c.query_map(&sql, args![parent.as_str(), deleted_since], SessionRow::from_row))
     }
 
     /// Counts and sums over all of `ancestor`'s shown descendants.
     pub fn tree_totals(&self, ancestor: &SessionKey, deleted_since: i64) -> Result<TreeTotals> {
         let sql = format!(
-            "SELECT count(*), coalesce(sum(s.announced_at IS NULL AND s.spawn_run IS NOT NULL), 0),
-                    coalesce(sum(s.tokens_in), 0), coalesce(sum(s.tokens_out), 0), sum(s.cost)
+            "SELECT count(*),
+                    CAST(coalesce(sum(CASE WHEN s.announced_at IS NULL AND s.spawn_run IS NOT NULL THEN 1 ELSE 0 END), 0) AS BIGINT),
+                    CAST(coalesce(sum(s.tokens_in), 0) AS BIGINT), CAST(coalesce(sum(s.tokens_out), 0) AS BIGINT), sum(s.cost)
              FROM session_tree t JOIN sessions s ON s.id = t.session
              WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1) AND {SHOWN}"
         );
         self.read(|c| {
-            c.prepare_cached(&sql)?.query_row(params![ancestor.as_str(), deleted_since], |r| {
+            c.query_row(&sql, args![ancestor.as_str(), deleted_since], |r| {
                 Ok(TreeTotals {
                     sessions: r.get(0)?,
                     unfinished: r.get(1)?,
@@ -182,7 +186,7 @@ impl Store {
     /// The announce of a child's spawn run, if it was made.
     pub fn announce_of(&self, spawn_run: &str) -> Result<Option<AnnounceRow>> {
         let sql = format!("SELECT {ANNOUNCE_COLUMNS} FROM deliveries d WHERE d.id = {}", announce_id("?1"));
-        self.read(|c| Ok(c.prepare_cached(&sql)?.query_row([spawn_run], |r| announce_at(r, 0)).optional()?.flatten()))
+        self.read(|c| Ok(c.query_row(&sql, args![spawn_run], |r| announce_at(r, 0)).optional()?.flatten()))
     }
 
     /// The run a session works on now: its running run, else its oldest queued one.
@@ -200,9 +204,10 @@ impl Store {
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
              WHERE r.session = ?1 AND {} ORDER BY {} LIMIT 1",
-            pick.filter, pick.order
+            pick.filter,
+            pick.order(self.dialect())
         );
-        self.read(|c| c.prepare_cached(&sql)?.query_row([session], run_from_row).optional())
+        self.read(|c| c.query_row(&sql, args![session], run_from_row).optional())
     }
 
     /// A child's spawn run (`spawn_run`), active run, last work run and announce in one
@@ -212,33 +217,32 @@ impl Store {
     pub fn child_rows(&self, session: i64, spawn_run: Option<&str>) -> Result<ChildRows> {
         let sql = format!(
             "SELECT {}, {}, {}, {ANNOUNCE_COLUMNS}
-             FROM (SELECT ?1 AS id, ?2 AS spawn_run) child
+             FROM (SELECT CAST(?1 AS BIGINT) AS id, CAST(?2 AS TEXT) AS spawn_run) child
              LEFT JOIN runs sp ON sp.run_id = child.spawn_run
              LEFT JOIN sessions sps ON sps.id = sp.session
-             LEFT JOIN runs ac ON ac.rowid = {}
+             LEFT JOIN runs ac ON ac.run_id = {}
              LEFT JOIN sessions acs ON acs.id = ac.session
-             LEFT JOIN runs lw ON lw.rowid = {}
+             LEFT JOIN runs lw ON lw.run_id = {}
              LEFT JOIN sessions lws ON lws.id = lw.session
              LEFT JOIN deliveries d ON d.id = {}",
             run_columns("sp", "sps"),
             run_columns("ac", "acs"),
             run_columns("lw", "lws"),
-            ACTIVE_RUN.rowid("child.id"),
-            LAST_WORK_RUN.rowid("child.id"),
+            ACTIVE_RUN.run_id("child.id", self.dialect()),
+            LAST_WORK_RUN.run_id("child.id", self.dialect()),
             announce_id("child.spawn_run"),
         );
-        let run = |r: &Row, i: usize| -> rusqlite::Result<Option<RunRow>> {
+        let run = |r: &Row, i: usize| -> Result<Option<RunRow>> {
             let at = i * RUN_WIDTH;
-            match r.get::<_, Option<String>>(at)? {
+            match r.get::<Option<String>>(at)? {
                 Some(_) => run_at(r, at).map(Some),
                 None => Ok(None),
             }
         };
         self.read(|c| {
-            let (spawn_run, active, last_work, announce) =
-                c.prepare_cached(&sql)?.query_row(params![session, spawn_run], |r| {
-                    Ok((run(r, 0)?, run(r, 1)?, run(r, 2)?, announce_at(r, 3 * RUN_WIDTH)?))
-                })?;
+            let (spawn_run, active, last_work, announce) = c.query_row(&sql, args![session, spawn_run], |r| {
+                Ok((run(r, 0)?, run(r, 1)?, run(r, 2)?, announce_at(r, 3 * RUN_WIDTH)?))
+            })?;
             Ok(ChildRows {
                 spawn_run,
                 active,
@@ -257,13 +261,13 @@ impl Store {
             return Ok(());
         }
         self.write_sql(|tx| -> Result<()> {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE deliveries SET read_at = ?2
-                 WHERE run_id = ?1 AND kind IN ('announce', 'completion') AND status = 'delivered' AND read_at IS NULL",
-            )?;
             let now = now_ms();
             for run in spawn_runs {
-                stmt.execute(params![run, now])?;
+                tx.execute(
+                    "UPDATE deliveries SET read_at = ?2
+                     WHERE run_id = ?1 AND kind IN ('announce', 'completion') AND status = 'delivered' AND read_at IS NULL",
+                    args![run, now],
+                )?;
             }
             Ok(())
         })
@@ -284,10 +288,8 @@ impl Store {
         self.write_sql(|tx| -> Result<SubtreeCancel> {
             let now = now_ms();
             let mut out = SubtreeCancel::default();
-            let sessions: Vec<SessionRow> = tx
-                .prepare(&select)?
-                .query_map(params![root.as_str(), cascade], SessionRow::from_row)?
-                .collect::<rusqlite::Result<_>>()?;
+            let sessions: Vec<SessionRow> =
+                tx.query_map(&select, args![root.as_str(), cascade], SessionRow::from_row)?;
             let runs_sql = format!(
                 "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
                  WHERE r.session = ?1 AND r.status IN ('queued', 'running')"
@@ -295,17 +297,14 @@ impl Store {
             for session in sessions {
                 tx.execute(
                     "UPDATE sessions SET cancelled_at = coalesce(cancelled_at, ?2) WHERE id = ?1",
-                    params![session.id, now],
+                    args![session.id, now],
                 )?;
-                let runs: Vec<RunRow> = tx
-                    .prepare_cached(&runs_sql)?
-                    .query_map([session.id], run_from_row)?
-                    .collect::<rusqlite::Result<_>>()?;
+                let runs: Vec<RunRow> = tx.query_map(&runs_sql, args![session.id], run_from_row)?;
                 for run in runs {
                     if run.status == super::RunStatus::Running {
                         tx.execute(
                             "UPDATE runs SET cancel_requested_at = coalesce(cancel_requested_at, ?2) WHERE run_id = ?1",
-                            params![run.run_id, now],
+                            args![run.run_id, now],
                         )?;
                         out.flagged.push(run.run_id);
                     } else {

@@ -2,7 +2,7 @@
 //! again by the channel, address and thread a bridge posts in, and kept available (mode
 //! `session`) until its idle time or age runs out — the archive sweep ends it.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use super::sql::{Optional, Sql, args};
 
 use super::text_enum::text_enum;
 use super::{Result, Store, now_ms};
@@ -47,25 +47,22 @@ impl ThreadBinding {
     }
 }
 
-pub(super) fn bind(c: &Connection, session: i64, b: &ThreadBinding) -> rusqlite::Result<()> {
+pub(super) fn bind(c: &dyn Sql, session: i64, b: &ThreadBinding) -> Result<()> {
     c.execute(
         "INSERT INTO thread_bindings (session, channel, to_addr, thread_id, mode, idle_ms, max_age_ms, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        params![session, b.channel, b.to, b.thread_id, b.mode.as_str(), b.idle_ms, b.max_age_ms, b.created_at],
+        args![session, b.channel, b.to, b.thread_id, b.mode.as_str(), b.idle_ms, b.max_age_ms, b.created_at],
     )?;
     Ok(())
 }
 
-pub(super) fn binding_of(c: &Connection, session: i64) -> rusqlite::Result<Option<ThreadBinding>> {
-    c.prepare_cached(
-        "SELECT channel, to_addr, thread_id, mode, idle_ms, max_age_ms, created_at FROM thread_bindings WHERE session = ?1",
-    )?
-    .query_row([session], |r| {
+pub(super) fn binding_of(c: &dyn Sql, session: i64) -> Result<Option<ThreadBinding>> {
+    c.query_row("SELECT channel, to_addr, thread_id, mode, idle_ms, max_age_ms, created_at FROM thread_bindings WHERE session = ?1", args![session], |r| {
         Ok(ThreadBinding {
             channel: r.get(0)?,
             to: r.get(1)?,
             thread_id: r.get(2)?,
-            mode: BindingMode::parse(&r.get::<_, String>(3)?).unwrap_or(BindingMode::Run),
+            mode: BindingMode::parse(&r.get::<String>(3)?).unwrap_or(BindingMode::Run),
             idle_ms: r.get(4)?,
             max_age_ms: r.get(5)?,
             created_at: r.get(6)?,
@@ -83,12 +80,13 @@ impl Store {
     /// The live (not archived, not deleted) session-mode child bound to this thread, if any.
     pub fn bound_session(&self, channel: &str, to: &str, thread_id: &str) -> Result<Option<SessionKey>> {
         self.read(|c| {
-            c.prepare_cached(
+            c.query_row(
                 "SELECT s.key FROM thread_bindings b JOIN sessions s ON s.id = b.session
                  WHERE b.channel = ?1 AND b.to_addr = ?2 AND b.thread_id = ?3 AND b.mode = 'session' AND s.state = 0
                  ORDER BY b.created_at DESC LIMIT 1",
-            )?
-            .query_row(params![channel, to, thread_id], |r| Ok(SessionKey::from_canonical(r.get::<_, String>(0)?)))
+                args![channel, to, thread_id],
+                |r| Ok(SessionKey::from_canonical(r.get::<String>(0)?)),
+            )
             .optional()
         })
     }
@@ -101,7 +99,7 @@ impl Store {
             let Some(due) = binding_of(tx, session)?.and_then(|b| b.archive_due(now)) else { return Ok(()) };
             tx.execute(
                 "UPDATE sessions SET archive_due_at = ?2 WHERE id = ?1 AND state = 0 AND announced_at IS NOT NULL",
-                params![session, due],
+                args![session, due],
             )?;
             Ok(())
         })

@@ -1,6 +1,6 @@
 //! Bearer tokens, stored only as sha256 hashes.
 
-use rusqlite::{OptionalExtension, params};
+use super::sql::{Optional, args};
 use sha2::{Digest, Sha256};
 
 use super::{Result, Store};
@@ -19,20 +19,21 @@ impl Store {
     /// The run token with this hash, if it is valid at `now` (from run start until its expiry).
     pub fn run_token(&self, hash: &str, now: i64) -> Result<Option<TokenRow>> {
         self.read(|c| {
-            c.prepare_cached(
+            c.query_row(
                 "SELECT session_key, run_id, chain_id, hop, sandboxed FROM tokens
                  WHERE hash = ?1 AND kind = 'run' AND (valid_from IS NULL OR valid_from <= ?2)
                    AND (expires_at IS NULL OR expires_at > ?2)",
-            )?
-            .query_row(params![hash, now], |r| {
-                Ok(TokenRow {
-                    session_key: r.get(0)?,
-                    run_id: r.get(1)?,
-                    chain_id: r.get(2)?,
-                    hop: r.get(3)?,
-                    sandboxed: r.get(4)?,
-                })
-            })
+                args![hash, now],
+                |r| {
+                    Ok(TokenRow {
+                        session_key: r.get(0)?,
+                        run_id: r.get(1)?,
+                        chain_id: r.get(2)?,
+                        hop: r.get(3)?,
+                        sandboxed: r.get(4)?,
+                    })
+                },
+            )
             .optional()
         })
     }
@@ -45,7 +46,7 @@ impl Store {
             tx.execute(
                 "INSERT INTO tokens (hash, kind, session_key, run_id, chain_id, hop, sandboxed, valid_from, created_at)
                  VALUES (?1, 'run', ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
-                params![hash, row.session_key, row.run_id, row.chain_id, row.hop, row.sandboxed, super::now_ms()],
+                args![hash, row.session_key, row.run_id, row.chain_id, row.hop, row.sandboxed, super::now_ms()],
             )?;
             Ok(())
         })

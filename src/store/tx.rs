@@ -4,7 +4,7 @@
 //! the delivery moved); the statements themselves are these methods, in domain types, so no
 //! SQL and no backend type leaves the store.
 
-use rusqlite::{Transaction, params};
+use super::sql::{Sql, args};
 use serde_json::Value;
 
 use super::{NewDelivery, NewMessage, NewRun, NewSession, Result, SpawnCounts, Store, StoreError};
@@ -12,7 +12,7 @@ use crate::keys::SessionKey;
 
 /// One write transaction.
 pub struct Tx<'a> {
-    tx: &'a Transaction<'a>,
+    tx: &'a dyn Sql,
 }
 
 impl Store {
@@ -28,33 +28,33 @@ impl Store {
 impl Tx<'_> {
     /// Creates the session unless its key exists. True when it was created.
     pub fn insert_session(&self, s: &NewSession) -> Result<bool> {
-        Ok(super::sessions::insert_session(self.tx, s)?)
+        super::sessions::insert_session(self.tx, s)
     }
 
     /// The row id of a session written in this transaction or before.
     pub fn session_id(&self, key: &SessionKey) -> Result<i64> {
-        Ok(super::sessions::session_id(self.tx, key)?)
+        super::sessions::session_id(self.tx, key)
     }
 
     /// The row id of a session, if it exists.
     pub fn find_session_id(&self, key: &SessionKey) -> Result<Option<i64>> {
-        use rusqlite::OptionalExtension;
-        Ok(super::sessions::session_id(self.tx, key).optional()?)
+        use super::sql::Optional;
+        super::sessions::session_id(self.tx, key).optional()
     }
 
     /// Appends a message to a session; returns its seq.
     pub fn append_message(&self, session: i64, m: &NewMessage) -> Result<i64> {
-        Ok(super::messages::append_message(self.tx, session, m)?)
+        super::messages::append_message(self.tx, session, m)
     }
 
     /// Queues a run, once: false when a run with its id exists (a step taken again).
     pub fn enqueue(&self, run: &NewRun) -> Result<bool> {
-        Ok(super::run_queue::enqueue(self.tx, run)?)
+        super::run_queue::enqueue(self.tx, run)
     }
 
     /// Records a delivery, once per run and kind: false when it was already there.
     pub fn add_delivery(&self, d: &NewDelivery) -> Result<bool> {
-        Ok(super::ledger::add_delivery(self.tx, d, None)?)
+        super::ledger::add_delivery(self.tx, d, None)
     }
 
     /// Ends a queued run `cancelled` with its steps taken (there are none to take): a step that
@@ -64,14 +64,14 @@ impl Tx<'_> {
         super::cancel::dequeue(self.tx, run_id, now, why)?;
         self.tx.execute(
             "UPDATE runs SET steps_done_at = ?2 WHERE run_id = ?1 AND status = 'cancelled' AND steps_done_at IS NULL",
-            params![run_id, now],
+            args![run_id, now],
         )?;
         Ok(())
     }
 
     /// The budget accounts `session` draws on: its own, then its ancestors', nearest first.
     pub fn budget_chain(&self, session: i64) -> Result<Vec<crate::policy::budget::Account>> {
-        Ok(super::budgets::chain(self.tx, session, super::now_ms())?)
+        super::budgets::chain(self.tx, session, super::now_ms())
     }
 
     /// Opens a child's budget account.
@@ -81,52 +81,52 @@ impl Tx<'_> {
         limits: &crate::policy::budget::Limits,
         clamped: &[crate::policy::budget::Dim],
     ) -> Result<()> {
-        Ok(super::budgets::open_account(self.tx, session, limits, clamped)?)
+        super::budgets::open_account(self.tx, session, limits, clamped)
     }
 
     /// Opens a root's account with the configured limits, or brings its open one to them.
     pub fn set_root_budget(&self, session: i64, limits: &crate::policy::budget::Limits) -> Result<()> {
-        Ok(super::budgets::set_root_account(self.tx, session, limits)?)
+        super::budgets::set_root_account(self.tx, session, limits)
     }
 
     /// The nearest account of `chain` marked exceeded, as a crossing.
     pub fn exceeded_in(&self, chain: &[crate::policy::budget::Account]) -> Result<Option<super::Crossing>> {
-        Ok(super::budgets::exceeded_in(self.tx, chain)?)
+        super::budgets::exceeded_in(self.tx, chain)
     }
 
     /// Reserves `amount` of `dim` in `account` for a child.
     pub fn reserve_budget(&self, account: i64, dim: crate::policy::budget::Dim, amount: i64) -> Result<()> {
-        Ok(super::budgets::reserve(self.tx, account, dim, amount)?)
+        super::budgets::reserve(self.tx, account, dim, amount)
     }
 
     /// Records an open ask.
     pub fn add_ask(&self, a: &super::NewAsk) -> Result<()> {
-        Ok(super::asks::add_ask(self.tx, a)?)
+        super::asks::add_ask(self.tx, a)
     }
 
     /// Closes an open ask as `state` with `answer`: false when it was closed already.
     pub fn close_ask(&self, id: &str, state: super::AskState, answer: &super::Answer) -> Result<bool> {
-        Ok(super::asks::close_ask(self.tx, id, state, answer)?)
+        super::asks::close_ask(self.tx, id, state, answer)
     }
 
     /// Records a steer; returns its id.
     pub fn add_steer(&self, s: &super::NewSteer) -> Result<i64> {
-        Ok(super::steer::add_steer(self.tx, s)?)
+        super::steer::add_steer(self.tx, s)
     }
 
     /// Settles a pending steer (`steered`, or `queued` as `queued_run`): false when it was already.
     pub fn settle_steer(&self, id: i64, state: super::SteerState, queued_run: Option<&str>) -> Result<bool> {
-        Ok(super::steer::settle_steer(self.tx, id, state, queued_run)?)
+        super::steer::settle_steer(self.tx, id, state, queued_run)
     }
 
     /// Records a child's announce with the text it carried (`subagents` wait returns it), once.
     pub fn add_announce(&self, d: &NewDelivery, text: &str) -> Result<bool> {
-        Ok(super::ledger::add_delivery(self.tx, d, Some(text))?)
+        super::ledger::add_delivery(self.tx, d, Some(text))
     }
 
     /// Moves a pending delivery to `status`: false when it had already reached a final one.
     pub fn set_delivery_status(&self, id: i64, status: super::DeliveryStatus, error: Option<&str>) -> Result<bool> {
-        Ok(super::ledger::set_delivery_status(self.tx, id, status, error)?)
+        super::ledger::set_delivery_status(self.tx, id, status, error)
     }
 
     /// Remembers the caller's idempotency key for the run it started.
@@ -139,24 +139,24 @@ impl Tx<'_> {
         run_id: &str,
         result: &Value,
     ) -> Result<()> {
-        Ok(super::ledger::remember_key(self.tx, caller.as_str(), key, tool, args_hash, run_id, result)?)
+        super::ledger::remember_key(self.tx, caller.as_str(), key, tool, args_hash, run_id, result)
     }
 
     /// Binds a child to its thread.
     pub fn bind_thread(&self, session: i64, binding: &super::ThreadBinding) -> Result<()> {
-        Ok(super::threads::bind(self.tx, session, binding)?)
+        super::threads::bind(self.tx, session, binding)
     }
 
     /// A session's `channel` column: where its replies go when its key names no channel.
     pub fn set_channel(&self, session: i64, channel: &str) -> Result<()> {
-        self.tx.execute("UPDATE sessions SET channel = ?2 WHERE id = ?1", params![session, channel])?;
+        self.tx.execute("UPDATE sessions SET channel = ?2 WHERE id = ?1", args![session, channel])?;
         Ok(())
     }
 
     /// A caller's idempotency key, if used in the last 24 h: read in the transaction that would
     /// use it, so that two posts of one message cannot both pass.
     pub fn idempotency(&self, caller: &SessionKey, key: &str) -> Result<Option<super::IdempotencyHit>> {
-        Ok(super::ledger::idempotency_hit(self.tx, caller.as_str(), key)?)
+        super::ledger::idempotency_hit(self.tx, caller.as_str(), key)
     }
 
     /// Where a session's channel replies go: the channel, the address on it, the thread and the
@@ -165,19 +165,19 @@ impl Tx<'_> {
         self.tx.execute(
             "UPDATE sessions SET last_channel = ?2, last_to = coalesce(?3, last_to), last_thread_id = ?4,
                  last_account_id = coalesce(?5, last_account_id) WHERE id = ?1",
-            params![session, route.channel, route.to, route.thread_id, route.account_id],
+            args![session, route.channel, route.to, route.thread_id, route.account_id],
         )?;
         Ok(())
     }
 
     /// A requester's children by state (the spawn caps count them).
     pub fn spawn_counts(&self, requester: &SessionKey) -> Result<SpawnCounts> {
-        Ok(super::spawn::spawn_counts(self.tx, requester.as_str())?)
+        super::spawn::spawn_counts(self.tx, requester.as_str())
     }
 
     /// Links a child session to the run that spawned it.
     pub fn set_spawn_run(&self, child: i64, run_id: &str) -> Result<()> {
-        self.tx.execute("UPDATE sessions SET spawn_run = ?2 WHERE id = ?1", params![child, run_id])?;
+        self.tx.execute("UPDATE sessions SET spawn_run = ?2 WHERE id = ?1", args![child, run_id])?;
         Ok(())
     }
 
@@ -185,7 +185,7 @@ impl Tx<'_> {
     pub fn add_attachment_receipt(&self, run_id: &str, r: &AttachmentReceipt) -> Result<()> {
         self.tx.execute(
             "INSERT INTO attachments (run_id, name, bytes, sha256, rel_dir) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![run_id, r.name, r.bytes as i64, r.sha256, r.rel_dir],
+            args![run_id, r.name, r.bytes as i64, r.sha256, r.rel_dir],
         )?;
         Ok(())
     }

@@ -798,7 +798,7 @@ fn a_store_file_that_is_not_a_database_is_refused_and_left_alone() {
         b"hello".to_vec(),
         (0..8192u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>(),
     ] {
-        let env = TestEnv::new();
+        let env = TestEnv::sqlite();
         std::fs::create_dir_all(env.state_dir()).unwrap();
         let db = env.state_dir().join("sessions.db");
         std::fs::write(&db, &junk).unwrap();

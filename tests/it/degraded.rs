@@ -30,7 +30,7 @@ struct Broken {
 
 fn broken_worlds() -> Vec<Broken> {
     let config = |text: &str| TestEnv::with_config(text);
-    let junk_store = TestEnv::new();
+    let junk_store = TestEnv::sqlite();
     std::fs::create_dir_all(junk_store.state_dir()).unwrap();
     std::fs::write(junk_store.state_dir().join("sessions.db"), "not SQLite\n".repeat(100)).unwrap();
     let openclaw = TestEnv::new();

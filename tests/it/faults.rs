@@ -43,8 +43,9 @@ impl Rng {
     }
 }
 
+/// On SQLite whichever backend the suite runs on: the checks read the SQLite file.
 fn world() -> TestEnv {
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::sqlite();
     let worker = scripted_agent(
         &env,
         "worker",
@@ -282,7 +283,8 @@ fn serve_with_file_limit(env: &TestEnv, limit: u64) -> Client {
 
 #[test]
 fn a_full_disk_gives_a_clear_error_keeps_serving_and_loses_nothing() {
-    let env = TestEnv::with_config(&agents_config(vec![], json!({})));
+    // The disk under SQLite's file (PostgreSQL's server keeps its own).
+    let env = TestEnv::with_config(&agents_config(vec![], json!({}))).on_sqlite();
     env.seed(json!({"sessions": [{"key": "agent:main:desk", "driver": "external"}]}));
     let db_size = std::fs::metadata(env.state_dir().join("sessions.db")).unwrap().len();
     let mut c = serve_with_file_limit(&env, db_size + 256 * 1024);

@@ -433,7 +433,8 @@ fn modes_under(dir: &Path) -> Vec<(PathBuf, u32)> {
 #[test]
 fn everything_the_server_writes_is_private_whatever_the_umask_and_doctor_fixes_old_stores() {
     let body = "IFS= read -r line\nprintf x > agent-file\nprintf '%s\\n' '{\"type\":\"final\",\"text\":\"wrote\"}'\n";
-    let env = common::env_with_shell_worker(body);
+    // The modes of SQLite's files are part of what it checks.
+    let env = common::env_with_shell_worker(body).on_sqlite();
     let mut c = common::Client::start(with_umask_022(env.command(&["serve"])));
     let r = c.call("sessions_send", json!({"sessionKey": "agent:worker:main", "message": "go", "timeoutSeconds": 20}));
     assert_eq!(r["reply"], "wrote", "{r}");

@@ -49,8 +49,9 @@ fn script() -> Value {
     ], "default": {"reply": "noted"}})
 }
 
+/// On SQLite whichever backend the suite runs on: the checks read the SQLite file.
 fn world() -> TestEnv {
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::sqlite();
     let path = env.write_file("load-agent.json", &script().to_string());
     let runner =
         json!({"command": common::bin(), "args": ["agent", "--script", path], "maxConcurrent": PER_AGENT_RUNS});

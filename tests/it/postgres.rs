@@ -120,7 +120,7 @@ fn refused(out: &Output) -> String {
 /// A store with sessions (one spawned by the other), messages, runs, run tokens and an
 /// idempotency key.
 fn seeded() -> TestEnv {
-    let env = TestEnv::new();
+    let env = TestEnv::sqlite();
     env.seed(json!({
         "sessions": [
             {"key": "agent:main:main", "label": "the main one", "messages": [
@@ -398,7 +398,7 @@ fn doctor_reports_the_connection_the_schema_and_the_clock() {
 fn migrate_is_refused_while_a_daemon_or_serve_runs_and_without_a_store() {
     let Some(server) = server() else { return };
     let db = Db::create(&server);
-    let none = TestEnv::new();
+    let none = TestEnv::sqlite();
     let line = refused(&migrate(&none, &db.url()));
     assert!(line.starts_with("sessions-mcp: no SQLite store at "), "{line}");
     let env = seeded();
@@ -482,7 +482,7 @@ fn the_spawn_tree_is_kept_by_triggers_in_postgresql_as_in_sqlite() {
 fn an_empty_sessions_mcp_schema_takes_a_copy_and_a_database_not_in_utf8_is_refused() {
     let Some(server) = server() else { return };
     let db = Db::create(&server);
-    let empty = TestEnv::new();
+    let empty = TestEnv::sqlite();
     assert!(empty.run(&["ls"]).status.success(), "creates the empty store");
     let out = migrate(&empty, &db.url());
     assert!(out.status.success(), "{}", text(&out.stderr));

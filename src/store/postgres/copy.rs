@@ -64,15 +64,8 @@ pub struct TableCopied {
     pub sha256: String,
 }
 
-/// One value, as both sides store it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Cell {
-    Null,
-    Int(i64),
-    Real(f64),
-    Text(String),
-    Blob(Vec<u8>),
-}
+/// One value, as both sides store it (the store's own, [`crate::store::sql::Cell`]).
+pub use crate::store::sql::Cell;
 
 impl Cell {
     /// Appends the canonical encoding: a tag byte, then the value (an integer as 8 big-endian

@@ -11,6 +11,7 @@
 //!
 //! [`StoreError`]: crate::store::StoreError
 
+pub mod backend;
 pub mod copy;
 pub mod run_queue;
 pub mod schema;
@@ -24,8 +25,9 @@ use tokio_postgres::{NoTls, Transaction};
 
 /// How long connecting may take before the server counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections a pool keeps; the operator's commands use one.
-const POOL_SIZE: usize = 4;
+/// Connections a pool keeps: a serving process's one writer and its concurrent readers (SQLite's
+/// side keeps 8 readers); the operator's commands use one.
+const POOL_SIZE: usize = 16;
 /// The advisory lock under which the schema is inspected and migrated, so that two processes
 /// starting on one empty database do not both create it (`"smcp"` in ASCII).
 const SCHEMA_LOCK: i64 = 0x736d_6370;
@@ -511,7 +513,7 @@ mod tests {
     fn the_postgres_schema_has_every_table_and_column_of_the_sqlite_schema() {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(&dir.path().join("s.db")).unwrap();
-        let sqlite = store.read(copy::sqlite_columns).unwrap();
+        let sqlite = copy::sqlite_columns(&rusqlite::Connection::open(store.path()).unwrap()).unwrap();
         let tables: Vec<&str> = sqlite.iter().map(|(t, _)| t.as_str()).collect();
         let mut expected: Vec<&str> = schema::DATA_TABLES.to_vec();
         expected.sort_unstable();

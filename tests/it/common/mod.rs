@@ -18,15 +18,31 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_sessions-mcp")
 }
 
-/// A state directory (and optional config) for one test.
+/// A state directory (and optional config) for one test, and its store: the SQLite file in the
+/// directory, or with `SESSIONS_MCP_TEST_STORE=postgres` a database of its own on the server of
+/// `SESSIONS_MCP_TEST_PG` (every process the test starts is given its URL).
 pub struct TestEnv {
     pub dir: tempfile::TempDir,
     pub config: Option<PathBuf>,
+    pub pg: Option<TestDatabase>,
 }
 
 impl TestEnv {
     pub fn new() -> Self {
-        TestEnv { dir: tempfile::tempdir().expect("tempdir"), config: None }
+        let pg = postgres_selected().then(TestDatabase::create);
+        TestEnv { dir: tempfile::tempdir().expect("tempdir"), config: None, pg }
+    }
+
+    /// A test of the SQLite file itself (its copy into PostgreSQL, its fault handling): SQLite
+    /// whichever backend the suite runs on.
+    pub fn sqlite() -> Self {
+        TestEnv { dir: tempfile::tempdir().expect("tempdir"), config: None, pg: None }
+    }
+
+    /// This env on SQLite whichever backend the suite runs on (see [`TestEnv::sqlite`]).
+    pub fn on_sqlite(mut self) -> Self {
+        self.pg = None;
+        self
     }
 
     pub fn with_config(json5: &str) -> Self {
@@ -62,6 +78,9 @@ impl TestEnv {
             "SESSIONS_MCP_STORE_URL",
         ] {
             c.env_remove(var);
+        }
+        if let Some(db) = &self.pg {
+            c.env("SESSIONS_MCP_STORE_URL", &db.url);
         }
         c.env("RUST_LOG", "warn");
         c
@@ -107,6 +126,62 @@ impl TestEnv {
         }
         Client::start(cmd)
     }
+}
+
+/// Whether the suite runs on PostgreSQL (`SESSIONS_MCP_TEST_STORE=postgres`; else SQLite).
+pub fn postgres_selected() -> bool {
+    match std::env::var("SESSIONS_MCP_TEST_STORE").as_deref() {
+        Ok("postgres") => true,
+        Ok("sqlite") | Ok("") | Err(_) => false,
+        Ok(other) => panic!("SESSIONS_MCP_TEST_STORE={other}: say sqlite or postgres"),
+    }
+}
+
+/// A database of one test on the server of `SESSIONS_MCP_TEST_PG`, dropped with it.
+pub struct TestDatabase {
+    pub url: String,
+    admin: String,
+    name: String,
+}
+
+impl TestDatabase {
+    fn create() -> TestDatabase {
+        let admin = std::env::var("SESSIONS_MCP_TEST_PG")
+            .expect("SESSIONS_MCP_TEST_STORE=postgres needs SESSIONS_MCP_TEST_PG (.ci/postgres.sh starts a server)");
+        let name = format!("smcp_it_{}", uuid::Uuid::new_v4().simple());
+        pg_admin(&admin, &format!("CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0"));
+        let url = url_of(&admin, &name);
+        TestDatabase { url, admin, name }
+    }
+}
+
+/// `admin` (a URL) with its database replaced by `db`.
+fn url_of(admin: &str, db: &str) -> String {
+    let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
+    format!("{base}/{db}")
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if std::env::var_os("SESSIONS_MCP_TEST_KEEP_DB").is_some() {
+            eprintln!("kept the test database {}", self.url.rsplit_once('/').map_or("", |(_, db)| db));
+            return;
+        }
+        pg_admin(&self.admin, &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name));
+    }
+}
+
+/// Runs `sql` on the server as its admin.
+fn pg_admin(admin: &str, sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let (client, conn) =
+            tokio_postgres::connect(admin, tokio_postgres::NoTls).await.expect("connect to the test server");
+        let conn = tokio::spawn(conn);
+        client.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        drop(client);
+        let _ = conn.await;
+    });
 }
 
 fn uuid_like() -> String {

@@ -1,0 +1,540 @@
+//! The store served from PostgreSQL: the [`Sql`] surface over a pooled connection, and the
+//! read and write transactions `Store` runs its operations in.
+//!
+//! The store's operations are synchronous (the engine calls them from its tasks and threads as
+//! it calls SQLite), while the driver is async. The driver's connections run on a small runtime
+//! of their own; a statement is awaited with `futures::executor::block_on` on the caller's
+//! thread, which only waits on the connection's channel (tokio-postgres' client side is
+//! executor-agnostic), so no caller needs a runtime of its own and none is nested.
+//!
+//! Writes keep SQLite's rule, one writer at a time, across every node: a write transaction
+//! takes the transaction-scoped advisory lock [`WRITE_LOCK`] first. The engine's checks between
+//! statements (admission caps, idempotency, budgets) then hold across nodes as they hold in one
+//! process, without retries. Reads run in `REPEATABLE READ READ ONLY` transactions: one
+//! snapshot for the whole closure, as SQLite's read transaction gives.
+
+use std::future::Future;
+
+use bytes::BytesMut;
+use deadpool_postgres::{Object, Pool};
+use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+
+use super::{PgError, PgTarget};
+use crate::store::sql::{Arg, ArgValue, Cell, Dialect, Row, Sql};
+use crate::store::{Result, StoreError};
+
+/// The advisory lock every write transaction holds until it ends (`"smcw"` in ASCII).
+pub const WRITE_LOCK: i64 = 0x736d_6377;
+/// The channel every commit notifies, with the committing process's id as payload.
+pub const CHANGES_CHANNEL: &str = "sessions_mcp_changes";
+/// How long a listener waits before it connects again after losing its connection.
+const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The advisory lock the node that runs the agents holds for as long as it does (`"smcr"`): one
+/// runtime per database, as one per state directory with SQLite, until nodes share the work.
+pub const RUNTIME_LOCK: i64 = 0x736d_6372;
+
+/// A PostgreSQL store: its target, its pool and the runtime the pool's connections run on.
+pub struct PgBackend {
+    target: PgTarget,
+    pool: Pool,
+    /// The connection that holds [`RUNTIME_LOCK`] while this process runs the agents: a
+    /// connection of its own, so that the lock goes with the process (or the connection) when
+    /// either dies.
+    runtime_hold: std::sync::Mutex<Option<tokio_postgres::Client>>,
+    /// One writer of this process at a time, taken before a connection is: writers waiting for
+    /// [`WRITE_LOCK`] while holding connections could leave none for the reads the writer
+    /// holding it makes (as SQLite's side has one writer connection behind a mutex).
+    write_gate: std::sync::Mutex<()>,
+    /// This process, as the payload of its commits' notifications (its own are not news to it).
+    process: String,
+    /// Always there until dropped (see `Drop`).
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// The last `Store` clone may go away inside an async task, where a runtime cannot be dropped
+/// (dropping waits for its threads): its threads are left to end on their own.
+impl Drop for PgBackend {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl PgBackend {
+    /// Connects to `target` and brings its schema to this build's version.
+    pub fn open(target: PgTarget) -> std::result::Result<PgBackend, PgError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("postgres")
+            .enable_all()
+            .build()
+            .map_err(|e| PgError::Backend { target: target.to_string(), detail: format!("no runtime: {e}") })?;
+        let pool = {
+            let target = target.clone();
+            on(&runtime, async move { super::open(&target).await })?
+        };
+        let process = uuid::Uuid::new_v4().simple().to_string();
+        Ok(PgBackend {
+            target,
+            pool,
+            runtime_hold: Default::default(),
+            write_gate: Default::default(),
+            process,
+            runtime: Some(runtime),
+        })
+    }
+
+    pub fn target(&self) -> &PgTarget {
+        &self.target
+    }
+
+    /// A connection of the pool, taken on the pool's runtime (connecting needs its reactor).
+    fn client(&self) -> Result<Object> {
+        let (pool, target) = (self.pool.clone(), self.target.clone());
+        on(self.runtime(), async move { target.client(&pool).await }).map_err(StoreError::from)
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime.as_ref().expect("the runtime lives as long as the backend")
+    }
+
+    /// Takes [`RUNTIME_LOCK`] for this process if no other holds it. True when this process
+    /// holds it (now or already).
+    pub fn hold_runtime(&self) -> Result<bool> {
+        let mut hold = self.runtime_hold.lock().unwrap_or_else(|p| p.into_inner());
+        if hold.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Ok(true);
+        }
+        *hold = None;
+        let target = self.target.clone();
+        let client = on(self.runtime(), async move {
+            let (client, connection) =
+                target.config.connect(tokio_postgres::NoTls).await.map_err(|e| target.classify(&e))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %e, "the connection holding the runtime lock ended");
+                }
+            });
+            let held: bool = client
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&RUNTIME_LOCK])
+                .await
+                .map_err(|e| target.classify(&e))?
+                .get(0);
+            Ok::<_, PgError>(held.then_some(client))
+        })?;
+        let held = client.is_some();
+        *hold = client;
+        Ok(held)
+    }
+
+    /// Calls `changed` whenever another process commits to the database (`LISTEN` on
+    /// [`CHANGES_CHANNEL`] on a connection of its own, connected again when it is lost; after a
+    /// reconnect `changed` is called once, for what may have been missed meanwhile).
+    pub fn listen(&self, changed: impl Fn() + Send + Sync + 'static) {
+        let (target, me) = (self.target.clone(), self.process.clone());
+        let changed: std::sync::Arc<dyn Fn() + Send + Sync> = std::sync::Arc::new(changed);
+        self.runtime().spawn(async move {
+            let mut first = true;
+            loop {
+                match listen_once(&target, &me, &changed, first).await {
+                    Ok(()) => tracing::warn!("the change listener's connection ended; connecting again"),
+                    Err(e) => tracing::warn!(error = %e, "the change listener failed; connecting again"),
+                }
+                first = false;
+                tokio::time::sleep(LISTEN_RETRY).await;
+            }
+        });
+    }
+
+    /// Whether this process still holds [`RUNTIME_LOCK`]: false once its connection is gone.
+    pub fn holds_runtime(&self) -> bool {
+        self.runtime_hold.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|c| !c.is_closed())
+    }
+
+    /// Lets [`RUNTIME_LOCK`] go (its connection closes).
+    pub fn release_runtime(&self) {
+        self.runtime_hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Runs `f` in one read-only snapshot.
+    ///
+    /// Round trips saved: the `BEGIN` goes out with the first statement, and the end of the
+    /// transaction is not waited for (a read changes nothing, so committing and rolling back are
+    /// the same); the connection goes back to the pool once it is done, or is dropped from the
+    /// pool if ending the transaction failed, so that no one gets a connection still in one.
+    pub fn read<T>(&self, f: impl FnOnce(&dyn Sql) -> Result<T>) -> Result<T> {
+        let client = self.client()?;
+        let sql = PgSql::new(&client, &self.target, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+        let out = f(&sql);
+        if sql.began() {
+            self.runtime().spawn(async move {
+                if let Err(e) = client.batch_execute("ROLLBACK").await {
+                    tracing::warn!(error = %e, "ending a PostgreSQL read failed; its connection is dropped");
+                    drop(Object::take(client));
+                }
+            });
+        }
+        out
+    }
+
+    /// Runs `f` in one write transaction under [`WRITE_LOCK`]; commits when it returns `Ok`.
+    /// With `durable` false the commit does not wait for the WAL flush (`synchronous_commit
+    /// off`, this transaction only): a record that matters only while this node's processes live.
+    pub fn write<T, E>(
+        &self,
+        durable: bool,
+        f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let _gate = self.write_gate.lock().unwrap_or_else(|p| p.into_inner());
+        let client = self.client()?;
+        // Delivered at commit, to every other process listening (a rollback sends nothing).
+        let notify = format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{}')", self.process);
+        let begin = if durable {
+            format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+        } else {
+            format!("BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+        };
+        let sql = PgSql::new(&client, &self.target, &begin);
+        let out = f(&sql);
+        if !sql.began() {
+            return out; // no statement ran: there is nothing to commit
+        }
+        let end = match &out {
+            Ok(_) => sql.batch(&format!("{notify}; COMMIT")),
+            Err(_) => sql.batch("ROLLBACK"),
+        };
+        drop(sql);
+        if let Err(e) = end {
+            // Whatever state the connection is left in, nobody else gets it.
+            drop(Object::take(client));
+            return Err(E::from(e));
+        }
+        out
+    }
+}
+
+/// One listening connection, until it ends: `changed` for every notification of another
+/// process (and once at the start of a reconnection).
+async fn listen_once(
+    target: &PgTarget,
+    me: &str,
+    changed: &std::sync::Arc<dyn Fn() + Send + Sync>,
+    first: bool,
+) -> std::result::Result<(), PgError> {
+    use futures::StreamExt;
+    let (client, mut connection) =
+        target.config.connect(tokio_postgres::NoTls).await.map_err(|e| target.classify(&e))?;
+    // The connection's messages are polled by a task of their own: that also carries the
+    // client's LISTEN below.
+    let (me, on_message) = (me.to_string(), changed.clone());
+    let messages = tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(tokio_postgres::AsyncMessage::Notification(n)) if n.payload() != me => on_message(),
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    });
+    client.batch_execute(&format!("LISTEN {CHANGES_CHANNEL}")).await.map_err(|e| target.classify(&e))?;
+    if !first {
+        changed();
+    }
+    match messages.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(target.classify(&e)),
+        Err(e) => Err(PgError::Backend { target: target.to_string(), detail: e.to_string() }),
+    }
+}
+
+/// Runs `fut` on `runtime` and waits for it on this thread, which may itself be a runtime's.
+/// The answer comes back through a channel of std, not the task's `JoinHandle`: polled on a
+/// thread of another runtime, a `JoinHandle` draws on that thread's task budget, and once a
+/// task that makes many store calls in one poll has spent it, the handle defers its wake to a
+/// scheduler that this blocked thread never returns to (a deadlock, seen under load).
+fn on<T: Send + 'static>(runtime: &tokio::runtime::Runtime, fut: impl Future<Output = T> + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let task = runtime.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    match rx.recv() {
+        Ok(value) => value,
+        // The task ended without an answer: it panicked (or the runtime is shutting down).
+        Err(_) => match futures::executor::block_on(task) {
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            _ => panic!("the PostgreSQL runtime stopped while a store call waited on it"),
+        },
+    }
+}
+
+/// A connection as the store's [`Sql`].
+struct PgSql<'a> {
+    client: &'a Object,
+    target: &'a PgTarget,
+    /// What begins the transaction, until the first statement takes it along (pipelined: one
+    /// round trip for both); then None.
+    opening: std::cell::RefCell<Option<String>>,
+}
+
+impl<'a> PgSql<'a> {
+    fn new(client: &'a Object, target: &'a PgTarget, opening: &str) -> PgSql<'a> {
+        PgSql { client, target, opening: std::cell::RefCell::new(Some(opening.to_string())) }
+    }
+
+    /// Whether a statement ran, and with it the transaction began.
+    fn began(&self) -> bool {
+        self.opening.borrow().is_none()
+    }
+
+    /// Awaits `statement`, sent right after the transaction's opening if it has not been sent.
+    fn run<T>(
+        &self,
+        statement: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+        sql: &str,
+    ) -> Result<T> {
+        let opening = self.opening.borrow_mut().take();
+        let out = match opening {
+            None => futures::executor::block_on(statement),
+            Some(opening) => {
+                // Both requests are written before either answer is read (the driver pipelines).
+                let (begun, out) =
+                    futures::executor::block_on(futures::future::join(self.client.batch_execute(&opening), statement));
+                begun.map_err(|e| self.error(&e, &opening))?;
+                out
+            }
+        };
+        out.map_err(|e| self.error(&e, sql))
+    }
+
+    fn batch(&self, sql: &str) -> Result<()> {
+        futures::executor::block_on(self.client.batch_execute(sql)).map_err(|e| self.error(&e, sql))
+    }
+
+    fn error(&self, e: &tokio_postgres::Error, sql: &str) -> StoreError {
+        let e = self.target.classify(e);
+        tracing::debug!(error = %e, sql, "PostgreSQL statement failed");
+        StoreError::from(e)
+    }
+
+    fn prepare(&self, sql: &str) -> Result<tokio_postgres::Statement> {
+        let text = placeholders(sql);
+        futures::executor::block_on(self.client.prepare_cached(&text)).map_err(|e| self.error(&e, &text))
+    }
+}
+
+impl Sql for PgSql<'_> {
+    fn execute(&self, sql: &str, args: &[&dyn Arg]) -> Result<usize> {
+        let stmt = self.prepare(sql)?;
+        let values: Vec<ArgValue> = args.iter().map(|a| a.arg()).collect();
+        let params: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        let n = self.run(self.client.execute(&stmt, &params), sql)?;
+        Ok(n as usize)
+    }
+
+    fn rows(&self, sql: &str, args: &[&dyn Arg]) -> Result<Vec<Row>> {
+        let stmt = self.prepare(sql)?;
+        let values: Vec<ArgValue> = args.iter().map(|a| a.arg()).collect();
+        let params: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        let rows = self.run(self.client.query(&stmt, &params), sql)?;
+        rows.iter().map(|r| row(r, sql)).collect()
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+}
+
+/// SQLite's `?1` parameters as PostgreSQL's `$1` (a bare `?` takes the next number), outside
+/// string literals and quoted names.
+pub fn placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut quote: Option<char> = None;
+    let mut next = 0;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(q), c) if c == q => {
+                quote = None;
+                out.push(c);
+            }
+            (Some(_), c) => out.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                out.push(c);
+            }
+            (None, '?') => {
+                let mut digits = String::new();
+                while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                    digits.push(*d);
+                    chars.next();
+                }
+                if digits.is_empty() {
+                    next += 1;
+                    digits = next.to_string();
+                }
+                out.push('$');
+                out.push_str(&digits);
+            }
+            (None, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// One result row as cells, by each column's type.
+fn row(r: &tokio_postgres::Row, sql: &str) -> Result<Row> {
+    let mut cells = Vec::with_capacity(r.len());
+    for (i, column) in r.columns().iter().enumerate() {
+        let bad = |e: tokio_postgres::Error| StoreError::Corrupt(format!("column {}: {e}", column.name()));
+        let ty = column.type_();
+        let cell = match *ty {
+            Type::INT8 => r.try_get::<_, Option<i64>>(i).map_err(bad)?.map(Cell::Int),
+            Type::INT4 => r.try_get::<_, Option<i32>>(i).map_err(bad)?.map(|v| Cell::Int(v.into())),
+            Type::INT2 => r.try_get::<_, Option<i16>>(i).map_err(bad)?.map(|v| Cell::Int(v.into())),
+            Type::BOOL => r.try_get::<_, Option<bool>>(i).map_err(bad)?.map(|v| Cell::Int(v.into())),
+            Type::FLOAT8 => r.try_get::<_, Option<f64>>(i).map_err(bad)?.map(Cell::Real),
+            Type::FLOAT4 => r.try_get::<_, Option<f32>>(i).map_err(bad)?.map(|v| Cell::Real(v.into())),
+            Type::TEXT | Type::VARCHAR | Type::NAME | Type::BPCHAR | Type::UNKNOWN => {
+                r.try_get::<_, Option<String>>(i).map_err(bad)?.map(Cell::Text)
+            }
+            Type::BYTEA => r.try_get::<_, Option<Vec<u8>>>(i).map_err(bad)?.map(Cell::Blob),
+            // A programming error, named so that the statement can be given a cast.
+            _ => {
+                return Err(StoreError::Corrupt(format!(
+                    "column {} of `{sql}` has PostgreSQL type {ty}, which the store does not read (cast it)",
+                    column.name()
+                )));
+            }
+        };
+        cells.push(cell.unwrap_or(Cell::Null));
+    }
+    Ok(Row::new(cells))
+}
+
+/// A value goes into a parameter of whatever type PostgreSQL inferred for it: an integer into
+/// BIGINT, INTEGER, SMALLINT, BOOLEAN (SQLite keeps booleans as 0/1) or a float column.
+impl ToSql for ArgValue<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match (self, ty) {
+            (ArgValue::Null, _) => Ok(IsNull::Yes),
+            (ArgValue::Int(v), &Type::INT8) => v.to_sql(ty, out),
+            (ArgValue::Int(v), &Type::INT4) => i32::try_from(*v)?.to_sql(ty, out),
+            (ArgValue::Int(v), &Type::INT2) => i16::try_from(*v)?.to_sql(ty, out),
+            (ArgValue::Int(v), &Type::BOOL) => (*v != 0).to_sql(ty, out),
+            (ArgValue::Int(v), &Type::FLOAT8) => (*v as f64).to_sql(ty, out),
+            (ArgValue::Int(v), &Type::TEXT | &Type::VARCHAR) => v.to_string().to_sql(ty, out),
+            (ArgValue::Real(v), &Type::FLOAT8) => v.to_sql(ty, out),
+            (ArgValue::Real(v), &Type::FLOAT4) => (*v as f32).to_sql(ty, out),
+            (ArgValue::Text(v), _) if <&str as ToSql>::accepts(ty) => v.as_ref().to_sql(ty, out),
+            (ArgValue::Blob(v), &Type::BYTEA) => v.to_sql(ty, out),
+            (v, ty) => Err(format!("a {} value cannot go into a parameter of type {ty}", kind(v)).into()),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+fn kind(v: &ArgValue) -> &'static str {
+    match v {
+        ArgValue::Null => "NULL",
+        ArgValue::Int(_) => "integer",
+        ArgValue::Real(_) => "real",
+        ArgValue::Text(_) => "text",
+        ArgValue::Blob(_) => "blob",
+    }
+}
+
+impl From<PgError> for StoreError {
+    fn from(e: PgError) -> Self {
+        match e {
+            PgError::Unreachable { .. } => StoreError::Unavailable(e.to_string()),
+            e => StoreError::Backend(Box::new(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::postgres::with_test_database;
+    use crate::store::{NewMessage, NewSession, Store};
+
+    fn session(key: &str) -> NewSession {
+        use crate::keys::{AgentId, SessionKey, SessionKind};
+        NewSession::new(SessionKey::from_canonical(key), AgentId::parse("main").unwrap(), SessionKind::Other, false)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_store_reads_back_what_it_wrote_and_a_failed_write_leaves_nothing() {
+        with_test_database(async |target| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_postgres(target, dir.path()).unwrap();
+            let key = crate::keys::SessionKey::from_canonical("agent:main:main");
+            store
+                .write(|tx| -> Result<()> {
+                    tx.insert_session(&session(key.as_str()))?;
+                    let id = tx.session_id(&key)?;
+                    for text in ["one", "two"] {
+                        tx.append_message(id, &NewMessage::user_text(text, None, serde_json::json!({}), None))?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            let before = store.fingerprint().unwrap();
+            let failed = store.write(|tx| -> Result<()> {
+                let id = tx.session_id(&key)?;
+                tx.append_message(id, &NewMessage::user_text("three", None, serde_json::json!({}), None))?;
+                Err(StoreError::Corrupt("made to fail".into()))
+            });
+            assert!(failed.is_err());
+            assert_eq!(store.fingerprint().unwrap(), before, "the failed write was rolled back whole");
+            assert_eq!(store.last_seq_of(&key).unwrap(), 2);
+            assert!(store.session_by_key(&key).unwrap().is_some());
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_one_process_holds_the_runtime_and_others_hear_its_commits() {
+        with_test_database(async |target| {
+            let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let a = Store::open_postgres(target.clone(), a_dir.path()).unwrap();
+            let b = Store::open_postgres(target, b_dir.path()).unwrap();
+            assert!(a.hold_database_runtime().unwrap());
+            assert!(!b.hold_database_runtime().unwrap(), "a holds it");
+            a.release_database_runtime();
+            assert!(b.hold_database_runtime().unwrap(), "free once a let it go");
+            let mut heard = b.remote_changes();
+            let own = a.remote_changes();
+            a.write(|tx| tx.insert_session(&session("agent:main:x"))).unwrap();
+            tokio::time::timeout(std::time::Duration::from_secs(10), heard.changed())
+                .await
+                .expect("b hears a's commit")
+                .unwrap();
+            assert!(!own.has_changed().unwrap(), "a's own commit is no news to a");
+        })
+        .await;
+    }
+
+    #[test]
+    fn parameters_are_renumbered_outside_literals_and_quoted_names() {
+        assert_eq!(placeholders("SELECT ?1, ?12 FROM t WHERE a = ?2"), "SELECT $1, $12 FROM t WHERE a = $2");
+        assert_eq!(placeholders("SELECT '?1', \"a?\" , ?"), "SELECT '?1', \"a?\" , $1");
+        assert_eq!(placeholders("x = 'it''s ?' AND y = ?3"), "x = 'it''s ?' AND y = $3");
+    }
+}
