@@ -251,10 +251,7 @@ impl Store {
     /// Channel deliveries left `running` by a dead owner are attempted again.
     pub fn requeue_running_deliveries(&self) -> Result<usize> {
         self.write_sql(|tx| -> Result<usize> {
-            tx.execute(
-                "UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'",
-                args![],
-            )
+            tx.execute("UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'", args![])
         })
     }
 }

@@ -545,8 +545,7 @@ mod tests {
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         const FULL: i64 = 2;
         assert_eq!(writer_synchronous(&store), FULL);
-        let put = |tx: &dyn Sql| {
-            tx.execute("INSERT INTO agent_ids (agent_id) VALUES ('x')", args![])};
+        let put = |tx: &dyn Sql| tx.execute("INSERT INTO agent_ids (agent_id) VALUES ('x')", args![]);
         store.write_sql_for_this_boot(put).unwrap();
         assert_eq!(writer_synchronous(&store), FULL, "restored after a commit");
         assert!(store.write_sql_for_this_boot(put).is_err(), "the key exists: rolled back");
@@ -638,7 +637,8 @@ mod tests {
         assert!(!store.is_ancestor(&key(&keys[5]), &key(&keys[4])).unwrap(), "a parent is not its child's descendant");
         store
             .write_sql(|tx| {
-                tx.execute("UPDATE sessions SET state = 2, deleted_at = 0 WHERE key = ?1", args![&keys[10]])})
+                tx.execute("UPDATE sessions SET state = 2, deleted_at = 0 WHERE key = ?1", args![&keys[10]])
+            })
             .unwrap();
         assert_eq!(store.prune(1).unwrap().sessions, 1);
         assert!(store.is_ancestor(&root, &leaf).unwrap(), "pruning a middle session keeps the lineage");
@@ -714,9 +714,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         let store = Store::open(&path).unwrap();
-        store
-            .write_sql(|tx| tx.execute("INSERT INTO schema_version VALUES (999, 0)", args![]))
-            .unwrap();
+        store.write_sql(|tx| tx.execute("INSERT INTO schema_version VALUES (999, 0)", args![])).unwrap();
         drop(store);
         let err = Store::open(&path).err().unwrap();
         assert!(matches!(err, StoreError::TooNew { found: 999, .. }), "{err}");

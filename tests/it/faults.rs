@@ -68,18 +68,6 @@ fn world() -> TestEnv {
     env
 }
 
-/// The pid holding `runtime.lock` (the runtime owner), from /proc/locks.
-fn owner_pid(state_dir: &Path) -> Option<i32> {
-    use std::os::unix::fs::MetadataExt;
-    let inode = std::fs::metadata(state_dir.join("runtime.lock")).ok()?.ino();
-    let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    locks.lines().find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let (pid, dev_inode) = (f.get(4)?, f.get(5)?);
-        (dev_inode.rsplit(':').next()? == inode.to_string()).then(|| pid.parse().ok()).flatten()
-    })
-}
-
 /// What one call acknowledged: its tool, the text that identifies it, and its run.
 #[derive(Debug, Clone)]
 struct Acked {
@@ -211,7 +199,7 @@ fn fault_round(seed: u64) {
     let mut kills = 0;
     for _ in 0..env_var("FAULT_KILLS", 2) {
         std::thread::sleep(Duration::from_millis(rng.between(200, 900)));
-        if let Some(pid) = owner_pid(&env.state_dir()) {
+        if let Some(pid) = common::runtime_lock_holder(&env.state_dir()) {
             // SAFETY: kill has no memory-safety preconditions.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             kills += 1;

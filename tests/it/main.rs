@@ -28,6 +28,7 @@ mod import_export;
 mod load;
 mod mcp_apps;
 mod metrics;
+mod nodes;
 mod postgres;
 mod python_sdk;
 mod readme;

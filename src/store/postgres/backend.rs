@@ -27,6 +27,8 @@ use crate::store::{Result, StoreError};
 pub const WRITE_LOCK: i64 = 0x736d_6377;
 /// The channel every commit notifies, with the committing process's id as payload.
 pub const CHANGES_CHANNEL: &str = "sessions_mcp_changes";
+/// How often a process that found [`RUNTIME_LOCK`] taken asks again.
+const RUNTIME_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 /// How long a listener waits before it connects again after losing its connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -42,6 +44,9 @@ pub struct PgBackend {
     /// connection of its own, so that the lock goes with the process (or the connection) when
     /// either dies.
     runtime_hold: std::sync::Mutex<Option<tokio_postgres::Client>>,
+    /// When this process last found [`RUNTIME_LOCK`] taken: a front end's scheduler asks at
+    /// every wake, and each ask is a connection, so asks are spaced by [`RUNTIME_RETRY`].
+    runtime_refused: std::sync::Mutex<Option<std::time::Instant>>,
     /// One writer of this process at a time, taken before a connection is: writers waiting for
     /// [`WRITE_LOCK`] while holding connections could leave none for the reads the writer
     /// holding it makes (as SQLite's side has one writer connection behind a mutex).
@@ -80,6 +85,7 @@ impl PgBackend {
             target,
             pool,
             runtime_hold: Default::default(),
+            runtime_refused: Default::default(),
             write_gate: Default::default(),
             process,
             runtime: Some(runtime),
@@ -108,6 +114,10 @@ impl PgBackend {
             return Ok(true);
         }
         *hold = None;
+        let mut refused = self.runtime_refused.lock().unwrap_or_else(|p| p.into_inner());
+        if refused.is_some_and(|at| at.elapsed() < RUNTIME_RETRY) {
+            return Ok(false);
+        }
         let target = self.target.clone();
         let client = on(self.runtime(), async move {
             let (client, connection) =
@@ -125,6 +135,7 @@ impl PgBackend {
             Ok::<_, PgError>(held.then_some(client))
         })?;
         let held = client.is_some();
+        *refused = (!held).then(std::time::Instant::now);
         *hold = client;
         Ok(held)
     }
@@ -518,6 +529,8 @@ mod tests {
             assert!(a.hold_database_runtime().unwrap());
             assert!(!b.hold_database_runtime().unwrap(), "a holds it");
             a.release_database_runtime();
+            assert!(!b.hold_database_runtime().unwrap(), "b asks again only after a pause");
+            std::thread::sleep(RUNTIME_RETRY);
             assert!(b.hold_database_runtime().unwrap(), "free once a let it go");
             let mut heard = b.remote_changes();
             let own = a.remote_changes();

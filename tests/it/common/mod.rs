@@ -25,18 +25,30 @@ pub struct TestEnv {
     pub dir: tempfile::TempDir,
     pub config: Option<PathBuf>,
     pub pg: Option<TestDatabase>,
+    /// A database this env shares with others (a node of several; see [`TestEnv::node_of`]).
+    pub shared_store: Option<String>,
 }
 
 impl TestEnv {
     pub fn new() -> Self {
         let pg = postgres_selected().then(TestDatabase::create);
-        TestEnv { dir: tempfile::tempdir().expect("tempdir"), config: None, pg }
+        TestEnv { dir: tempfile::tempdir().expect("tempdir"), config: None, pg, shared_store: None }
+    }
+
+    /// A node on the database `url`: a state dir of its own, the store shared.
+    pub fn node_of(url: &str) -> Self {
+        TestEnv { shared_store: Some(url.to_string()), ..TestEnv::sqlite() }
+    }
+
+    /// The PostgreSQL URL every process of this env is given, if it is on PostgreSQL.
+    pub fn store_url(&self) -> Option<&str> {
+        self.pg.as_ref().map(|db| db.url.as_str()).or(self.shared_store.as_deref())
     }
 
     /// A test of the SQLite file itself (its copy into PostgreSQL, its fault handling): SQLite
     /// whichever backend the suite runs on.
     pub fn sqlite() -> Self {
-        TestEnv { dir: tempfile::tempdir().expect("tempdir"), config: None, pg: None }
+        TestEnv { dir: tempfile::tempdir().expect("tempdir"), config: None, pg: None, shared_store: None }
     }
 
     /// This env on SQLite whichever backend the suite runs on (see [`TestEnv::sqlite`]).
@@ -79,8 +91,8 @@ impl TestEnv {
         ] {
             c.env_remove(var);
         }
-        if let Some(db) = &self.pg {
-            c.env("SESSIONS_MCP_STORE_URL", &db.url);
+        if let Some(url) = self.store_url() {
+            c.env("SESSIONS_MCP_STORE_URL", url);
         }
         c.env("RUST_LOG", "warn");
         c
@@ -128,6 +140,18 @@ impl TestEnv {
     }
 }
 
+/// The pid holding `runtime.lock` of a state dir (its runtime owner), from /proc/locks.
+pub fn runtime_lock_holder(state_dir: &Path) -> Option<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::metadata(state_dir.join("runtime.lock")).ok()?.ino();
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (pid, dev_inode) = (f.get(4)?, f.get(5)?);
+        (dev_inode.rsplit(':').next()? == inode.to_string()).then(|| pid.parse().ok()).flatten()
+    })
+}
+
 /// Whether the suite runs on PostgreSQL (`SESSIONS_MCP_TEST_STORE=postgres`; else SQLite).
 pub fn postgres_selected() -> bool {
     match std::env::var("SESSIONS_MCP_TEST_STORE").as_deref() {
@@ -145,7 +169,7 @@ pub struct TestDatabase {
 }
 
 impl TestDatabase {
-    fn create() -> TestDatabase {
+    pub fn create() -> TestDatabase {
         let admin = std::env::var("SESSIONS_MCP_TEST_PG")
             .expect("SESSIONS_MCP_TEST_STORE=postgres needs SESSIONS_MCP_TEST_PG (.ci/postgres.sh starts a server)");
         let name = format!("smcp_it_{}", uuid::Uuid::new_v4().simple());
@@ -168,6 +192,21 @@ impl Drop for TestDatabase {
             return;
         }
         pg_admin(&self.admin, &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name));
+    }
+}
+
+/// Rows of `sql` on this database.
+impl TestDatabase {
+    pub fn query(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Vec<tokio_postgres::Row> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls).await.expect("connect");
+            let conn = tokio::spawn(conn);
+            let rows = client.query(sql, params).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            drop(client);
+            let _ = conn.await;
+            rows
+        })
     }
 }
 
