@@ -213,15 +213,6 @@ impl Store {
         }
     }
 
-    /// Whether this process still holds the database's runtime (see
-    /// [`Store::hold_database_runtime`]).
-    pub fn holds_database_runtime(&self) -> bool {
-        match &self.inner.backend {
-            Backend::Sqlite { .. } => true,
-            Backend::Postgres(pg) => pg.holds_runtime(),
-        }
-    }
-
     pub fn release_database_runtime(&self) {
         if let Backend::Postgres(pg) = &self.inner.backend {
             pg.release_runtime();
@@ -233,14 +224,6 @@ impl Store {
         match &self.inner.backend {
             Backend::Sqlite { .. } => sql::Dialect::Sqlite,
             Backend::Postgres(_) => sql::Dialect::Postgres,
-        }
-    }
-
-    /// The PostgreSQL database served from, shown without its password; None for SQLite.
-    pub fn postgres_target(&self) -> Option<String> {
-        match &self.inner.backend {
-            Backend::Sqlite { .. } => None,
-            Backend::Postgres(pg) => Some(pg.target().to_string()),
         }
     }
 

@@ -92,10 +92,6 @@ impl PgBackend {
         })
     }
 
-    pub fn target(&self) -> &PgTarget {
-        &self.target
-    }
-
     /// A connection of the pool, taken on the pool's runtime (connecting needs its reactor).
     fn client(&self) -> Result<Object> {
         let (pool, target) = (self.pool.clone(), self.target.clone());
@@ -157,11 +153,6 @@ impl PgBackend {
                 tokio::time::sleep(LISTEN_RETRY).await;
             }
         });
-    }
-
-    /// Whether this process still holds [`RUNTIME_LOCK`]: false once its connection is gone.
-    pub fn holds_runtime(&self) -> bool {
-        self.runtime_hold.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|c| !c.is_closed())
     }
 
     /// Lets [`RUNTIME_LOCK`] go (its connection closes).
