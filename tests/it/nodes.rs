@@ -76,7 +76,7 @@ struct Acked {
 /// One node's driver: a `serve` process of that node (started again when it dies), sending to
 /// the workers and spawning, each call with an idempotency key, retried until acknowledged.
 fn drive(node: &TestEnv, n: usize, acked: &Mutex<Vec<Acked>>) -> Client {
-    let mut client = node.serve(None);
+    let mut client = node.serve_until_up();
     for i in 0..CALLS_PER_NODE {
         let text = format!("m-{n}-{i}");
         let (tool, args) = if i % 3 == 2 {
@@ -97,7 +97,7 @@ fn drive(node: &TestEnv, n: usize, acked: &Mutex<Vec<Acked>>) -> Client {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Some(resp) => break resp,
-                None => client = node.serve(None),
+                None => client = node.serve_until_up(),
             }
         };
         let out = &answer["result"]["structuredContent"];
@@ -166,7 +166,12 @@ fn three_nodes_on_one_database_lose_nothing_when_the_runtime_node_is_sigkilled()
             std::thread::spawn(move || drive(&nodes[n], n, &acked))
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(700));
+    // Mid-run: the kill waits for a run the runtime node has started.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.query("SELECT count(*) FROM runs WHERE status = 'running'", &[])[0].get::<_, i64>(0) == 0 {
+        assert!(Instant::now() < deadline, "no run started within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let (victim, pid) = runtime_node(&nodes).expect("one node runs the agents");
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(pid, libc::SIGKILL) };

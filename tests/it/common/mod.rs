@@ -129,6 +129,21 @@ impl TestEnv {
     }
 
     pub fn serve_with(&self, as_key: Option<&str>, envs: &[(&str, &str)]) -> Client {
+        Client::start(self.serve_command(as_key, envs))
+    }
+
+    /// A `serve` started again until one answers initialize (for tests that kill servers).
+    pub fn serve_until_up(&self) -> Client {
+        for _ in 0..10 {
+            match Client::try_start(self.serve_command(None, &[])) {
+                Ok(client) => return client,
+                Err(mut dead) => eprintln!("serve died before initialize: {}", dead.what_the_server_left()),
+            }
+        }
+        panic!("serve died before initialize ten times");
+    }
+
+    fn serve_command(&self, as_key: Option<&str>, envs: &[(&str, &str)]) -> Command {
         let mut cmd = self.command(&["serve"]);
         if let Some(k) = as_key {
             cmd.arg("--as").arg(k);
@@ -136,7 +151,7 @@ impl TestEnv {
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        Client::start(cmd)
+        cmd
     }
 }
 
@@ -291,7 +306,19 @@ impl Client {
     }
 
     /// Starts a server and initializes it declaring these client `capabilities`.
-    pub fn start_declaring(mut cmd: Command, capabilities: Value) -> Client {
+    pub fn start_declaring(cmd: Command, capabilities: Value) -> Client {
+        Self::try_start_declaring(cmd, capabilities).unwrap_or_else(|mut c| {
+            let left = c.what_the_server_left();
+            panic!("no answer to initialize: {left}")
+        })
+    }
+
+    /// Starts a server; Err (holding it, for its stderr) when it died before answering initialize.
+    pub fn try_start(cmd: Command) -> Result<Client, Client> {
+        Self::try_start_declaring(cmd, json!({}))
+    }
+
+    fn try_start_declaring(mut cmd: Command, capabilities: Value) -> Result<Client, Client> {
         let mut child =
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn serve");
         let stdout: ChildStdout = child.stdout.take().unwrap();
@@ -306,13 +333,14 @@ impl Client {
         });
         let stdin = child.stdin.take();
         let mut c = Client { child, stdin, lines: rx, next_id: 1, pending: Vec::new(), notes: Vec::new() };
-        let init = c.request(
+        let init = c.try_request(
             "initialize",
             json!({"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "tests", "version": "1"}}),
         );
+        let Some(init) = init else { return Err(c) };
         assert!(init.get("result").is_some(), "initialize failed: {init}");
         c.notify("notifications/initialized", json!({}));
-        c
+        Ok(c)
     }
 
     pub fn send_raw(&mut self, line: &str) {
@@ -335,7 +363,34 @@ impl Client {
     }
 
     pub fn wait_for(&mut self, id: u64) -> Value {
-        self.try_wait_for(id).unwrap_or_else(|| panic!("no response to request {id}"))
+        match self.try_wait_for(id) {
+            Some(msg) => msg,
+            None => panic!("no response to request {id}: {}", self.what_the_server_left()),
+        }
+    }
+
+    /// For a failure message: the server's exit status and stderr once it has exited, else that
+    /// it is still running (its stderr is only read when it is gone, so this never blocks long).
+    fn what_the_server_left(&mut self) -> String {
+        // Its stdout closing comes just before its exit: give the exit a moment to be seen.
+        let exited = (0..20).find_map(|_| match self.child.try_wait() {
+            Ok(Some(status)) => Some(status),
+            _ => {
+                std::thread::sleep(Duration::from_millis(50));
+                None
+            }
+        });
+        let Some(status) = exited else { return "the server is still running".into() };
+        let Some(mut stderr) = self.child.stderr.take() else { return format!("the server exited with {status}") };
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut err = String::new();
+            let _ = stderr.read_to_string(&mut err);
+            let _ = tx.send(err);
+        });
+        let err = rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default();
+        format!("the server exited with {status}; its stderr:\n{err}")
     }
 
     /// Sends a request; None when the server died (or stayed silent 30 s) before answering.
