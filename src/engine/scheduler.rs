@@ -5,6 +5,11 @@
 //! `daemon.lock` for its life, `serve` never takes the runtime lock while a daemon is there, and a
 //! `serve` owner that sees one stops claiming and hands over when its running runs end.
 //!
+//! With a shared database (PostgreSQL) every node — state dir — has its owner, and they all
+//! claim from one queue; one owner at a time also takes the sweeps, the work that is nobody's
+//! run ([`Store::hold_database_sweeps`]). A run is leased to its owner ([`RunOwner`]) and
+//! renewed; a node that stops renewing loses its runs (`interrupted`, never re-run).
+//!
 //! The per-session FIFO and the caps live in the store (`Store::claim_ready`), so several processes
 //! can never overlap runs of one session. A run is claimed `running` and executed by the
 //! [`crate::runner::Runner`]; its outcome is committed in one transaction, then `flows` decide the
@@ -25,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::access::Access;
 use crate::config::Config;
 use crate::runner::{InputAnswer, Runner, Steer};
-use crate::store::{CancelRequest, Caps, RunRow, Store, StoreError};
+use crate::store::{CancelRequest, Caps, RunOwner, RunRow, Store, StoreError};
 
 /// How long a waiter sleeps between looks at a run row when no wake came.
 const POLL_MIN: Duration = Duration::from_millis(50);
@@ -63,9 +68,12 @@ pub struct Scheduler {
     pub(super) access: Access,
     pub(super) state_dir: PathBuf,
     pub(super) runner: Runner,
-    pub(super) owner_id: String,
+    pub(super) owner_id: RunOwner,
     role: Role,
     owner: AtomicBool,
+    /// This process takes the database's sweeps ([`Store::hold_database_sweeps`]): always the
+    /// owner with SQLite, one owner of all the nodes with PostgreSQL.
+    sweeper: AtomicBool,
     lock: Mutex<Option<File>>,
     _daemon_lock: Option<File>,
     /// Wakes the scheduler and in-process waiters when something changed.
@@ -125,9 +133,10 @@ impl Scheduler {
             config,
             state_dir: state_dir.to_path_buf(),
             runner: Runner::new().map_err(|e| format!("cannot find the sessions-mcp binary: {e}"))?,
-            owner_id: uuid::Uuid::new_v4().to_string(),
+            owner_id: RunOwner::new(&node_id(state_dir)?),
             role,
             owner: AtomicBool::new(false),
+            sweeper: AtomicBool::new(false),
             lock: Mutex::new(None),
             _daemon_lock: daemon_lock,
             changed: Notify::new(),
@@ -178,23 +187,37 @@ impl Scheduler {
         if file.try_lock().is_err() {
             return false;
         }
-        match self.store.hold_database_runtime() {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::debug!("another node runs the agents of this database");
-                return false;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot take the database's runtime");
-                return false;
-            }
-        }
         *self.lock.lock().expect("lock slot") = Some(file);
         self.owner.store(true, Ordering::SeqCst);
         tracing::info!(owner = %self.owner_id, "this process owns the runtime");
         self.recover();
-        let _ = self.store.requeue_running_deliveries();
+        if !self.store.is_shared() {
+            // Alone on the store, the owner is its only deliverer: one that died left these.
+            let _ = self.store.requeue_running_deliveries();
+        }
         true
+    }
+
+    /// Whether this process takes the database's sweeps now (asking for them if it does not).
+    /// Taking them on a shared database takes over what the last sweeper left: its deliveries
+    /// under way, and the runs of nodes that stopped renewing their leases.
+    fn holds_sweeps(&self) -> bool {
+        let held = match self.store.hold_database_sweeps() {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask for the database's sweeps");
+                false
+            }
+        };
+        let was = self.sweeper.swap(held, Ordering::SeqCst);
+        if held && !was && self.store.is_shared() {
+            tracing::info!(owner = %self.owner_id, "this node takes the database's sweeps");
+            let _ = self.store.requeue_running_deliveries();
+            self.interrupt_orphans();
+        } else if was && !held {
+            tracing::warn!(owner = %self.owner_id, "this node no longer takes the database's sweeps");
+        }
+        held
     }
 
     /// The owner's run socket: run tokens call the session tools back through it; the other
@@ -223,25 +246,44 @@ impl Scheduler {
             c.cancel();
         }
         self.owner.store(false, Ordering::SeqCst);
-        self.store.release_database_runtime();
+        self.sweeper.store(false, Ordering::SeqCst);
+        self.store.release_database_sweeps();
         *self.lock.lock().expect("lock slot") = None;
         tracing::info!("runtime ownership released");
     }
 
     /// Runs whose owner died become `interrupted` (never re-run); their requesters learn it when
-    /// the steps a dead owner left are taken.
+    /// the steps a dead owner left are taken. Alone on the store every ended run's steps not
+    /// taken are a dead owner's; on a shared database another node may be taking them right
+    /// now, so only the interrupted runs' are taken here (the sweeper catches up the rest).
     fn recover(&self) {
-        match self.store.interrupt_orphans(&self.owner_id) {
-            Ok(runs) => {
-                let ids: Vec<String> = runs.iter().map(|r| r.run_id.clone()).collect();
-                kill_leftover_groups(&self.store.supervisors(&ids).unwrap_or_default());
-                for run in runs {
-                    tracing::warn!(run = %run.run_id, "run interrupted: its owner died");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "recovery failed"),
+        let interrupted = self.interrupt_orphans();
+        if !self.store.is_shared() {
+            return crate::engine::catch_up(self, 0);
         }
-        crate::engine::catch_up(self, 0);
+        for run in interrupted {
+            let ended = crate::engine::TurnResult { status: run.status, reply: None, silent: false };
+            crate::engine::take_steps(self, &run, &ended);
+        }
+    }
+
+    /// Interrupts the runs whose owner died ([`Store::interrupt_orphans`]) and kills what is
+    /// left of those that ran on this node (another node's processes are that machine's).
+    fn interrupt_orphans(&self) -> Vec<RunRow> {
+        let orphans = match self.store.interrupt_orphans(&self.owner_id) {
+            Ok(orphans) => orphans,
+            Err(e) => {
+                tracing::error!(error = %e, "recovery failed");
+                return Vec::new();
+            }
+        };
+        let here: Vec<String> = orphans.iter().filter(|o| o.of_node).map(|o| o.run.run_id.clone()).collect();
+        kill_leftover_groups(&self.store.supervisors(&here).unwrap_or_default());
+        let runs: Vec<RunRow> = orphans.into_iter().map(|o| o.run).collect();
+        for run in &runs {
+            tracing::warn!(run = %run.run_id, why = run.error.as_deref().unwrap_or_default(), "run interrupted");
+        }
+        runs
     }
 
     /// Wakes the scheduler and waiters of this process, and the owner's or its followers'.
@@ -280,17 +322,26 @@ impl Scheduler {
                 self.hand_over().await;
                 continue;
             } else if !self.stop_claiming.is_cancelled() {
-                crate::engine::budget::stop_overtime(&self);
+                // Every owner runs its own runs; what is nobody's run is the sweeper's.
+                let sweeps = self.holds_sweeps();
+                if sweeps {
+                    crate::engine::budget::stop_overtime(&self);
+                }
                 self.stop_flagged();
                 crate::engine::steer::offer_pending(&self);
                 crate::engine::ask::deliver_answers(&self);
                 self.claim_all();
-                crate::engine::deliver_due(&self).await;
+                if sweeps {
+                    crate::engine::deliver_due(&self).await;
+                }
                 if last_renew.elapsed() > Duration::from_secs(5) {
                     let _ = self.store.renew_leases(&self.owner_id);
+                    if sweeps && self.store.is_shared() {
+                        self.recover();
+                    }
                     last_renew = tokio::time::Instant::now();
                 }
-                if last_sweep.elapsed() >= sweep_every {
+                if sweeps && last_sweep.elapsed() >= sweep_every {
                     crate::engine::catch_up(&self, STEPS_GRACE_MS);
                     match self.store.archive_due() {
                         Ok(keys) if !keys.is_empty() => {
@@ -355,7 +406,7 @@ impl Scheduler {
             if self.stop_claiming.is_cancelled() {
                 return;
             }
-            let claimed = match self.store.claim_ready(&self.owner_id, &caps) {
+            let claimed = match self.store.claim_ready(self.owner_id.as_str(), &caps) {
                 Ok(claimed) if claimed.is_empty() => return,
                 Ok(claimed) => claimed,
                 Err(e) => return tracing::error!(error = %e, "claiming runs failed"),
@@ -432,7 +483,7 @@ impl Scheduler {
         if !self.is_owner() {
             return;
         }
-        let flagged = match self.store.cancel_requests(&self.owner_id) {
+        let flagged = match self.store.cancel_requests(self.owner_id.as_str()) {
             Ok(ids) => ids,
             Err(e) => return tracing::error!(error = %e, "reading cancel requests failed"),
         };
@@ -561,11 +612,6 @@ fn trim_heap() {
     }
 }
 
-/// Whether a daemon runs for `state_dir`: it holds `daemon.lock` exclusively for its life. The
-/// look takes a *shared* lock for an instant, so two looks never see each other: with an
-/// exclusive look, an owner that looked while another process was looking took that for a
-/// daemon and handed its runtime over to nobody (CI, the three-server load test: the next
-/// owner was a `serve` whose client killed it with a run still running).
 /// Another node committed to a shared database (work queued, a run ended, a cancel): the
 /// scheduler looks at once rather than at its next tick. Ends with the store.
 async fn wake_on_remote_commits(rt: Arc<Scheduler>) {
@@ -575,11 +621,59 @@ async fn wake_on_remote_commits(rt: Arc<Scheduler>) {
     }
 }
 
+/// Whether a daemon runs for `state_dir`: it holds `daemon.lock` exclusively for its life. The
+/// look takes a *shared* lock for an instant, so two looks never see each other: with an
+/// exclusive look, an owner that looked while another process was looking took that for a
+/// daemon and handed its runtime over to nobody (CI, the three-server load test: the next
+/// owner was a `serve` whose client killed it with a run still running).
 pub fn daemon_running(state_dir: &Path) -> bool {
     match std::fs::File::open(state_dir.join("daemon.lock")) {
         Ok(f) => f.try_lock_shared().is_err(),
         Err(_) => false,
     }
+}
+
+/// This state dir's node id (`<stateDir>/node-id`, made once): `<host>-<6 hex>`, the part of
+/// every run owner id that says which node ran a run. The hex keeps two state dirs of one
+/// machine (or two machines of one name) apart.
+fn node_id(state_dir: &Path) -> Result<String, String> {
+    let path = state_dir.join("node-id");
+    let shown = || path.display().to_string();
+    let nonce = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let made = format!("{}-{nonce}", host_name());
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+        Ok(mut file) => {
+            use std::io::Write;
+            file.write_all(made.as_bytes()).map_err(|e| format!("{}: {e}", shown()))?;
+            return Ok(made);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("{}: {e}", shown())),
+    }
+    // Another process may have just created it: its content comes with its write.
+    for _ in 0..50 {
+        let id = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", shown()))?;
+        let id = id.trim();
+        if !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-') {
+            return Ok(id.to_string());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(format!("{}: not a node id (letters, digits, '.' and '-'): remove the file to make a new one", shown()))
+}
+
+/// This machine's name, kept to what a node id may hold.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let name = if ok {
+        String::from_utf8_lossy(&buf[..buf.iter().position(|b| *b == 0).unwrap_or(0)]).into_owned()
+    } else {
+        String::new()
+    };
+    let kept: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '-').take(63).collect();
+    if kept.is_empty() { "node".into() } else { kept }
 }
 
 /// The runtime of a state dir, held by a maintenance command (`migrate`) for as long as it lives:

@@ -207,7 +207,7 @@ pub fn offer_pending(rt: &Arc<Scheduler>) {
     if !rt.is_owner() {
         return;
     }
-    let pending = rt.store.pending_steers(&rt.owner_id).unwrap_or_default();
+    let pending = rt.store.pending_steers(rt.owner_id.as_str()).unwrap_or_default();
     for steer in pending {
         let run_id = steer.run_id.clone().unwrap_or_default();
         if rt.offered.lock().expect("offered").insert(steer.id, run_id).is_some() {

@@ -51,7 +51,7 @@ pub use import::{ImportedSession, Merged, SessionExtras};
 pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
-pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, RunMode, RunRow, RunStatus};
+pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, Orphan, RunMode, RunOwner, RunRow, RunStatus};
 pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, Route, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub use spawn::SpawnCounts;
@@ -90,6 +90,11 @@ pub enum StoreError {
     /// The database server cannot be reached (PostgreSQL); nothing of the request was stored.
     #[error("{0}; nothing of this request was stored: retry once the database is back")]
     Unavailable(String),
+    /// A run's end came after another node had ended it (its lease passed meanwhile).
+    #[error(
+        "run {run_id} is {status}, no longer running here: its lease passed while it ran, and another node ended it"
+    )]
+    NotRunning { run_id: String, status: String },
     /// A query that had to return a row returned none (see [`sql::Optional`]).
     #[error("store: no such row")]
     NoRow,
@@ -203,19 +208,27 @@ impl Store {
         }
     }
 
-    /// Takes the database's runtime for this process: with PostgreSQL one process of all that
-    /// share the database runs the agents (an advisory lock, released when the process or its
-    /// connection dies); SQLite's runtime is the state directory's lock alone. True when held.
-    pub fn hold_database_runtime(&self) -> Result<bool> {
+    /// Whether other nodes (state directories, machines) may share this store: PostgreSQL.
+    /// SQLite's file is one state directory's, whose runtime lock makes its owner the only one.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.inner.backend, Backend::Postgres(_))
+    }
+
+    /// Takes the sweeps of the database for this process: of all the nodes sharing a
+    /// PostgreSQL database one at a time takes the work that is nobody's run (deliveries,
+    /// archiving, catching up lost steps, interrupting a dead node's runs) — an advisory lock,
+    /// released when the process or its connection dies. With SQLite the runtime owner of the
+    /// state directory is the only one anyway. True when held.
+    pub fn hold_database_sweeps(&self) -> Result<bool> {
         match &self.inner.backend {
             Backend::Sqlite { .. } => Ok(true),
-            Backend::Postgres(pg) => pg.hold_runtime(),
+            Backend::Postgres(pg) => pg.hold_sweeps(),
         }
     }
 
-    pub fn release_database_runtime(&self) {
+    pub fn release_database_sweeps(&self) {
         if let Backend::Postgres(pg) = &self.inner.backend {
-            pg.release_runtime();
+            pg.release_sweeps();
         }
     }
 

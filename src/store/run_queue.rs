@@ -47,6 +47,44 @@ impl std::fmt::Display for RunStatus {
     }
 }
 
+/// How long a claimed run's lease lasts without renewal (its owner renews every few seconds):
+/// on a shared database, a run whose lease passed is its dead node's, and another node
+/// interrupts it ([`Store::interrupt_orphans`]).
+const LEASE_MS: i64 = 15_000;
+
+/// Who runs a run: one runtime owner, a process of a node. `<node>:<pid>:<nonce>`, the node
+/// being one state directory (a machine's, with a shared database), so that a node's next owner
+/// knows its predecessor's runs from another node's, and an operator reads where a run ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOwner {
+    id: String,
+    node_len: usize,
+}
+
+impl RunOwner {
+    /// A new owner on `node` (letters, digits, `.` and `-` only: it is matched with `LIKE`).
+    pub fn new(node: &str) -> RunOwner {
+        assert!(node.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-'), "node id {node:?}");
+        let nonce = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        RunOwner { id: format!("{node}:{}:{nonce}", std::process::id()), node_len: node.len() }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.id
+    }
+
+    /// The node this owner is a process of.
+    pub fn node(&self) -> &str {
+        &self.id[..self.node_len]
+    }
+}
+
+impl std::fmt::Display for RunOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.id)
+    }
+}
+
 /// Whose result an announce run announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AnnounceKind {
@@ -303,6 +341,22 @@ pub(super) fn enqueue(tx: &dyn Sql, run: &NewRun) -> Result<bool> {
     Ok(added == 1)
 }
 
+/// Why `interrupt_orphans` ended a run of `dead` (its owner column), as its error says.
+fn interrupted_why(of_node: bool, dead: Option<&str>) -> String {
+    match (of_node, dead.and_then(|d| d.split(':').next())) {
+        (false, Some(node)) => format!("interrupted: its node {node} stopped renewing its lease; it was not re-run"),
+        _ => "interrupted: the process running it died; it was not re-run".into(),
+    }
+}
+
+/// A run [`Store::interrupt_orphans`] ended, and whether it ran on the caller's node (what is
+/// left of its processes, if anything, is on this machine).
+#[derive(Debug)]
+pub struct Orphan {
+    pub run: RunRow,
+    pub of_node: bool,
+}
+
 /// Marks `run` running for `owner` and appends its input to its transcript: the claimed row and
 /// the input's seq.
 fn claim(tx: &dyn Sql, run: &RunRow, owner: &str) -> Result<(RunRow, i64)> {
@@ -319,11 +373,12 @@ fn claim(tx: &dyn Sql, run: &RunRow, owner: &str) -> Result<(RunRow, i64)> {
         ..Default::default()
     };
     let seq = append_message(tx, run.session, &input)?;
-    tx.execute(
-        "UPDATE runs SET status = 'running', owner = ?2, lease_until = ?3, started_at = ?4, input_seq = ?5
+    let sql = format!(
+        "UPDATE runs SET status = 'running', owner = ?2, lease_until = {} + ?3, started_at = ?4, input_seq = ?5
          WHERE run_id = ?1",
-        args![run.run_id, owner, now + 15_000, now, seq],
-    )?;
+        tx.dialect().clock_ms()
+    );
+    tx.execute(&sql, args![run.run_id, owner, LEASE_MS, now, seq])?;
     Ok((run_by_id(tx, &run.run_id)?.expect("claimed run exists"), seq))
 }
 
@@ -397,8 +452,15 @@ impl Store {
     /// Records the end of a run: its messages, status, usage and the session's totals, at once.
     pub fn finish_run(&self, run_id: &str, f: &Finished) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {
-            let session: i64 =
-                tx.query_row("SELECT session FROM runs WHERE run_id = ?1", args![run_id], |r| r.get(0))?;
+            let (session, status): (i64, String) =
+                tx.query_row("SELECT session, status FROM runs WHERE run_id = ?1", args![run_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?;
+            // Another node interrupted it (its lease passed while this one ran it): that end
+            // stands and its steps are that node's to take.
+            if status != RunStatus::Running.as_str() {
+                return Err(super::StoreError::NotRunning { run_id: run_id.to_string(), status });
+            }
             for m in &f.messages {
                 append_message(tx, session, m)?;
             }
@@ -464,34 +526,53 @@ impl Store {
     }
 
     /// Renews the lease of runs this owner is running.
-    pub fn renew_leases(&self, owner: &str) -> Result<()> {
+    pub fn renew_leases(&self, owner: &RunOwner) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {
-            tx.execute(
-                "UPDATE runs SET lease_until = ?2 WHERE owner = ?1 AND status = 'running'",
-                args![owner, now_ms() + 15_000],
-            )?;
+            let sql = format!(
+                "UPDATE runs SET lease_until = {} + ?2 WHERE owner = ?1 AND status = 'running'",
+                tx.dialect().clock_ms()
+            );
+            tx.execute(&sql, args![owner.as_str(), LEASE_MS])?;
             Ok(())
         })
     }
 
-    /// Marks `running` runs not owned by `owner` as `interrupted` (their owner died: the caller
-    /// holds the runtime lock). Returns them; they are never re-run.
-    pub fn interrupt_orphans(&self, owner: &str) -> Result<Vec<RunRow>> {
-        self.write_sql(|tx| -> Result<Vec<RunRow>> {
+    /// Marks `interrupted` the running runs whose owner died, and returns them (they are never
+    /// re-run). `owner` holds its node's runtime lock, so every other owner of its node is dead.
+    /// Alone on its store (SQLite) that is every run not its own; on a shared database, another
+    /// node's runs only once their lease passed (that node stopped renewing: it died or lost
+    /// the database).
+    pub fn interrupt_orphans(&self, owner: &RunOwner) -> Result<Vec<Orphan>> {
+        let shared = self.is_shared();
+        self.write_sql(|tx| -> Result<Vec<Orphan>> {
+            let others_expired = match shared {
+                true => format!("AND (r.owner LIKE ?2 || ':%' OR r.lease_until < {})", tx.dialect().clock_ms()),
+                false => String::new(),
+            };
             let sql = format!(
-                "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
-                 WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1)"
+                "SELECT {RUN_COLUMNS}, r.owner FROM runs r JOIN sessions s ON s.id = r.session
+                 WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1) {others_expired}"
             );
-            let runs: Vec<RunRow> = tx.query_map(&sql, args![owner], run_from_row)?;
-            for r in &runs {
-                super::budgets::settle_run(tx, &r.run_id, None, now_ms())?;
+            let args = match shared {
+                true => args![owner.as_str(), owner.node()],
+                false => args![owner.as_str()],
+            };
+            let found: Vec<(RunRow, Option<String>)> =
+                tx.query_map(&sql, args, |r| Ok((run_from_row(r)?, r.get(RUN_WIDTH)?)))?;
+            let now = now_ms();
+            let mut runs = Vec::with_capacity(found.len());
+            for (mut r, dead) in found {
+                super::budgets::settle_run(tx, &r.run_id, None, now)?;
+                let of_node = dead.as_deref().and_then(|d| d.split(':').next()) == Some(owner.node());
+                let error = interrupted_why(of_node, dead.as_deref());
                 tx.execute(
-                    "UPDATE runs SET status = 'interrupted', ended_at = ?2, lease_until = NULL,
-                         error = 'interrupted: the process running it died; it was not re-run'
+                    "UPDATE runs SET status = 'interrupted', ended_at = ?2, lease_until = NULL, error = ?3
                      WHERE run_id = ?1",
-                    args![r.run_id, now_ms()],
+                    args![r.run_id, now, error],
                 )?;
-                tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1", args![r.run_id, now_ms()])?;
+                tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1", args![r.run_id, now])?;
+                (r.status, r.ended_at, r.error) = (RunStatus::Interrupted, Some(now), Some(error));
+                runs.push(Orphan { run: r, of_node });
             }
             Ok(runs)
         })

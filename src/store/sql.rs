@@ -273,6 +273,18 @@ impl Dialect {
         }
     }
 
+    /// The database's clock in milliseconds since the epoch, read when the statement runs.
+    /// Leases are set and compared on it: the nodes sharing a PostgreSQL database may have
+    /// clocks apart (doctor reports the skew), and a lease set on one clock and compared on
+    /// another would expire early or never. `clock_timestamp()`, not `now()`: `now()` is when
+    /// the transaction began, before it waited for the write lock.
+    pub fn clock_ms(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+            Dialect::Postgres => "(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+        }
+    }
+
     /// The function that picks the larger of two values (SQLite's two-argument `max`).
     pub fn greatest(self) -> &'static str {
         match self {

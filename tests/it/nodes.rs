@@ -1,10 +1,12 @@
 //! Three nodes on one PostgreSQL database (three state dirs, as three machines would have),
-//! each with `serve` processes sending and spawning with idempotency keys, while the node that
-//! runs the agents is SIGKILLed mid-run (its serve processes and their agents with it). Another
-//! node's owner takes the database's runtime over, marks the runs the dead one left
-//! `interrupted` (never re-run) and runs the rest. Checked on the database afterwards: every
-//! acknowledged call stored once (one run, one input, one child), no run left queued or running,
-//! no two runs of a session at once, the spawn cap never exceeded, no agent process left.
+//! each with a `serve` process sending and spawning with idempotency keys, and every node's
+//! owner running agents. The owner of a running run is SIGKILLed mid-run (its agents die with
+//! it; its driver starts that node's `serve` again). The dead owner's runs are marked
+//! `interrupted` (never re-run) by its node's next owner or, once their lease passed, by the
+//! node taking the sweeps; the queued runs go to whichever node claims them. Checked on the
+//! database afterwards: every acknowledged call stored once (one run, one input, one child), no
+//! run left queued or running, runs ran on more than one node, no two runs of a session at once,
+//! the spawn cap never exceeded across the nodes, no agent process left.
 //!
 //! Needs `SESSIONS_MCP_TEST_PG` (CI starts a server); skipped without it, failed under CI.
 
@@ -44,26 +46,24 @@ fn config(first: &TestEnv) -> String {
     config.to_string()
 }
 
-/// The node that runs the agents and its owner's pid: the one whose `runtime.lock` stays held
-/// (the others take theirs only for the moment they find the database's runtime taken).
-fn runtime_node(nodes: &[TestEnv]) -> Option<(usize, i32)> {
-    for _ in 0..50 {
-        let held: Vec<(usize, i32)> = nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| common::runtime_lock_holder(&n.state_dir()).map(|p| (i, p)))
-            .collect();
-        std::thread::sleep(Duration::from_millis(20));
-        let again: Vec<(usize, i32)> = nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| common::runtime_lock_holder(&n.state_dir()).map(|p| (i, p)))
-            .collect();
-        if let [one] = held.iter().filter(|h| again.contains(h)).collect::<Vec<_>>()[..] {
-            return Some(*one);
+/// A node with a run running and its owner's pid, from the run's owner (`<node>:<pid>:<nonce>`,
+/// the node being the id in `<stateDir>/node-id`). Waits for one.
+fn node_running_a_run(db: &TestDatabase, nodes: &[TestEnv]) -> (usize, i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let owners = db.query("SELECT owner FROM runs WHERE status = 'running' ORDER BY started_at", &[]);
+        if let Some(row) = owners.first() {
+            let owner: String = row.get(0);
+            let parts: Vec<&str> = owner.split(':').collect();
+            let node = nodes
+                .iter()
+                .position(|n| std::fs::read_to_string(n.state_dir().join("node-id")).unwrap().trim() == parts[0])
+                .unwrap_or_else(|| panic!("owner {owner} is none of the nodes"));
+            return (node, parts[1].parse().unwrap());
         }
+        assert!(Instant::now() < deadline, "no run started within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
     }
-    None
 }
 
 #[derive(Debug, Clone)]
@@ -150,7 +150,7 @@ fn most_at_once(db: &TestDatabase, mode: &str) -> i64 {
 }
 
 #[test]
-fn three_nodes_on_one_database_lose_nothing_when_the_runtime_node_is_sigkilled() {
+fn three_nodes_on_one_database_all_run_agents_and_lose_nothing_when_one_is_sigkilled() {
     let Some(db) = database() else { return };
     let mut nodes: Vec<TestEnv> = (0..NODES).map(|_| TestEnv::node_of(&db.url)).collect();
     let config = config(&nodes[0]);
@@ -166,13 +166,8 @@ fn three_nodes_on_one_database_lose_nothing_when_the_runtime_node_is_sigkilled()
             std::thread::spawn(move || drive(&nodes[n], n, &acked))
         })
         .collect();
-    // Mid-run: the kill waits for a run the runtime node has started.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while db.query("SELECT count(*) FROM runs WHERE status = 'running'", &[])[0].get::<_, i64>(0) == 0 {
-        assert!(Instant::now() < deadline, "no run started within 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (victim, pid) = runtime_node(&nodes).expect("one node runs the agents");
+    // Mid-run: the process killed is the owner of a run that is running.
+    let (victim, pid) = node_running_a_run(&db, &nodes);
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let clients: Vec<Client> = drivers.into_iter().map(|d| d.join().expect("driver")).collect();
@@ -200,13 +195,60 @@ fn three_nodes_on_one_database_lose_nothing_when_the_runtime_node_is_sigkilled()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
+    let running_nodes: i64 =
+        db.query("SELECT count(DISTINCT split_part(owner, ':', 1)) FROM runs WHERE owner IS NOT NULL", &[])[0].get(0);
+    assert!(running_nodes >= 2, "runs ran on {running_nodes} node(s): every node runs agents");
     let run_ids: Vec<String> = db.query("SELECT run_id FROM runs", &[]).iter().map(|r| r.get(0)).collect();
     common::assert_no_process_carries(&run_ids, Duration::from_secs(10));
     for mut c in clients {
         let _ = c.wait_exit(Duration::from_secs(20));
     }
     eprintln!(
-        "nodes: {} calls through {NODES} nodes, runtime node {victim} SIGKILLed and its runs taken over; runs {statuses:?}; at most {spawns} spawn runs at once",
+        "nodes: {} calls through {NODES} nodes, runs on {running_nodes} of them, node {victim}'s owner SIGKILLed mid-run; runs {statuses:?}; at most {spawns} spawn runs at once",
         acked.len()
     );
+}
+
+/// A node that dies and does not come back: its running run stays `running` until its lease
+/// passes, then the node taking the sweeps marks it `interrupted` (never re-run) and the
+/// session's next run starts on the node that is left.
+#[test]
+fn a_dead_nodes_run_is_interrupted_once_its_lease_passes_and_the_session_goes_on_elsewhere() {
+    let Some(db) = database() else { return };
+    let mut nodes: Vec<TestEnv> = (0..2).map(|_| TestEnv::node_of(&db.url)).collect();
+    // The first turn outlives the test; the second answers at once.
+    let fast = json!({"rules": [{"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
+                                {"match": {"input": "second"}, "reply": "second done"}],
+                      "default": {"sleepMs": 60_000, "reply": "late"}});
+    let worker = scripted_agent(&nodes[0], "worker", &fast, json!({}));
+    let main = scripted_agent(&nodes[0], "main", &json!({"default": {"reply": "ok"}}), json!({}));
+    let config = agents_config(vec![main, worker], json!({}));
+    for node in &mut nodes {
+        node.set_config(&config);
+    }
+    nodes[0].seed(json!({"sessions": [{"key": WORKERS[0]}]}));
+    let mut first = nodes[0].serve(None);
+    let sent = first.call("sessions_send", json!({"sessionKey": WORKERS[0], "message": "first", "timeoutSeconds": 0}));
+    let first_run = sent["runId"].as_str().unwrap().to_string();
+    let (victim, pid) = node_running_a_run(&db, &nodes);
+    assert_eq!(victim, 0, "only node 0 runs");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = first.wait_exit(Duration::from_secs(10));
+    let mut second = nodes[1].serve(None);
+    let sent =
+        second.call("sessions_send", json!({"sessionKey": WORKERS[0], "message": "second", "timeoutSeconds": 60}));
+    assert_eq!(sent["status"], "ok", "{sent}");
+    assert_eq!(sent["reply"], "second done");
+    let row = db.query("SELECT status, error, owner FROM runs WHERE run_id = $1", &[&first_run]);
+    let (status, error): (String, String) = (row[0].get(0), row[0].get(1));
+    assert_eq!(status, "interrupted");
+    let node0 = std::fs::read_to_string(nodes[0].state_dir().join("node-id")).unwrap();
+    assert_eq!(error, format!("interrupted: its node {} stopped renewing its lease; it was not re-run", node0.trim()));
+    let second_owner: String =
+        db.query("SELECT owner FROM runs WHERE run_id = $1", &[&sent["runId"].as_str().unwrap()])[0].get(0);
+    let node1 = std::fs::read_to_string(nodes[1].state_dir().join("node-id")).unwrap();
+    assert!(second_owner.starts_with(&format!("{}:", node1.trim())), "{second_owner} is node 1's");
+    common::assert_no_process_carries(&[first_run], Duration::from_secs(10));
+    second.close();
 }

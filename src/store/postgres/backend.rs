@@ -27,26 +27,26 @@ use crate::store::{Result, StoreError};
 pub const WRITE_LOCK: i64 = 0x736d_6377;
 /// The channel every commit notifies, with the committing process's id as payload.
 pub const CHANGES_CHANNEL: &str = "sessions_mcp_changes";
-/// How often a process that found [`RUNTIME_LOCK`] taken asks again.
-const RUNTIME_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often a process that found [`SWEEP_LOCK`] taken asks again.
+const SWEEP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 /// How long a listener waits before it connects again after losing its connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The advisory lock the node that runs the agents holds for as long as it does (`"smcr"`): one
-/// runtime per database, as one per state directory with SQLite, until nodes share the work.
-pub const RUNTIME_LOCK: i64 = 0x736d_6372;
+/// The advisory lock the node that takes the database's sweeps holds for as long as it does
+/// (`"smcr"`): every node runs agents, one at a time takes the work that is nobody's run.
+pub const SWEEP_LOCK: i64 = 0x736d_6372;
 
 /// A PostgreSQL store: its target, its pool and the runtime the pool's connections run on.
 pub struct PgBackend {
     target: PgTarget,
     pool: Pool,
-    /// The connection that holds [`RUNTIME_LOCK`] while this process runs the agents: a
+    /// The connection that holds [`SWEEP_LOCK`] while this process takes the sweeps: a
     /// connection of its own, so that the lock goes with the process (or the connection) when
     /// either dies.
-    runtime_hold: std::sync::Mutex<Option<tokio_postgres::Client>>,
-    /// When this process last found [`RUNTIME_LOCK`] taken: a front end's scheduler asks at
-    /// every wake, and each ask is a connection, so asks are spaced by [`RUNTIME_RETRY`].
-    runtime_refused: std::sync::Mutex<Option<std::time::Instant>>,
+    sweep_hold: std::sync::Mutex<Option<tokio_postgres::Client>>,
+    /// When this process last found [`SWEEP_LOCK`] taken: a scheduler asks at every tick, and
+    /// each ask is a connection, so asks are spaced by [`SWEEP_RETRY`].
+    sweep_refused: std::sync::Mutex<Option<std::time::Instant>>,
     /// One writer of this process at a time, taken before a connection is: writers waiting for
     /// [`WRITE_LOCK`] while holding connections could leave none for the reads the writer
     /// holding it makes (as SQLite's side has one writer connection behind a mutex).
@@ -84,8 +84,8 @@ impl PgBackend {
         Ok(PgBackend {
             target,
             pool,
-            runtime_hold: Default::default(),
-            runtime_refused: Default::default(),
+            sweep_hold: Default::default(),
+            sweep_refused: Default::default(),
             write_gate: Default::default(),
             process,
             runtime: Some(runtime),
@@ -102,16 +102,16 @@ impl PgBackend {
         self.runtime.as_ref().expect("the runtime lives as long as the backend")
     }
 
-    /// Takes [`RUNTIME_LOCK`] for this process if no other holds it. True when this process
-    /// holds it (now or already).
-    pub fn hold_runtime(&self) -> Result<bool> {
-        let mut hold = self.runtime_hold.lock().unwrap_or_else(|p| p.into_inner());
+    /// Takes [`SWEEP_LOCK`] for this process if no other holds it. True when this process
+    /// holds it (now or already): false as soon as its connection is found closed.
+    pub fn hold_sweeps(&self) -> Result<bool> {
+        let mut hold = self.sweep_hold.lock().unwrap_or_else(|p| p.into_inner());
         if hold.as_ref().is_some_and(|c| !c.is_closed()) {
             return Ok(true);
         }
         *hold = None;
-        let mut refused = self.runtime_refused.lock().unwrap_or_else(|p| p.into_inner());
-        if refused.is_some_and(|at| at.elapsed() < RUNTIME_RETRY) {
+        let mut refused = self.sweep_refused.lock().unwrap_or_else(|p| p.into_inner());
+        if refused.is_some_and(|at| at.elapsed() < SWEEP_RETRY) {
             return Ok(false);
         }
         let target = self.target.clone();
@@ -120,11 +120,11 @@ impl PgBackend {
                 target.config.connect(tokio_postgres::NoTls).await.map_err(|e| target.classify(&e))?;
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
-                    tracing::warn!(error = %e, "the connection holding the runtime lock ended");
+                    tracing::warn!(error = %e, "the connection holding the sweep lock ended");
                 }
             });
             let held: bool = client
-                .query_one("SELECT pg_try_advisory_lock($1)", &[&RUNTIME_LOCK])
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&SWEEP_LOCK])
                 .await
                 .map_err(|e| target.classify(&e))?
                 .get(0);
@@ -155,9 +155,9 @@ impl PgBackend {
         });
     }
 
-    /// Lets [`RUNTIME_LOCK`] go (its connection closes).
-    pub fn release_runtime(&self) {
-        self.runtime_hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+    /// Lets [`SWEEP_LOCK`] go (its connection closes).
+    pub fn release_sweeps(&self) {
+        self.sweep_hold.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     /// Runs `f` in one read-only snapshot.
@@ -474,6 +474,7 @@ impl From<PgError> for StoreError {
 mod tests {
     use super::*;
     use crate::store::postgres::with_test_database;
+    use crate::store::sql::args;
     use crate::store::{NewMessage, NewSession, Store};
 
     fn session(key: &str) -> NewSession {
@@ -511,18 +512,166 @@ mod tests {
         .await;
     }
 
+    fn finished_ok() -> crate::store::Finished {
+        crate::store::Finished {
+            status: crate::store::RunStatus::Ok,
+            reply: Some("done".into()),
+            messages: vec![],
+            usage: None,
+            cost: None,
+            model: None,
+            error: None,
+            exit_status: Some(0),
+            external_session_id: None,
+            cli_usage_total: None,
+        }
+    }
+
+    /// Two nodes (two stores on one database), three claimers each, claiming and finishing a
+    /// queue of sends and spawns over three agents: every run claimed once, never two running
+    /// in one session, and no cap ever over at any claim's commit, counted over both nodes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_one_process_holds_the_runtime_and_others_hear_its_commits() {
+    async fn postgres_claimers_on_two_nodes_never_share_a_run_overlap_a_session_or_exceed_a_cap() {
+        use crate::keys::{AgentId, SessionKey, SessionKind};
+        use crate::store::{Caps, NewRun, RunMode, RunOwner};
+        with_test_database(async |target| {
+            let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            nodes[0]
+                .write(|tx| -> Result<()> {
+                    for n in 0..60 {
+                        let (agent, mode) =
+                            (["a", "b", "c"][n % 3], if n % 4 == 0 { RunMode::Spawn } else { RunMode::Send });
+                        let key = SessionKey::from_canonical(format!("agent:{agent}:s{}", n % 7));
+                        if tx.session_id(&key).is_err() {
+                            tx.insert_session(&NewSession::new(
+                                key.clone(),
+                                AgentId::parse(agent).unwrap(),
+                                SessionKind::Other,
+                                false,
+                            ))?;
+                        }
+                        let input = serde_json::json!({"role": "user", "content": format!("t{n}")});
+                        tx.enqueue(&NewRun::new(format!("run-{n}"), tx.session_id(&key)?, mode, input))?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            let caps = Caps { global: 5, per_agent: [("a".to_string(), 2)].into(), default_agent: 3, spawns: 1 };
+            let claimers: Vec<_> = (0..6)
+                .map(|i| {
+                    let (store, caps) = (nodes[i % 2].clone(), caps.clone());
+                    std::thread::spawn(move || {
+                        let owner = RunOwner::new(&format!("node{}", i % 2));
+                        let mut mine = Vec::new();
+                        for _ in 0..400 {
+                            let claimed = store.claim_ready(owner.as_str(), &caps).unwrap();
+                            let counts: (i64, i64, i64) = store
+                                .read(|c| {
+                                    c.query_row(
+                                        "SELECT count(*),
+                                                coalesce(sum(CASE WHEN s.agent_id = 'a' THEN 1 ELSE 0 END), 0),
+                                                coalesce(sum(CASE WHEN r.mode = 'spawn' THEN 1 ELSE 0 END), 0)
+                                         FROM runs r JOIN sessions s ON s.id = r.session WHERE r.status = 'running'",
+                                        args![],
+                                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                                    )
+                                })
+                                .unwrap();
+                            assert!(counts.0 <= 5 && counts.1 <= 2 && counts.2 <= 1, "caps over: {counts:?}");
+                            for (run, _) in claimed {
+                                store.finish_run(&run.run_id, &finished_ok()).unwrap();
+                                mine.push(run.run_id);
+                            }
+                            if store
+                                .read(|c| {
+                                    c.query_row("SELECT count(*) FROM runs WHERE status = 'queued'", args![], |r| {
+                                        r.get::<i64>(0)
+                                    })
+                                })
+                                .unwrap()
+                                == 0
+                            {
+                                break;
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let mut all: Vec<String> = claimers.into_iter().flat_map(|c| c.join().unwrap()).collect();
+            all.sort();
+            let before = all.len();
+            all.dedup();
+            assert_eq!((before, all.len()), (60, 60), "every run claimed once");
+            let inputs: i64 = nodes[1]
+                .read(|c| c.query_row("SELECT count(*) FROM messages WHERE role = 'user'", args![], |r| r.get(0)))
+                .unwrap();
+            assert_eq!(inputs, 60, "each input appended once");
+        })
+        .await;
+    }
+
+    /// A run of a node that stopped renewing is interrupted by another node once its lease
+    /// passed, not before; its node's next owner interrupts it at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_dead_nodes_run_is_interrupted_after_its_lease_or_at_once_by_its_own_node() {
+        use crate::keys::{AgentId, SessionKey, SessionKind};
+        use crate::store::{Caps, NewRun, RunMode, RunOwner, RunStatus};
+        with_test_database(async |target| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_postgres(target, dir.path()).unwrap();
+            store
+                .write(|tx| -> Result<()> {
+                    for i in 0..2 {
+                        let key = SessionKey::from_canonical(format!("agent:main:s{i}"));
+                        tx.insert_session(&NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false))?;
+                        let input = serde_json::json!({"role": "user", "content": "x"});
+                        tx.enqueue(&NewRun::new(format!("run-{i}"), tx.session_id(&key)?, RunMode::Send, input))?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            let caps = Caps { global: 10, per_agent: Default::default(), default_agent: 10, spawns: 10 };
+            let (dead_a, other) = (RunOwner::new("node-a"), RunOwner::new("node-b"));
+            assert_eq!(store.claim_ready(dead_a.as_str(), &caps).unwrap().len(), 2);
+            assert!(store.interrupt_orphans(&other).unwrap().is_empty(), "a's leases hold");
+            store
+                .write_sql(|tx| tx.execute("UPDATE runs SET lease_until = 0 WHERE run_id = 'run-0'", args![]))
+                .unwrap();
+            let orphans = store.interrupt_orphans(&other).unwrap();
+            assert_eq!(orphans.len(), 1);
+            assert_eq!((orphans[0].run.run_id.as_str(), orphans[0].of_node), ("run-0", false));
+            assert_eq!(
+                orphans[0].run.error.as_deref(),
+                Some("interrupted: its node node-a stopped renewing its lease; it was not re-run")
+            );
+            let late = store.finish_run("run-0", &finished_ok()).unwrap_err();
+            assert!(matches!(late, StoreError::NotRunning { .. }), "{late}");
+            assert_eq!(store.run("run-0").unwrap().unwrap().status, RunStatus::Interrupted, "the end stands");
+            let next_a = RunOwner::new("node-a");
+            let orphans = store.interrupt_orphans(&next_a).unwrap();
+            assert_eq!(
+                orphans.iter().map(|o| (o.run.run_id.as_str(), o.of_node)).collect::<Vec<_>>(),
+                [("run-1", true)]
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_one_process_holds_the_sweeps_and_others_hear_its_commits() {
         with_test_database(async |target| {
             let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
             let a = Store::open_postgres(target.clone(), a_dir.path()).unwrap();
             let b = Store::open_postgres(target, b_dir.path()).unwrap();
-            assert!(a.hold_database_runtime().unwrap());
-            assert!(!b.hold_database_runtime().unwrap(), "a holds it");
-            a.release_database_runtime();
-            assert!(!b.hold_database_runtime().unwrap(), "b asks again only after a pause");
-            std::thread::sleep(RUNTIME_RETRY);
-            assert!(b.hold_database_runtime().unwrap(), "free once a let it go");
+            assert!(a.hold_database_sweeps().unwrap());
+            assert!(!b.hold_database_sweeps().unwrap(), "a holds it");
+            a.release_database_sweeps();
+            assert!(!b.hold_database_sweeps().unwrap(), "b asks again only after a pause");
+            std::thread::sleep(SWEEP_RETRY);
+            assert!(b.hold_database_sweeps().unwrap(), "free once a let it go");
             let mut heard = b.remote_changes();
             let own = a.remote_changes();
             a.write(|tx| tx.insert_session(&session("agent:main:x"))).unwrap();

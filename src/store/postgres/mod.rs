@@ -1,8 +1,7 @@
-//! PostgreSQL, the first slice: connecting to a `postgres://` URL through a deadpool pool, the
-//! schema as embedded versioned migrations of its own ([`schema`]), the check that a database is
-//! ours, and copying an SQLite store into one ([`copy`], behind `sessions-mcp migrate --to`);
-//! and the run queue that many nodes claim from at once ([`run_queue`]). The server does not
-//! serve from PostgreSQL yet: the backend inside [`crate::store::Store`] builds on this.
+//! PostgreSQL: connecting to a `postgres://` URL through a deadpool pool, the schema as embedded
+//! versioned migrations of its own ([`schema`]), the check that a database is ours, copying an
+//! SQLite store into one ([`copy`], behind `sessions-mcp migrate --to`), and serving
+//! [`crate::store::Store`] from it ([`backend`]).
 //!
 //! Every failure is one line that names what is wrong and what to do, as [`StoreError`]'s are:
 //! the server unreachable (host and port), authentication failed (the user), no such database, a
@@ -13,7 +12,6 @@
 
 pub mod backend;
 pub mod copy;
-pub mod run_queue;
 pub mod schema;
 
 use std::str::FromStr;

@@ -373,7 +373,7 @@ CREATE TABLE thread_bindings (
 CREATE INDEX thread_bindings_thread ON thread_bindings (channel, to_addr, thread_id);
 "#;
 
-/// Version 2: the run queue many nodes claim from (`store::postgres::run_queue`).
+/// Version 2: the run queue many nodes claim from (`Store::claim_ready`, `interrupt_orphans`).
 const V2: &str = r#"
 -- The order runs were queued in: SQLite breaks created_at ties by rowid, PostgreSQL rows have
 -- none. A copy inserts runs in SQLite's rowid order, so the identity keeps that order too.
@@ -382,6 +382,6 @@ CREATE INDEX runs_queue ON runs (created_at, enqueued) WHERE status = 'queued';
 -- Never two running runs in one session, whatever a claimer does: a claim that would overlap
 -- fails instead of committing.
 CREATE UNIQUE INDEX runs_one_running_per_session ON runs (session) WHERE status = 'running';
--- The leases that interrupt_expired looks for.
+-- The leases that interrupt_orphans looks for.
 CREATE INDEX runs_running_lease ON runs (lease_until) WHERE status = 'running';
 "#;
