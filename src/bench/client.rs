@@ -42,6 +42,32 @@ pub fn serve_command(state_dir: &Path, args: &[&str]) -> anyhow::Result<Command>
     Ok(cmd)
 }
 
+/// Sets the CPU affinity of the command's process in the child, between fork and exec: its
+/// threads and children inherit it, so none starts outside the set.
+#[cfg(target_os = "linux")]
+fn pin(cmd: &mut Command, cores: Vec<usize>) -> anyhow::Result<()> {
+    // SAFETY: the closure only builds a cpu_set_t on the stack and calls sched_setaffinity(2),
+    // both async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for &core in &cores {
+                libc::CPU_SET(core, &mut set);
+            }
+            match libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin(_: &mut Command, _: Vec<usize>) -> anyhow::Result<()> {
+    anyhow::bail!("pinning a server to CPUs needs Linux's sched_setaffinity")
+}
+
 /// Notifications a slow listener may fall behind by before it misses some.
 const NOTIFICATIONS_KEPT: usize = 64;
 
@@ -82,12 +108,19 @@ pub struct StdioServer {
 impl StdioServer {
     /// Starts `serve` on `state_dir` without initializing it (see [`StdioServer::initialize`]).
     pub fn spawn(state_dir: &Path) -> anyhow::Result<Self> {
+        Self::spawn_on(state_dir, &[])
+    }
+
+    /// [`StdioServer::spawn`] with the server and every process it starts (its agents) kept to
+    /// the CPUs `cores` (all of them when empty), set before the server's first instruction.
+    pub fn spawn_on(state_dir: &Path, cores: &[usize]) -> anyhow::Result<Self> {
         std::fs::create_dir_all(state_dir)?;
-        let mut child = serve_command(state_dir, &[])?
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("cannot start `sessions-mcp serve`")?;
+        let mut cmd = serve_command(state_dir, &[])?;
+        if !cores.is_empty() {
+            pin(&mut cmd, cores.to_vec())?;
+        }
+        let mut child =
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().context("cannot start `sessions-mcp serve`")?;
         let stdout = child.stdout.take().context("serve has no stdout")?;
         let pending: Pending = Arc::default();
         let (routes, notifications) = (pending.clone(), broadcast::channel(NOTIFICATIONS_KEPT).0);

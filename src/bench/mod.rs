@@ -9,7 +9,8 @@
 //! before, during and after sustained mixed load), [`daemon`] (a send with wait and a subscription
 //! update through a daemon owning the runtime, against the serve owning it), [`subagents`] (how
 //! soon a `subagents` wait answers after the announce, both ways), [`fanout`] (N children spawned at
-//! once: spawn rate, last announce, the server's memory, fds and threads, supervision per run). `--quick` takes small
+//! once: spawn rate, last announce, the server's memory, fds and threads, supervision per run),
+//! [`nodes`] (PostgreSQL: tool latency next to SQLite, runs per second with 1, 2 and 3 nodes). `--quick` takes small
 //! sizes so that a debug build finishes within a minute on two cores (CI); figures come from the
 //! full mode in a release build.
 
@@ -19,6 +20,7 @@ mod fanout;
 mod import;
 pub mod in_process;
 mod load;
+mod nodes;
 mod send;
 mod soak;
 mod stdio;
@@ -42,10 +44,11 @@ pub enum Group {
     Daemon,
     Subagents,
     Fanout,
+    Nodes,
 }
 
 impl Group {
-    const ALL: [Group; 9] = [
+    const ALL: [Group; 10] = [
         Group::InProcess,
         Group::Stdio,
         Group::Send,
@@ -55,6 +58,7 @@ impl Group {
         Group::Daemon,
         Group::Subagents,
         Group::Fanout,
+        Group::Nodes,
     ];
 
     fn name(self) -> &'static str {
@@ -68,6 +72,7 @@ impl Group {
             Group::Daemon => "daemon",
             Group::Subagents => "subagents",
             Group::Fanout => "fanout",
+            Group::Nodes => "nodes",
         }
     }
 }
@@ -248,6 +253,7 @@ pub async fn run(quick: bool, only: Option<Group>) -> ExitCode {
             Group::Daemon => daemon::run(&mut bench).await,
             Group::Subagents => subagents::run(&mut bench).await,
             Group::Fanout => fanout::run(&mut bench).await,
+            Group::Nodes => nodes::run(&mut bench).await,
         };
         if let Err(e) = result {
             print_table(&bench);

@@ -15,7 +15,7 @@ pub const SCRIPT_FILE: &str = "agent-script.json";
 /// Messages per session in the list worlds: more than `messageLimit 5` reads.
 const MESSAGES_PER_SESSION: u64 = 6;
 /// Config of worlds whose caller (`main`) lists every session of its agent.
-const AGENT_VISIBILITY: &str = "{tools: {sessions: {visibility: 'agent'}}}";
+pub(super) const AGENT_VISIBILITY: &str = "{tools: {sessions: {visibility: 'agent'}}}";
 
 /// The generated state directories of one bench run, removed when it ends.
 pub struct Worlds {
@@ -99,7 +99,7 @@ pub fn history_key(n: u64) -> String {
     format!("agent:main:bench:history:{n}")
 }
 
-fn session(key: SessionKey) -> NewSession {
+pub(super) fn session(key: SessionKey) -> NewSession {
     NewSession::new(key, AgentId::main(), SessionKind::Other, false)
 }
 
@@ -125,7 +125,7 @@ fn with_transcript(s: NewSession, n: u64) -> SeedSession<impl Iterator<Item = Ne
     SeedSession::new(s, (0..n).map(transcript_message))
 }
 
-fn seed_flat(store: &Store, sessions: u64) -> anyhow::Result<()> {
+pub(super) fn seed_flat(store: &Store, sessions: u64) -> anyhow::Result<()> {
     let key = |i: u64| SessionKey::for_agent(&AgentId::main(), &format!("bench:{i}"));
     Ok(store
         .seed((0..sessions).map(|i| with_transcript(session(key(i)), MESSAGES_PER_SESSION)), &SeedRows::default())?)
@@ -145,7 +145,7 @@ fn seed_tree(store: &Store, children: u64) -> anyhow::Result<()> {
     Ok(store.seed(sessions.map(|s| SeedSession::new(s, [])), &SeedRows::default())?)
 }
 
-fn seed_history(store: &Store, messages: u64) -> anyhow::Result<()> {
+pub(super) fn seed_history(store: &Store, messages: u64) -> anyhow::Result<()> {
     let s = session(SessionKey::from_canonical(history_key(messages)));
     Ok(store.seed([with_transcript(s, messages)], &SeedRows::default())?)
 }

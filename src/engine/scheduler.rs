@@ -76,6 +76,9 @@ pub struct Scheduler {
     sweeper: AtomicBool,
     lock: Mutex<Option<File>>,
     _daemon_lock: Option<File>,
+    /// `serve.lock`, shared for this process's life: a maintenance command that must be alone
+    /// with the state dir (`migrate`) sees every serving process, owner or not.
+    _presence: File,
     /// Wakes the scheduler and in-process waiters when something changed.
     pub(super) changed: Notify,
     /// Counts this process's wakes: the owner streams them to its followers, a follower posts
@@ -123,6 +126,7 @@ impl Scheduler {
         owner_socket: OwnerSocket,
     ) -> Result<Arc<Scheduler>, String> {
         crate::privacy::create_private_dir(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+        let presence = take_presence(state_dir)?;
         let daemon_lock = match role {
             Role::Daemon => Some(take_daemon_lock(state_dir)?),
             Role::Serve => None,
@@ -139,6 +143,7 @@ impl Scheduler {
             sweeper: AtomicBool::new(false),
             lock: Mutex::new(None),
             _daemon_lock: daemon_lock,
+            _presence: presence,
             changed: Notify::new(),
             woken: watch::Sender::new(0),
             active: Mutex::new(HashMap::new()),
@@ -681,6 +686,7 @@ fn host_name() -> String {
 pub struct RuntimeHold {
     _daemon: File,
     _runtime: File,
+    _presence: File,
 }
 
 /// Holds the runtime of `state_dir`, or says who owns it: a daemon (it holds `daemon.lock`), or a
@@ -689,7 +695,10 @@ pub struct RuntimeHold {
 /// `runtime.lock` is taken first: while a `serve` owns the runtime, `daemon.lock` is never
 /// touched, since a `serve` owner that saw it held would take that for a daemon and hand its
 /// runtime over to nobody. Once `runtime.lock` is ours no `serve` owns anything, and holding
-/// `daemon.lock` too keeps a daemon from starting until the hold ends.
+/// `daemon.lock` too keeps a daemon from starting until the hold ends. Last, `serve.lock`: a
+/// `serve` that does not own the runtime still writes (it queues runs), and one left running
+/// when the owner went would become the next owner or write beside the hold; none starts
+/// while it is held.
 pub fn hold_runtime(state_dir: &Path) -> Result<RuntimeHold, String> {
     let shown = state_dir.display();
     let daemon_runs = || format!("a daemon runs for {shown}: stop it (and every serve) first");
@@ -701,7 +710,25 @@ pub fn hold_runtime(state_dir: &Path) -> Result<RuntimeHold, String> {
         return Err(format!("a serve or daemon process owns the runtime of {shown}: stop it (and every serve) first"));
     }
     let daemon = take_daemon_lock(state_dir).map_err(|_| daemon_runs())?;
-    Ok(RuntimeHold { _daemon: daemon, _runtime: runtime })
+    let presence = open_lock(&state_dir.join("serve.lock"))?;
+    if presence.try_lock().is_err() {
+        return Err(format!(
+            "a serve process runs for {shown} (not the runtime's owner, but it writes): stop it first"
+        ));
+    }
+    Ok(RuntimeHold { _daemon: daemon, _runtime: runtime, _presence: presence })
+}
+
+/// `serve.lock`, shared, for a serving process's life (see [`hold_runtime`]).
+fn take_presence(state_dir: &Path) -> Result<File, String> {
+    let file = open_lock(&state_dir.join("serve.lock"))?;
+    match file.try_lock_shared() {
+        Ok(()) => Ok(file),
+        Err(_) => Err(format!(
+            "a maintenance command (migrate) holds {} alone: start again once it is done",
+            state_dir.display()
+        )),
+    }
 }
 
 /// How long a starting daemon retries `daemon.lock` while other processes look at it (each look
@@ -798,7 +825,20 @@ mod tests {
         let held = hold_runtime(dir.path()).unwrap();
         assert!(take_daemon_lock(dir.path()).is_err(), "no daemon starts while it is held");
         assert!(open_lock(&dir.path().join("runtime.lock")).unwrap().try_lock().is_err(), "no serve owns it");
+        assert!(take_presence(dir.path()).is_err(), "no serve starts while it is held");
         drop(held);
         assert!(take_daemon_lock(dir.path()).is_ok());
+    }
+
+    #[test]
+    fn a_serve_that_does_not_own_the_runtime_keeps_a_hold_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let follower = take_presence(dir.path()).unwrap();
+        let second = take_presence(dir.path()).unwrap();
+        let e = hold_runtime(dir.path()).err().unwrap();
+        assert!(e.starts_with("a serve process runs for "), "{e}");
+        assert!(!daemon_running(dir.path()), "the refused hold let daemon.lock go");
+        drop((follower, second));
+        assert!(hold_runtime(dir.path()).is_ok(), "held once every serve is gone");
     }
 }

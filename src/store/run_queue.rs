@@ -396,7 +396,13 @@ impl Store {
     /// no other run of its session running, its agent and the server under their caps (counting
     /// the ones claimed before it here). Each input is appended to its transcript now. One
     /// commit for a burst of runs, not one each (BENCHMARKS.md, fan-out).
+    ///
+    /// On a shared database the global cap is the node's (`runtime.maxConcurrentRuns` bounds what
+    /// one machine runs: counted over this owner's runs), while the per-agent and spawn caps are
+    /// the cluster's (counted over every node's): an agent's limit is about the agent, not about
+    /// where it runs.
     pub fn claim_ready(&self, owner: &str, caps: &Caps) -> Result<Vec<(RunRow, i64)>> {
+        let shared = self.is_shared();
         self.write_sql(|tx| -> Result<Vec<(RunRow, i64)>> {
             let mut running: HashMap<String, i64> = tx
                 .query_map(
@@ -407,7 +413,14 @@ impl Store {
                 )?
                 .into_iter()
                 .collect();
-            let mut total: i64 = running.values().sum();
+            let mut total: i64 = match shared {
+                true => tx.query_row(
+                    "SELECT count(*) FROM runs WHERE status = 'running' AND owner = ?1",
+                    args![owner],
+                    |r| r.get(0),
+                )?,
+                false => running.values().sum(),
+            };
             if total >= i64::from(caps.global) {
                 return Ok(Vec::new());
             }
@@ -633,6 +646,22 @@ impl Store {
         self.read(|c| {
             c.query_row("SELECT count(*) FROM runs WHERE status IN ('queued', 'running')", args![], |r| r.get(0))
         })
+    }
+
+    /// How many runs each node claimed, by node id (the first part of a [`RunOwner`]), most first.
+    pub fn runs_per_node(&self) -> Result<Vec<(String, i64)>> {
+        let owners: Vec<(String, i64)> = self.read(|c| {
+            c.query_map("SELECT owner, count(*) FROM runs WHERE owner IS NOT NULL GROUP BY owner", args![], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+        })?;
+        let mut nodes: HashMap<String, i64> = HashMap::new();
+        for (owner, n) in owners {
+            *nodes.entry(owner.split(':').next().unwrap_or_default().to_string()).or_default() += n;
+        }
+        let mut nodes: Vec<(String, i64)> = nodes.into_iter().collect();
+        nodes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(nodes)
     }
 }
 

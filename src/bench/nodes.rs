@@ -1,0 +1,207 @@
+//! PostgreSQL next to SQLite (issue 22): tool latency over stdio on the same generated store in
+//! each backend, and runs per second with 1, 2 and 3 nodes on one database, each node's server
+//! and its agents pinned to a core set of its own as far as the machine has cores.
+//!
+//! Needs a PostgreSQL server: `SESSIONS_MCP_BENCH_PG` (else the tests' `SESSIONS_MCP_TEST_PG`),
+//! an admin URL under which the group creates databases of its own and drops them at the end.
+//! Without one, the group says so in its one row.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{Value, json};
+
+use super::client::StdioServer;
+use super::send::{HOLD, script};
+use super::worlds::{SCRIPT_FILE, history_key, seed_flat, seed_history, session};
+use super::{Bench, Group, Row, Samples, sample};
+use crate::keys::SessionKey;
+use crate::store::{NewRun, RunMode, SeedRows, SeedSession, Store};
+
+/// Sessions the queued runs of a nodes row are spread over (each session runs one at a time).
+const WORKER_SESSIONS: usize = 32;
+/// What one node runs at once (`runtime.maxConcurrentRuns`, a node's own): more than its one
+/// core can keep busy with the scripted agent, so the core is the limit.
+const NODE_RUNS: u32 = 4;
+/// The agent's cap, the cluster's: high enough never to be the limit.
+const AGENT_RUNS: u32 = 64;
+
+pub async fn run(bench: &mut Bench) -> anyhow::Result<()> {
+    let Some(admin) = admin_url() else {
+        let what = "skipped: no PostgreSQL (set SESSIONS_MCP_BENCH_PG to an admin postgres:// URL)";
+        bench.push(Row::rate(Group::Nodes, what, String::new()));
+        return Ok(());
+    };
+    let server = Databases::connect(&admin).await?;
+    let result = measure(bench, &server).await;
+    server.drop_all().await?;
+    result
+}
+
+async fn measure(bench: &mut Bench, server: &Databases) -> anyhow::Result<()> {
+    let (sessions, history) = if bench.quick { (100, 1_000) } else { (1_000, 10_000) };
+    let sqlite = bench.worlds.scratch("latency-sqlite");
+    world(&sqlite, None, Some((sessions, history)))?;
+    latency(bench, &sqlite, "SQLite", sessions, history).await?;
+    let pg = bench.worlds.scratch("latency-postgres");
+    world(&pg, Some(&server.create("latency").await?), Some((sessions, history)))?;
+    latency(bench, &pg, "PostgreSQL", sessions, history).await?;
+    for nodes in 1..=3 {
+        runs_per_second(bench, server, nodes).await?;
+    }
+    Ok(())
+}
+
+fn admin_url() -> Option<String> {
+    ["SESSIONS_MCP_BENCH_PG", "SESSIONS_MCP_TEST_PG"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+}
+
+/// The databases this group made on the admin URL's server, dropped at the end.
+struct Databases {
+    admin: String,
+    client: tokio_postgres::Client,
+    made: std::sync::Mutex<Vec<String>>,
+}
+
+impl Databases {
+    async fn connect(admin: &str) -> anyhow::Result<Databases> {
+        let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
+            .await
+            .context("cannot connect to the bench's PostgreSQL server")?;
+        tokio::spawn(connection);
+        Ok(Databases { admin: admin.to_string(), client, made: Default::default() })
+    }
+
+    /// A new empty database; its URL.
+    async fn create(&self, what: &str) -> anyhow::Result<String> {
+        let name = format!("smcp_bench_{what}_{}", uuid::Uuid::new_v4().simple());
+        let ddl = format!("CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0");
+        self.client.batch_execute(&ddl).await.with_context(|| format!("cannot create database {name}"))?;
+        self.made.lock().unwrap().push(name.clone());
+        let base = self.admin.split('?').next().unwrap_or_default();
+        let (server, _) = base.rsplit_once('/').context("the admin URL names no database")?;
+        Ok(format!("{server}/{name}"))
+    }
+
+    async fn drop_all(&self) -> anyhow::Result<()> {
+        let made = std::mem::take(&mut *self.made.lock().unwrap());
+        for name in made {
+            self.client.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A state directory serving from `url` (SQLite without one) with the send bench's agent and
+/// caps that leave the cores the limit; `seed` adds `(sessions, history messages)` and the
+/// sessions the rows use (once per database).
+fn world(dir: &Path, url: Option<&str>, seed: Option<(u64, u64)>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let script_path = dir.join(SCRIPT_FILE);
+    std::fs::write(&script_path, script().to_string())?;
+    let runner = json!({"command": std::env::current_exe()?, "args": ["agent", "--script", script_path],
+                        "maxConcurrent": AGENT_RUNS});
+    let mut config = json!({
+        "tools": {"sessions": {"visibility": "agent"}},
+        "runtime": {"maxConcurrentRuns": NODE_RUNS},
+        "agents": {"list": [{"id": "main", "runner": runner}]},
+    });
+    if let Some(url) = url {
+        config["store"] = json!({"url": url});
+    }
+    std::fs::write(dir.join("config.json5"), config.to_string())?;
+    let Some((sessions, history)) = seed else { return Ok(()) };
+    let store = Store::open_in(dir, url)?;
+    seed_flat(&store, sessions)?;
+    seed_history(&store, history)?;
+    let targets = std::iter::once(HOLD.to_string()).chain((0..WORKER_SESSIONS).map(worker));
+    let targets = targets.map(|k| SeedSession::new(session(SessionKey::from_canonical(k)), []));
+    Ok(store.seed(targets, &SeedRows::default())?)
+}
+
+fn worker(i: usize) -> String {
+    format!("agent:main:bench:worker:{i}")
+}
+
+/// The same three calls on either backend: a list page, a history page, a send accepted.
+async fn latency(bench: &mut Bench, dir: &Path, backend: &str, sessions: u64, history: u64) -> anyhow::Result<()> {
+    let server = StdioServer::start(dir).await?;
+    let n = bench.sizes.calls;
+    let calls: [(&str, Value, String); 3] = [
+        (
+            "sessions_list",
+            json!({"limit": 50, "messageLimit": 5}),
+            format!("list limit 50 messageLimit 5, {sessions} sessions"),
+        ),
+        (
+            "sessions_history",
+            json!({"sessionKey": history_key(history), "limit": 200}),
+            format!("history limit 200, {history} messages"),
+        ),
+        (
+            "sessions_send",
+            json!({"sessionKey": HOLD, "message": "queued", "timeoutSeconds": 0}),
+            "send fire-and-forget accepted (durable before the answer)".to_string(),
+        ),
+    ];
+    for (tool, args, what) in calls {
+        let server = &server;
+        let samples: Samples = sample(n, || {
+            let args = args.clone();
+            async move { server.call_ok(tool, args).await }
+        })
+        .await?;
+        bench.push(Row::latency(Group::Nodes, format!("{backend}: {what}, {n} calls"), &samples));
+    }
+    server.stop().await
+}
+
+/// `nodes` state dirs on one new database, each a `serve` owning its node's runtime and pinned
+/// to a core of its own (cores are shared once there are more nodes than cores); a burst of
+/// queued runs committed at once, timed until every one has finished on whichever node ran it.
+async fn runs_per_second(bench: &mut Bench, dbs: &Databases, nodes: usize) -> anyhow::Result<()> {
+    let url = dbs.create(&format!("nodes{nodes}")).await?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let handle_dir = bench.worlds.scratch(&format!("nodes-{nodes}-bench"));
+    world(&handle_dir, Some(&url), Some((0, 0)))?;
+    let store = Store::open_in(&handle_dir, Some(&url))?;
+    let mut servers = Vec::new();
+    let mut sets = Vec::new();
+    for i in 0..nodes {
+        let dir = bench.worlds.scratch(&format!("nodes-{nodes}-node-{i}"));
+        world(&dir, Some(&url), None)?;
+        let server = StdioServer::spawn_on(&dir, &[i % cores])?;
+        server.initialize().await?;
+        servers.push(server);
+        sets.push(format!("{{{}}}", i % cores));
+    }
+    let runs = if bench.quick { 20 } else { 300 };
+    let started = Instant::now();
+    store.write(|tx| -> crate::store::Result<()> {
+        for i in 0..runs {
+            let session = tx.session_id(&SessionKey::from_canonical(worker(i % WORKER_SESSIONS)))?;
+            let input = json!({"role": "user", "content": format!("run {i}")});
+            tx.enqueue(&NewRun::new(uuid::Uuid::new_v4().to_string(), session, RunMode::Send, input))?;
+        }
+        Ok(())
+    })?;
+    while store.unfinished_runs()? > 0 {
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "the runs did not finish within 10 min");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let per_node: Vec<String> = store.runs_per_node()?.iter().map(|(_, n)| n.to_string()).collect();
+    let what = format!(
+        "{nodes} node(s) on one database, each pinned to core {}: {runs} queued runs claimed, run (scripted agent) and finished",
+        sets.join(" ")
+    );
+    let rate = format!("{:.1} runs/s (per node {})", runs as f64 / seconds, per_node.join("/"));
+    bench.push(Row::rate(Group::Nodes, what, rate));
+    for server in servers {
+        server.stop().await?;
+    }
+    Ok(())
+}
