@@ -512,6 +512,48 @@ mod tests {
         .await;
     }
 
+    /// A list page's tails in one statement are the tails read one session at a time: the
+    /// visible messages only, the newest `limit`, oldest first, in the order the ids were given.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_list_tails_in_one_statement_are_each_sessions_own_tail() {
+        with_test_database(async |target| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_postgres(target, dir.path()).unwrap();
+            let keys: Vec<String> = (0..4).map(|i| format!("agent:main:t{i}")).collect();
+            store
+                .write(|tx| -> Result<()> {
+                    for (i, key) in keys.iter().enumerate() {
+                        tx.insert_session(&session(key))?;
+                        let id = tx.session_id(&crate::keys::SessionKey::from_canonical(key.clone()))?;
+                        for n in 0..i * 2 {
+                            let mut m = NewMessage::user_text(&format!("m{n}"), None, serde_json::json!({}), None);
+                            if n % 3 == 1 {
+                                m.role = "toolResult".into();
+                            }
+                            m.silent = n % 4 == 3;
+                            tx.append_message(id, &m)?;
+                        }
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            let mut ids: Vec<i64> = keys
+                .iter()
+                .map(|k| store.session_by_key(&crate::keys::SessionKey::from_canonical(k.clone())).unwrap().unwrap().id)
+                .collect();
+            ids.reverse();
+            let seqs = |rows: &[crate::store::MessageRow]| rows.iter().map(|m| m.seq).collect::<Vec<_>>();
+            let tails = store.last_messages(&ids, 2).unwrap();
+            assert_eq!(tails.len(), ids.len());
+            for (id, tail) in ids.iter().zip(&tails) {
+                assert_eq!(seqs(tail), seqs(&store.history_tail(*id, 2, false).unwrap().messages), "session {id}");
+            }
+            assert!(tails.last().unwrap().is_empty(), "a session without messages has an empty tail");
+            assert!(store.last_messages(&[], 2).unwrap().is_empty());
+        })
+        .await;
+    }
+
     fn finished_ok() -> crate::store::Finished {
         crate::store::Finished {
             status: crate::store::RunStatus::Ok,
