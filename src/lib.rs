@@ -27,6 +27,7 @@
 //! | | [`keys`] | session keys: parse, canonical and display forms, kind, chat type, channel |
 //! | | [`schemas`] | the JSON Schema dialect of everything published |
 //! | | [`metrics`] | `/metrics`: process histograms (runs, tool calls) and the store's counts, in the Prometheus format |
+//! | | [`pem`] | the PEM certificates and keys TLS reads: the HTTP server's, the PostgreSQL client's |
 //! | | [`privacy`], [`safe_dirs`] | the `077` umask and 0700 dirs; directories below an agent-writable workspace, opened through descriptors |
 
 //! ## One tool call, end to end
@@ -64,6 +65,7 @@ pub mod engine;
 pub mod keys;
 pub mod metrics;
 pub mod openclaw;
+pub mod pem;
 pub mod policy;
 pub mod privacy;
 pub mod programs;

@@ -68,22 +68,23 @@ struct Databases {
 
 impl Databases {
     async fn connect(admin: &str) -> anyhow::Result<Databases> {
-        let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
-            .await
-            .context("cannot connect to the bench's PostgreSQL server")?;
+        let target = crate::store::postgres::PgTarget::parse(admin)?;
+        let (client, connection) =
+            target.connect_one().await.context("cannot connect to the bench's PostgreSQL server")?;
         tokio::spawn(connection);
         Ok(Databases { admin: admin.to_string(), client, made: Default::default() })
     }
 
-    /// A new empty database; its URL.
+    /// A new empty database; its URL (with the admin URL's parameters, its TLS settings among them).
     async fn create(&self, what: &str) -> anyhow::Result<String> {
         let name = format!("smcp_bench_{what}_{}", uuid::Uuid::new_v4().simple());
         let ddl = format!("CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0");
         self.client.batch_execute(&ddl).await.with_context(|| format!("cannot create database {name}"))?;
         self.made.lock().unwrap().push(name.clone());
-        let base = self.admin.split('?').next().unwrap_or_default();
+        let (base, query) =
+            self.admin.split_once('?').map_or((self.admin.as_str(), String::new()), |(b, q)| (b, format!("?{q}")));
         let (server, _) = base.rsplit_once('/').context("the admin URL names no database")?;
-        Ok(format!("{server}/{name}"))
+        Ok(format!("{server}/{name}{query}"))
     }
 
     async fn drop_all(&self) -> anyhow::Result<()> {

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use crate::cli::Paths;
 use crate::store::Store;
 use crate::store::postgres::copy::{self, MigrateError};
+use crate::store::postgres::tls::{TlsOptions, Verification};
 use crate::store::postgres::{self, PgTarget, SchemaState};
 
 /// Above this clock difference `doctor` warns: run leases will be stamped by the database clock
@@ -97,7 +98,35 @@ pub fn doctor(url: &str) -> usize {
     }
     let (line, problem) = clock_line(facts.skew_ms);
     println!("{line}");
+    problems += usize::from(problem);
+    let (line, problem) = tls_line(target.tls(), facts.tls.as_ref(), target.is_local());
+    println!("{line}");
     problems + usize::from(problem)
+}
+
+/// doctor's line about the connection's TLS, and whether it is a problem: a plain connection
+/// that crosses a network is one (what the store holds would be readable on the way).
+fn tls_line(options: &TlsOptions, tls: Option<&(String, String)>, local: bool) -> (String, bool) {
+    let mode = options.mode.as_str();
+    let Some((version, cipher)) = tls else {
+        if local {
+            return (format!("store tls: off (sslmode {mode}), the server is on this machine"), false);
+        }
+        return (
+            format!(
+                "store tls problem: off (sslmode {mode}): what the store holds crosses the network readable; turn ssl on in the server's postgresql.conf and set sslmode=verify-full with sslrootcert"
+            ),
+            true,
+        );
+    };
+    let checked = match options.verification() {
+        Verification::ChainAndName => "the server's certificate and host name checked".to_string(),
+        Verification::Chain => "the server's certificate checked, not its host name".to_string(),
+        Verification::None => {
+            "the server's certificate not checked (add sslrootcert and sslmode=verify-full to check it)".to_string()
+        }
+    };
+    (format!("store tls: {version} {cipher}, {checked} (sslmode {mode})"), false)
 }
 
 /// doctor's line about the clock skew (the database's clock minus this machine's), and whether
@@ -118,7 +147,30 @@ fn clock_line(skew_ms: i64) -> (String, bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::clock_line;
+    use super::{TlsOptions, clock_line, tls_line};
+
+    #[test]
+    fn plain_over_a_network_is_a_problem_and_on_this_machine_is_not() {
+        let options = |q: &str| TlsOptions::split_url(&format!("postgres://u@h/db?{q}")).unwrap().1;
+        let (line, problem) = tls_line(&options("sslmode=disable"), None, true);
+        assert_eq!(
+            (line.as_str(), problem),
+            ("store tls: off (sslmode disable), the server is on this machine", false)
+        );
+        let (line, problem) = tls_line(&options(""), None, false);
+        assert!(problem && line.starts_with("store tls problem: off (sslmode prefer): what the store holds"), "{line}");
+        let on = ("TLSv1.3".to_string(), "TLS_AES_256_GCM_SHA384".to_string());
+        let (line, problem) = tls_line(&options("sslmode=verify-full&sslrootcert=/ca.pem"), Some(&on), false);
+        assert_eq!(
+            (line.as_str(), problem),
+            (
+                "store tls: TLSv1.3 TLS_AES_256_GCM_SHA384, the server's certificate and host name checked (sslmode verify-full)",
+                false
+            )
+        );
+        let (line, _) = tls_line(&options("sslmode=require"), Some(&on), false);
+        assert!(line.contains("certificate not checked (add sslrootcert"), "{line}");
+    }
 
     #[test]
     fn a_skew_over_a_second_either_way_is_a_problem_and_up_to_one_is_not() {

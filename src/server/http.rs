@@ -391,16 +391,8 @@ const MAX_REFUSALS: usize = 16;
 
 /// A TLS acceptor from `server.tls {cert, key}` (PEM files).
 pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("server.tls.cert {}: {e}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("server.tls.cert {}: {e}", cert.display()))?;
-    if certs.is_empty() {
-        return Err(format!("server.tls.cert {}: no certificate in the file", cert.display()));
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("server.tls.key {}: {e}", key.display()))?;
+    let certs = crate::pem::certificates("server.tls.cert", cert)?;
+    let key = crate::pem::private_key("server.tls.key", key)?;
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?

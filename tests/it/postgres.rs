@@ -501,3 +501,59 @@ fn an_empty_sessions_mcp_schema_takes_a_copy_and_a_database_not_in_utf8_is_refus
     let line = refused(&migrate(&env, &ascii.url()));
     assert!(line.contains("has encoding SQL_ASCII; sessions-mcp stores text as UTF8"), "{line}");
 }
+
+/// The test server's TLS files (ca.crt, client.crt, client.key; .ci/postgres.sh makes them):
+/// a failure under CI without them, a skip elsewhere.
+fn tls_dir() -> Option<String> {
+    match std::env::var("SESSIONS_MCP_TEST_PG_TLS").ok().filter(|v| !v.is_empty()) {
+        Some(dir) => Some(dir),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("SESSIONS_MCP_TEST_PG_TLS is unset under CI: .ci/postgres.sh makes the server's TLS files")
+        }
+        None => {
+            eprintln!("skipped: SESSIONS_MCP_TEST_PG_TLS is unset (the test server's CA)");
+            None
+        }
+    }
+}
+
+#[test]
+fn migrate_and_doctor_go_over_tls_checked_as_the_url_says() {
+    let Some(server) = server() else { return };
+    let Some(tls) = tls_dir() else { return };
+    let db = Db::create(&server);
+    let ca = format!("sslmode=verify-full&sslrootcert={tls}/ca.crt");
+    // The server's certificate is for localhost only.
+    let by_name = format!("{}?hostaddr=127.0.0.1&{ca}", db.url().replacen("@127.0.0.1:", "@localhost:", 1));
+    let env = seeded();
+    let out = migrate(&env, &by_name);
+    assert!(out.status.success(), "{}{}", text(&out.stderr), text(&out.stdout));
+    let out = env.run(&["doctor", "--store-url", &by_name]);
+    let stdout = text(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("store tls: ")).expect(&stdout);
+    assert!(line.starts_with("store tls: TLSv1."), "{line}");
+    assert!(line.ends_with(", the server's certificate and host name checked (sslmode verify-full)"), "{line}");
+    assert!(stdout.contains("store schema: version 2, ours"), "{stdout}");
+
+    // The same server by its address: its certificate does not name it, and nothing is copied.
+    let by_address = format!("{}?{ca}", db.url());
+    let line = refused(&migrate(&seeded(), &by_address));
+    let expected = format!("TLS with PostgreSQL at {}:{} failed (", server.host, server.port);
+    assert!(line.starts_with(&format!("sessions-mcp: {expected}")), "{line}");
+    assert!(line.ends_with("the server's certificate is not for the host of the URL: connect by a name it carries (host=NAME, with hostaddr=IP if need be) or use sslmode=verify-ca"), "{line}");
+    let stdout = text(&env.run(&["doctor", "--store-url", &by_address]).stdout);
+    assert!(stdout.lines().any(|l| l.starts_with(&format!("store url problem: {expected}"))), "{stdout}");
+
+    // Plain on loopback is said, and is not a problem.
+    let out = env.run(&["doctor", "--store-url", &format!("{}?sslmode=disable", db.url())]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("\nstore tls: off (sslmode disable), the server is on this machine\n"), "{stdout}");
+    assert!(out.status.success(), "{stdout}");
+
+    // A TLS parameter the URL gets wrong: one line, which one and what is allowed.
+    let line = refused(&migrate(&seeded(), &format!("{}?sslmode=verify", db.url())));
+    assert_eq!(
+        line,
+        "sessions-mcp: the store URL's TLS settings: sslmode \"verify\" is not one of disable, prefer, require, verify-ca or verify-full"
+    );
+}

@@ -116,8 +116,7 @@ impl PgBackend {
         }
         let target = self.target.clone();
         let client = on(self.runtime(), async move {
-            let (client, connection) =
-                target.config.connect(tokio_postgres::NoTls).await.map_err(|e| target.classify(&e))?;
+            let (client, connection) = target.connect_one().await?;
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::warn!(error = %e, "the connection holding the sweep lock ended");
@@ -229,8 +228,7 @@ async fn listen_once(
     first: bool,
 ) -> std::result::Result<(), PgError> {
     use futures::StreamExt;
-    let (client, mut connection) =
-        target.config.connect(tokio_postgres::NoTls).await.map_err(|e| target.classify(&e))?;
+    let (client, mut connection) = target.connect_one().await?;
     // The connection's messages are polled by a task of their own: that also carries the
     // client's LISTEN below.
     let (me, on_message) = (me.to_string(), changed.clone());

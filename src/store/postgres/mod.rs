@@ -13,13 +13,15 @@
 pub mod backend;
 pub mod copy;
 pub mod schema;
+pub mod tls;
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::Transaction;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{NoTls, Transaction};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How long connecting may take before the server counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,6 +46,11 @@ pub enum PgError {
     AuthFailed { addr: String, user: String, detail: String },
     #[error("PostgreSQL at {addr} has no database {db:?}; create it (createdb -E UTF8 {db}) or fix the store URL")]
     NoDatabase { addr: String, db: String },
+    /// The URL's TLS parameters, or a file they name (`tls`).
+    #[error("the store URL's TLS settings: {0}")]
+    TlsSettings(String),
+    #[error("TLS with PostgreSQL at {addr} failed ({detail}); {advice}")]
+    Tls { addr: String, detail: String, advice: &'static str },
     #[error(
         "{target} has schema version {found}, newer than this sessions-mcp writes ({supported}); upgrade sessions-mcp"
     )]
@@ -65,10 +72,19 @@ pub enum PgError {
 /// The schema version this build writes into PostgreSQL.
 pub const PG_SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
 
+/// The half of a connection that does its I/O ([`PgTarget::connect_one`]).
+pub type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
+>;
+
 /// A PostgreSQL database named by a `postgres://` URL, and how to show it without its password.
 #[derive(Clone)]
 pub struct PgTarget {
     config: tokio_postgres::Config,
+    tls: tls::TlsOptions,
+    /// Made from `tls` once, at parse: the CA and client files are read then.
+    connector: MakeRustlsConnect,
     /// `host:port` (or the socket directory) of the server.
     addr: String,
     user: String,
@@ -95,26 +111,60 @@ impl PgTarget {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(PgError::BadUrl("it does not start with postgres://".into()));
         }
-        let mut config = tokio_postgres::Config::from_str(url)
+        let (driver_url, mut tls) = tls::TlsOptions::split_url(url).map_err(PgError::TlsSettings)?;
+        let mut config = tokio_postgres::Config::from_str(&driver_url)
             .map_err(|e| PgError::BadUrl(redact(&e.to_string(), password_of(url))))?;
         let user = config.get_user().map(str::to_string).ok_or_else(|| PgError::BadUrl("it names no user".into()))?;
         let host = match config.get_hosts().first() {
             Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+            Some(tokio_postgres::config::Host::Unix(p)) => {
+                tls.mode = tls::SslMode::Disable; // libpq's rule: no TLS on a Unix socket
+                p.display().to_string()
+            }
             None => return Err(PgError::BadUrl("it names no host".into())),
         };
+        config.ssl_mode(tls.mode.for_driver());
+        let connector = tls.connector().map_err(PgError::TlsSettings)?;
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let db = config.get_dbname().map_or_else(|| user.clone(), str::to_string);
         config.connect_timeout(CONNECT_TIMEOUT);
         config.application_name("sessions-mcp");
-        Ok(PgTarget { config, addr: format!("{host}:{port}"), user, db })
+        Ok(PgTarget { config, tls, connector, addr: format!("{host}:{port}"), user, db })
+    }
+
+    /// The URL's TLS parameters.
+    pub fn tls(&self) -> &tls::TlsOptions {
+        &self.tls
+    }
+
+    /// Whether the server is on this machine (a Unix socket, or a loopback address or name), so
+    /// that what crosses the connection does not cross a network.
+    pub fn is_local(&self) -> bool {
+        if let Some(ip) = self.config.get_hostaddrs().first() {
+            return ip.is_loopback();
+        }
+        match self.config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => {
+                h == "localhost" || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            }
+            _ => true,
+        }
+    }
+
+    /// One connection outside any pool (the listener's, the sweep lock's), its failure classified;
+    /// its `Connection` half must be polled for the client to work.
+    pub async fn connect_one(&self) -> Result<(tokio_postgres::Client, Connection), PgError> {
+        self.config.connect(self.connector.clone()).await.map_err(|e| self.classify(&e))
     }
 
     /// A pool of connections to the database, checked by taking one: the first failure says
     /// what is wrong in one line.
     pub async fn connect(&self) -> Result<Pool, PgError> {
-        let manager =
-            Manager::from_config(self.config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let manager = Manager::from_config(
+            self.config.clone(),
+            self.connector.clone(),
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
@@ -140,6 +190,9 @@ impl PgTarget {
 
     /// A driver error as one line about this target.
     pub fn classify(&self, e: &tokio_postgres::Error) -> PgError {
+        if let Some((detail, advice)) = tls::advice(e) {
+            return PgError::Tls { addr: self.addr.clone(), detail, advice };
+        }
         let cause = match e.as_db_error() {
             Some(db) => Cause::Server { code: db.code().clone(), message: db.message().to_string() },
             None => match io_cause(e) {
@@ -320,6 +373,8 @@ pub struct Facts {
     /// The database's clock minus this machine's, in milliseconds (halfway through the query).
     pub skew_ms: i64,
     pub schema: SchemaState,
+    /// The connection's TLS version and cipher (`pg_stat_ssl`), `None` when it is plain.
+    pub tls: Option<(String, String)>,
 }
 
 /// Looks at `target` without changing anything: its version, its clock, its schema.
@@ -332,11 +387,16 @@ pub async fn facts(target: &PgTarget) -> Result<Facts, PgError> {
     let db_ms: i64 =
         client.query_one("SELECT (extract(epoch FROM now()) * 1000)::bigint", &[]).await.map_err(fail)?.get(0);
     let after = super::now_ms();
+    let tls = client
+        .query_opt("SELECT version, cipher FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl", &[])
+        .await
+        .map_err(fail)?
+        .map(|r| (r.get(0), r.get(1)));
     // Only reads; rolled back all the same.
     let tx = client.transaction().await.map_err(fail)?;
     let schema = inspect(&tx).await.map_err(fail)?;
     tx.rollback().await.map_err(fail)?;
-    Ok(Facts { server_version, skew_ms: db_ms - (before + after) / 2, schema })
+    Ok(Facts { server_version, skew_ms: db_ms - (before + after) / 2, schema, tls })
 }
 
 /// Whether the database stores text as UTF-8 (what every string of the store is).

@@ -178,7 +178,12 @@ pub fn postgres_selected() -> bool {
 
 /// A database of one test on the server of `SESSIONS_MCP_TEST_PG`, dropped with it.
 pub struct TestDatabase {
+    /// The URL sessions-mcp is given: over TLS with the server's certificate and name checked
+    /// when the server's CA is known (`SESSIONS_MCP_TEST_PG_TLS`, as .ci/postgres.sh sets it),
+    /// as a production node would connect.
     pub url: String,
+    /// The URL the test's own connections use (the driver alone knows no `verify-full`).
+    plain_url: String,
     admin: String,
     name: String,
 }
@@ -189,9 +194,23 @@ impl TestDatabase {
             .expect("SESSIONS_MCP_TEST_STORE=postgres needs SESSIONS_MCP_TEST_PG (.ci/postgres.sh starts a server)");
         let name = format!("smcp_it_{}", uuid::Uuid::new_v4().simple());
         pg_admin(&admin, &format!("CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0"));
-        let url = url_of(&admin, &name);
-        TestDatabase { url, admin, name }
+        let plain_url = url_of(&admin, &name);
+        let url = match std::env::var("SESSIONS_MCP_TEST_PG_TLS").ok().filter(|d| !d.is_empty()) {
+            Some(dir) => verified(&plain_url, &dir),
+            None => plain_url.clone(),
+        };
+        TestDatabase { url, plain_url, admin, name }
     }
+}
+
+/// `url` (on 127.0.0.1) by the name its server's certificate carries, `localhost`, checked
+/// against the CA in `tls_dir`.
+fn verified(url: &str, tls_dir: &str) -> String {
+    assert!(url.contains("@127.0.0.1:"), "the test server is on 127.0.0.1: {url}");
+    format!(
+        "{}?hostaddr=127.0.0.1&sslmode=verify-full&sslrootcert={tls_dir}/ca.crt",
+        url.replacen("@127.0.0.1:", "@localhost:", 1)
+    )
 }
 
 /// `admin` (a URL) with its database replaced by `db`.
@@ -203,7 +222,7 @@ fn url_of(admin: &str, db: &str) -> String {
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         if std::env::var_os("SESSIONS_MCP_TEST_KEEP_DB").is_some() {
-            eprintln!("kept the test database {}", self.url.rsplit_once('/').map_or("", |(_, db)| db));
+            eprintln!("kept the test database {}", self.name);
             return;
         }
         pg_admin(&self.admin, &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name));
@@ -215,7 +234,8 @@ impl TestDatabase {
     pub fn query(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Vec<tokio_postgres::Row> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls).await.expect("connect");
+            let (client, conn) =
+                tokio_postgres::connect(&self.plain_url, tokio_postgres::NoTls).await.expect("connect");
             let conn = tokio::spawn(conn);
             let rows = client.query(sql, params).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
             drop(client);
