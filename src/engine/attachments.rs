@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use crate::access::ToolError;
 use crate::config::AttachmentsConfig;
 use crate::safe_dirs::{DIR_FLAGS, open_below};
+use crate::store::StoredAttachment;
 
 pub const MANIFEST: &str = ".manifest.json";
 
@@ -135,11 +136,15 @@ pub struct Staged {
 /// Writes the files under `<workdir>/.openclaw/attachments/.staging-<uuid>/`, walking down from
 /// `workspace` (the run workdir is the workspace or a directory below it).
 pub fn stage(workspace: &Path, workdir: &Path, files: &[Incoming]) -> Result<Staged, String> {
+    stage_as(workspace, workdir, uuid::Uuid::new_v4().to_string(), files)
+}
+
+/// [`stage`] for the directory `<id>`, which must not exist yet when it is placed.
+fn stage_as(workspace: &Path, workdir: &Path, id: String, files: &[Incoming]) -> Result<Staged, String> {
     let below = workdir.strip_prefix(workspace).map_err(|_| {
         format!("the run workdir {} is not under the workspace {}", workdir.display(), workspace.display())
     })?;
     let parent = open_below(workspace, &below.join(".openclaw/attachments"))?;
-    let id = uuid::Uuid::new_v4().to_string();
     let staging = format!(".staging-{id}");
     let shown = workdir.join(".openclaw/attachments").join(&staging);
     mkdirat(&parent, staging.as_str(), Mode::RWXU).map_err(|e| format!("cannot create {}: {e}", shown.display()))?;
@@ -245,6 +250,37 @@ impl Drop for Staged {
     }
 }
 
+/// Writes a child's stored attachments ([`crate::store::Store::stored_attachments`]) into its run
+/// workdir on this node, each directory that this node does not have yet: a run of the child
+/// claimed by another node than the one that took the spawn finds its files where the spawn's
+/// receipts say. Staged and renamed as at the spawn, so a run never sees part of a directory.
+/// Returns how many directories were written.
+pub fn materialise(workspace: &Path, workdir: &Path, stored: &[StoredAttachment]) -> Result<usize, String> {
+    let mut written = 0;
+    let mut dirs: Vec<&str> = stored.iter().map(|a| a.rel_dir.as_str()).collect();
+    dirs.dedup();
+    for rel_dir in dirs {
+        // The id is ours (a uuid, from the spawn); anything else is not a path to write to.
+        let id = rel_dir
+            .strip_prefix(".openclaw/attachments/")
+            .filter(|id| uuid::Uuid::parse_str(id).is_ok())
+            .ok_or_else(|| format!("a stored attachment directory {rel_dir:?} is not .openclaw/attachments/<uuid>"))?;
+        if std::fs::symlink_metadata(workdir.join(rel_dir)).is_ok() {
+            continue;
+        }
+        let files: Vec<Incoming> = stored
+            .iter()
+            .filter(|a| a.rel_dir == rel_dir)
+            .map(|a| Incoming { name: a.name.clone(), bytes: a.content.clone(), mime_type: a.mime_type.clone() })
+            .collect();
+        let staged = stage_as(workspace, workdir, id.to_string(), &files)?;
+        staged.place()?;
+        staged.keep();
+        written += 1;
+    }
+    Ok(written)
+}
+
 /// Removes a committed attachment directory (cleanup at delete or archive).
 pub fn remove(dir: &Path) {
     let s = dir.to_string_lossy();
@@ -256,6 +292,47 @@ pub fn remove(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stored(rel_dir: &str, name: &str, content: &[u8]) -> StoredAttachment {
+        StoredAttachment {
+            rel_dir: rel_dir.into(),
+            name: name.into(),
+            content: content.to_vec(),
+            mime_type: Some("text/plain".into()),
+        }
+    }
+
+    #[test]
+    fn stored_attachments_are_written_once_where_the_spawn_put_them_and_nowhere_else() {
+        let workspace = tempfile::tempdir().unwrap();
+        let workdir = workspace.path().join("sessions/child");
+        let id = uuid::Uuid::new_v4().to_string();
+        let rel_dir = format!(".openclaw/attachments/{id}");
+        let files = [stored(&rel_dir, "a.txt", b"alpha"), stored(&rel_dir, "b.bin", &[0, 255])];
+        assert_eq!(materialise(workspace.path(), &workdir, &files).unwrap(), 1);
+        let dir = workdir.join(&rel_dir);
+        assert_eq!(std::fs::read(dir.join("a.txt")).unwrap(), b"alpha");
+        assert_eq!(std::fs::read(dir.join("b.bin")).unwrap(), [0, 255]);
+        let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join(MANIFEST)).unwrap()).unwrap();
+        assert_eq!(manifest["files"][0]["mimeType"], "text/plain");
+        assert_eq!(manifest["files"][1]["sha256"], hex::encode(Sha256::digest([0u8, 255])));
+        // Present already: left as it is (the agent may have changed it).
+        std::fs::write(dir.join("a.txt"), "changed by the agent").unwrap();
+        assert_eq!(materialise(workspace.path(), &workdir, &files).unwrap(), 0);
+        assert_eq!(std::fs::read_to_string(dir.join("a.txt")).unwrap(), "changed by the agent");
+        let entries = std::fs::read_dir(workdir.join(".openclaw/attachments")).unwrap().count();
+        assert_eq!(entries, 1, "no staging directory is left");
+    }
+
+    #[test]
+    fn a_stored_directory_that_is_not_ours_is_refused_and_nothing_is_written() {
+        let workspace = tempfile::tempdir().unwrap();
+        for rel_dir in ["../../etc", ".openclaw/attachments/../x", ".openclaw/attachments/not-a-uuid", "elsewhere"] {
+            let e = materialise(workspace.path(), workspace.path(), &[stored(rel_dir, "a", b"x")]).unwrap_err();
+            assert!(e.contains("is not .openclaw/attachments/<uuid>"), "{rel_dir}: {e}");
+        }
+        assert_eq!(std::fs::read_dir(workspace.path()).unwrap().count(), 0);
+    }
 
     fn limits() -> AttachmentsConfig {
         AttachmentsConfig { enabled: true, max_files: 3, max_file_bytes: 4, max_total_bytes: 6 }

@@ -154,6 +154,8 @@ impl Engine<'_> {
             hop: hop.hop,
             idempotency: req.idempotency_key.as_deref().map(|k| (k, args_hash.as_str())),
             attachments: staged.as_ref(),
+            // Another node may run the child: the bytes go into the store with the receipts.
+            attachment_files: rt.store.is_shared().then_some(req.attachments.as_slice()),
             child_session_id,
             budget: super::budget::asked(config, &req.agent, req.budget.as_ref()),
             child_runner: spec.kind,
@@ -260,6 +262,8 @@ struct SpawnPlan<'a> {
     /// Staged attachments: their receipts go into the transaction, which moves them into place
     /// as its last step.
     attachments: Option<&'a super::attachments::Staged>,
+    /// The attachments' bytes, to keep in the store (on a shared one; `None` alone).
+    attachment_files: Option<&'a [super::attachments::Incoming]>,
     /// The child's sessionId (chosen first: a sandboxed child's workdir is named after it).
     child_session_id: String,
     /// The budget it asks (empty: none of its own).
@@ -391,8 +395,15 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
         };
         if let Some(staged) = plan.attachments {
             for r in &staged.receipts {
-                let receipt =
-                    AttachmentReceipt { name: &r.name, bytes: r.bytes, sha256: &r.sha256, rel_dir: &staged.rel_dir };
+                let file = plan.attachment_files.and_then(|files| files.iter().find(|f| f.name == r.name));
+                let receipt = AttachmentReceipt {
+                    name: &r.name,
+                    bytes: r.bytes,
+                    sha256: &r.sha256,
+                    rel_dir: &staged.rel_dir,
+                    content: file.map(|f| f.bytes.as_slice()),
+                    mime_type: file.and_then(|f| f.mime_type.as_deref()),
+                };
                 tx.add_attachment_receipt(&run_id, &receipt)?;
             }
         }
@@ -764,6 +775,7 @@ mod tests {
             hop: 0,
             idempotency: None,
             attachments: None,
+            attachment_files: None,
             child_session_id: uuid::Uuid::new_v4().to_string(),
             budget,
             child_runner: crate::config::RunnerKind::Jsonl,

@@ -214,6 +214,13 @@ pub async fn run_turn(
             }
         }
     }
+    if store.is_shared() {
+        // The spawn may have been taken by another node: its attachments are written here too.
+        let stored = store.stored_attachments(session.id)?;
+        if let Err(e) = super::attachments::materialise(&workspace, &spec.workdir, &stored) {
+            return fail(format!("cannot write the child's attachments into {}: {e}", spec.workdir.display()));
+        }
+    }
     let history = store.context_before(session.id, input_seq, 2000)?;
     let messages = context::fit_context(&history, spec.context_budget_bytes);
     let resume = spec.resume(session.external_session_id.as_deref(), session.aborted_last_run == Some(true));

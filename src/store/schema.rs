@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -431,4 +431,13 @@ DROP TABLE deliveries;
 ALTER TABLE deliveries_v9 RENAME TO deliveries;
 CREATE INDEX deliveries_run ON deliveries (run_id);
 CREATE INDEX deliveries_status_next ON deliveries (status, next_attempt_at);
+"#;
+
+/// Version 10: on a database several nodes share, an attachment's bytes and media type are kept
+/// with its receipt, so that whichever node claims a run of the child writes them into its own
+/// copy of the child's workdir (`engine::attachments::materialise`). Alone (SQLite) the files are
+/// written once, at the spawn, by the only node, and `content` stays NULL.
+const V10: &str = r#"
+ALTER TABLE attachments ADD COLUMN content BLOB;
+ALTER TABLE attachments ADD COLUMN mime_type TEXT;
 "#;

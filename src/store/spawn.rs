@@ -72,7 +72,39 @@ impl Store {
     }
 }
 
+/// One attachment of a child session as kept in a shared store, to be written into the workdir
+/// of a node that runs the child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAttachment {
+    /// `.openclaw/attachments/<id>`, relative to the child's run workdir.
+    pub rel_dir: String,
+    pub name: String,
+    pub content: Vec<u8>,
+    pub mime_type: Option<String>,
+}
+
 impl Store {
+    /// The attachments of the spawn that made `session`, with their bytes, unless removed: empty
+    /// on a store nobody shares (the bytes are kept only where another node may run the child).
+    pub fn stored_attachments(&self, session: i64) -> Result<Vec<StoredAttachment>> {
+        self.read(|c| {
+            c.query_map(
+                "SELECT a.rel_dir, a.name, a.content, a.mime_type FROM attachments a
+                 JOIN sessions s ON s.spawn_run = a.run_id
+                 WHERE s.id = ?1 AND a.removed_at IS NULL AND a.content IS NOT NULL ORDER BY a.id",
+                args![session],
+                |r| {
+                    Ok(StoredAttachment {
+                        rel_dir: r.get(0)?,
+                        name: r.get(1)?,
+                        content: r.get(2)?,
+                        mime_type: r.get(3)?,
+                    })
+                },
+            )
+        })
+    }
+
     /// Records that a run's attachment files were removed (their receipts stay).
     pub fn attachments_removed(&self, run_id: &str) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {

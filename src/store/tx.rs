@@ -184,8 +184,8 @@ impl Tx<'_> {
     /// The receipt of one file placed for a child's run.
     pub fn add_attachment_receipt(&self, run_id: &str, r: &AttachmentReceipt) -> Result<()> {
         self.tx.execute(
-            "INSERT INTO attachments (run_id, name, bytes, sha256, rel_dir) VALUES (?1, ?2, ?3, ?4, ?5)",
-            args![run_id, r.name, r.bytes as i64, r.sha256, r.rel_dir],
+            "INSERT INTO attachments (run_id, name, bytes, sha256, rel_dir, content, mime_type) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            args![run_id, r.name, r.bytes as i64, r.sha256, r.rel_dir, r.content, r.mime_type],
         )?;
         Ok(())
     }
@@ -197,4 +197,7 @@ pub struct AttachmentReceipt<'a> {
     pub bytes: u64,
     pub sha256: &'a str,
     pub rel_dir: &'a str,
+    /// The file itself, kept only on a store other nodes share (schema version 10).
+    pub content: Option<&'a [u8]>,
+    pub mime_type: Option<&'a str>,
 }

@@ -252,3 +252,70 @@ fn a_dead_nodes_run_is_interrupted_once_its_lease_passes_and_the_session_goes_on
     common::assert_no_process_carries(&[first_run], Duration::from_secs(10));
     second.close();
 }
+
+/// A child spawned through one node and run by another finds its attachments in that node's
+/// copy of its workdir, byte for byte where the spawn's receipt says: the spawn's node is full
+/// (`runtime.maxConcurrentRuns` 1, a long run holding it), so the other node claims the child.
+#[test]
+fn a_child_run_by_another_node_finds_its_attachments_there() {
+    let Some(db) = database() else { return };
+    let mut nodes: Vec<TestEnv> = (0..2).map(|_| TestEnv::node_of(&db.url)).collect();
+    let busy = json!({"rules": [{"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"}],
+                      "default": {"sleepMs": 60_000, "reply": "late"}});
+    let worker = scripted_agent(&nodes[0], "worker", &busy, json!({}));
+    let mut main = scripted_agent(&nodes[0], "main", &json!({"default": {"reply": "ANNOUNCE_SKIP"}}), json!({}));
+    main["subagents"] = json!({"allowAgents": ["reader"]});
+    // Its reply is the file, read from its working directory.
+    let body = "cat > /dev/null; cat .openclaw/attachments/*/notes.txt\n";
+    let reader = common::shell_agent(&nodes[0], "reader", body, &[], json!({"kind": "text"}));
+    let base: Value = serde_json::from_str(&agents_config(vec![main, worker, reader], json!({}))).unwrap();
+    for (node, cap) in nodes.iter_mut().zip([Some(1), None]) {
+        let mut config = base.clone();
+        config["tools"]["sessions_spawn"] = json!({"attachments": {"enabled": true}});
+        if let Some(cap) = cap {
+            config["runtime"] = json!({"maxConcurrentRuns": cap});
+        }
+        node.set_config(&config.to_string());
+    }
+    nodes[0].seed(json!({"sessions": [{"key": WORKERS[0]}]}));
+    let mut first = nodes[0].serve(None);
+    first.call("sessions_send", json!({"sessionKey": WORKERS[0], "message": "hold the node", "timeoutSeconds": 0}));
+    let (busy_node, busy_pid) = node_running_a_run(&db, &nodes);
+    assert_eq!(busy_node, 0);
+    let content = "for the other node, ünïcode ✓";
+    let spawned = first.call(
+        "sessions_spawn",
+        json!({"agentId": "reader", "task": "read it", "attachments": [{"name": "notes.txt", "content": content}]}),
+    );
+    assert_eq!(spawned["status"], "accepted", "{spawned}");
+    let run_id = spawned["runId"].as_str().expect("a run id").to_string();
+    let rel_dir = spawned["attachments"]["relDir"].as_str().unwrap().to_string();
+    let second = nodes[1].serve(None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let status: String = db.query("SELECT status FROM runs WHERE run_id = $1", &[&run_id])[0].get(0);
+        if !matches!(status.as_str(), "queued" | "running") || Instant::now() > deadline {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status, "ok", "the child's run ended");
+    let owner: String = db.query("SELECT owner FROM runs WHERE run_id = $1", &[&run_id])[0].get(0);
+    let node1 = std::fs::read_to_string(nodes[1].state_dir().join("node-id")).unwrap();
+    assert!(owner.starts_with(&format!("{}:", node1.trim())), "{owner} is node 1's");
+    let replies = db.query(
+        "SELECT m.content FROM messages m JOIN sessions s ON s.id = m.session WHERE s.key = $1 AND m.role = 'assistant'",
+        &[&spawned["childSessionKey"].as_str().unwrap()],
+    );
+    let reply: String = replies[0].get(0);
+    assert!(reply.contains(content), "the agent on node 1 read the file: {reply}");
+    for node in &nodes {
+        let file = node.state_dir().join("workspaces/reader").join(&rel_dir).join("notes.txt");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), content, "{}", file.display());
+    }
+    // The run holding node 0 would take a minute: its node goes the way a crash does.
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(busy_pid, libc::SIGKILL) };
+    let _ = first.wait_exit(Duration::from_secs(10));
+    second.close();
+}

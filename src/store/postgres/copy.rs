@@ -289,7 +289,11 @@ pub async fn copy_store(sqlite: &Path, target: &PgTarget) -> Result<Vec<TableCop
         refuse_data(&tx, target).await?;
     }
     // session_tree arrives as SQLite holds it: its triggers stand aside for this transaction.
-    tx.batch_execute("SET LOCAL sessions_mcp.copying = 'on'").await.map_err(pg)?;
+    // Between two tables it waits on SQLite, which for a large store can exceed the idle
+    // limit every other transaction has (SESSION_OPTIONS).
+    tx.batch_execute("SET LOCAL sessions_mcp.copying = 'on'; SET LOCAL idle_in_transaction_session_timeout = 0")
+        .await
+        .map_err(pg)?;
     let mut copied = Vec::new();
     for table in schema::DATA_TABLES {
         let columns = tables

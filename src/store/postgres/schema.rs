@@ -15,14 +15,14 @@
 
 /// The SQLite schema version whose semantics these migrations reproduce. A test fails when the
 /// SQLite store moves on without a PostgreSQL migration that follows it.
-pub const MIRRORS_SQLITE_VERSION: i64 = 9;
+pub const MIRRORS_SQLITE_VERSION: i64 = 10;
 
 /// The marker table: its one row says that sessions-mcp created this database's schema.
 pub const MARKER_TABLE: &str = "sessions_mcp";
 /// The version table, one row per applied migration.
 pub const VERSION_TABLE: &str = "schema_version";
 
-pub const MIGRATIONS: &[&str] = &[V1, V2];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The tables a copy fills, parents before the tables that reference them (every foreign key
 /// points at `sessions`). The version and marker tables are not data.
@@ -384,4 +384,11 @@ CREATE INDEX runs_queue ON runs (created_at, enqueued) WHERE status = 'queued';
 CREATE UNIQUE INDEX runs_one_running_per_session ON runs (session) WHERE status = 'running';
 -- The leases that interrupt_orphans looks for.
 CREATE INDEX runs_running_lease ON runs (lease_until) WHERE status = 'running';
+"#;
+
+/// Version 3: the SQLite store's version 10 — an attachment's bytes and media type beside its
+/// receipt, for the node that claims a run of the child.
+const V3: &str = r#"
+ALTER TABLE attachments ADD COLUMN content BYTEA;
+ALTER TABLE attachments ADD COLUMN mime_type TEXT;
 "#;
