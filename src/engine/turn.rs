@@ -214,8 +214,9 @@ pub async fn run_turn(
             }
         }
     }
-    if store.is_shared() {
-        // The spawn may have been taken by another node: its attachments are written here too.
+    if store.is_shared() && session.spawn_run.is_some() {
+        // The spawn may have been taken by another node: its attachments are written here too
+        // (only a spawned session has any, so no other run pays the round trip).
         let stored = store.stored_attachments(session.id)?;
         if let Err(e) = super::attachments::materialise(&workspace, &spec.workdir, &stored) {
             return fail(format!("cannot write the child's attachments into {}: {e}", spec.workdir.display()));
