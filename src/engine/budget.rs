@@ -202,7 +202,7 @@ fn spend_of(usage: &Value, before: Option<&Value>) -> (i64, i64) {
     }
     let count = |f: &str| turn.get(f).and_then(Value::as_i64).unwrap_or(0);
     let cost = usage.get("costUsd").and_then(Value::as_f64).map_or(0, budget::micros);
-    (count("inputTokens") + count("outputTokens"), cost)
+    (count("inputTokens").saturating_add(count("outputTokens")), cost)
 }
 
 /// Stops every run drawing on an account that crossed, through the cancel path.
@@ -427,6 +427,120 @@ mod tests {
                 }
                 w.check_reservations();
                 prop_assert!(w.spent <= budget + REPORT, "spent {} of {budget}", w.spent);
+            }
+        }
+    }
+
+    /// One amount of a hostile usage report: plausible counts, and what an agent may print.
+    fn amount() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            (0i64..5_000).prop_map(Value::from),
+            (-2_000_000i64..0).prop_map(Value::from),
+            Just(Value::from(i64::MAX)),
+            Just(Value::from(i64::MIN)),
+            Just(Value::from(u64::MAX)),
+            (0i64..=2 * crate::policy::usage::MAX_RUN_TOKENS).prop_map(Value::from),
+            Just(json!(1e300)),
+            Just(json!(-0.5)),
+            (0.0f64..5.0).prop_map(Value::from),
+            Just(json!("12")),
+            Just(Value::Null),
+        ]
+    }
+
+    fn report() -> impl Strategy<Value = Value> {
+        let field = |f: &'static str| proptest::option::of(amount()).prop_map(move |v| (f, v));
+        (field("inputTokens"), field("outputTokens"), field("costUsd"), any::<bool>()).prop_map(|(a, b, c, cumulative)| {
+            let mut r = json!({"type": "usage"});
+            for (f, v) in [a, b, c] {
+                if let Some(v) = v {
+                    r[f] = v;
+                }
+            }
+            if cumulative {
+                r["cumulative"] = json!(true);
+            }
+            r
+        })
+    }
+
+    /// One run of `session` that reports `reports` through the checks a real run's reports go
+    /// through (`policy::usage`, then the meter), and ends with what was kept.
+    fn hostile_run(store: &Store, session: i64, n: usize, reports: &[Value], root: Option<&Limits>) {
+        use crate::store::{Finished, NewRun, RunMode};
+        let run_id = format!("run-{session}-{n}");
+        let input = json!({"role": "user", "content": "go"});
+        store.write(|tx| tx.enqueue(&NewRun::new(run_id.clone(), session, RunMode::Spawn, input))).unwrap();
+        let caps = crate::store::Caps { global: 10, per_agent: Default::default(), default_agent: 10, spawns: 10 };
+        store.claim_ready("owner", &caps).unwrap();
+        let drawing = !matches!(store.start_meter(&run_id, session, root).unwrap(), Meter::Exhausted(_));
+        let mut so_far = crate::policy::usage::UsageSoFar::default();
+        let mut usage = None;
+        for r in reports {
+            if let Some(kept) = so_far.take(r) {
+                let (tokens, cost) = spend_of(&kept, None);
+                if drawing {
+                    store.record_usage(&run_id, tokens, cost).unwrap();
+                }
+                usage = Some(kept);
+            }
+        }
+        let cost = usage.as_ref().and_then(|u| u.get("costUsd")).and_then(Value::as_f64);
+        let finished = Finished {
+            status: RunStatus::Ok,
+            reply: Some("done".into()),
+            messages: Vec::new(),
+            usage,
+            cost,
+            model: None,
+            error: None,
+            exit_status: Some(0),
+            external_session_id: None,
+            cli_usage_total: None,
+        };
+        store.finish_run(&run_id, &finished).unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Issue 34 (points 1 and 4): whatever usage an agent prints — past any integer, negative,
+        /// going down, fractional, not a number — every read of the tree still answers, nothing
+        /// is spent below zero, and no account's remaining ever exceeds its limit.
+        #[test]
+        fn hostile_usage_never_breaks_a_read_nor_raises_a_remaining_above_its_limit(
+            runs in proptest::collection::vec((0usize..3, proptest::collection::vec(report(), 0..6)), 1..8),
+        ) {
+            let w = World::new(10_000);
+            let root_key = w.nodes[0].key.clone();
+            let mut sessions = vec![w.nodes[0].id];
+            for i in 0..2 {
+                let key = SessionKey::for_agent(&AgentId::main(), &format!("subagent:c{i}"));
+                let mut new = NewSession::new(key, AgentId::main(), SessionKind::Other, false);
+                new.spawned_by = Some(root_key.clone());
+                new.spawn_depth = 1;
+                sessions.push(w.store.insert_session(&new).unwrap().id);
+            }
+            let root_limits = Limits::of(w.config.session.budget.as_ref().unwrap());
+            for (n, (who, reports)) in runs.iter().enumerate() {
+                let root = (*who == 0).then_some(&root_limits);
+                hostile_run(&w.store, sessions[*who], n, reports, root);
+                for key in w.store.children(&root_key, 0).unwrap().iter().map(|c| c.key.clone()) {
+                    let row = w.store.session_by_key(&key).unwrap().unwrap();
+                    prop_assert!(row.tokens_in >= 0 && row.tokens_out >= 0 && row.tokens_total >= 0, "{row:?}");
+                }
+                w.store.tree_totals(&root_key, 0).unwrap();
+                w.store.metric_counts().unwrap();
+                w.store.usage_over_time(crate::store::Scope::All, 0, 3_600_000).unwrap();
+                w.store.dashboard_runs(crate::store::Scope::All, 100).unwrap();
+                if let Some(a) = w.store.budget_of(w.nodes[0].id).unwrap() {
+                    prop_assert!(a.spent.tokens >= 0 && a.spent.cost_micros >= 0, "{a:?}");
+                    prop_assert!(a.left().tokens.unwrap() <= 10_000, "remaining above the limit: {a:?}");
+                }
             }
         }
     }

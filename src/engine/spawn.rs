@@ -486,10 +486,11 @@ pub fn announce_text(
     let ended = spawn_run.ended_at.unwrap_or_else(crate::store::now_ms);
     let runtime = (ended - spawn_run.started_at.unwrap_or(spawn_run.created_at)).max(0) / 1000;
     let mut stats = vec![format!("runtime {runtime}s")];
-    if child.tokens_in + child.tokens_out > 0 {
+    let tokens = child.tokens_in.saturating_add(child.tokens_out);
+    if tokens > 0 {
         stats.push(format!(
             "tokens {} (in {} / out {})",
-            compact(child.tokens_in + child.tokens_out),
+            compact(tokens),
             compact(child.tokens_in),
             compact(child.tokens_out)
         ));

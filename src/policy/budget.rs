@@ -99,9 +99,9 @@ impl Amounts {
 
     pub fn plus(self, other: Amounts) -> Amounts {
         Amounts {
-            tokens: self.tokens + other.tokens,
-            cost_micros: self.cost_micros + other.cost_micros,
-            runtime_ms: self.runtime_ms + other.runtime_ms,
+            tokens: self.tokens.saturating_add(other.tokens),
+            cost_micros: self.cost_micros.saturating_add(other.cost_micros),
+            runtime_ms: self.runtime_ms.saturating_add(other.runtime_ms),
         }
     }
 
@@ -191,12 +191,13 @@ impl Account {
         self.spent.plus(self.live).plus(self.reserved)
     }
 
-    /// Per limited dimension, what is left (zero or less when spent).
+    /// Per limited dimension, what is left (zero or less when spent); never more than the limit,
+    /// whatever was stored.
     pub fn left(&self) -> Limits {
         let used = self.used();
         let mut left = Limits::default();
         for d in Dim::ALL {
-            left.set(d, self.limits.get(d).map(|l| l - used.get(d)));
+            left.set(d, self.limits.get(d).map(|l| l.saturating_sub(used.get(d).max(0))));
         }
         left
     }

@@ -6,6 +6,7 @@ mod approvals;
 pub mod budget;
 mod send_policy;
 mod tool_set;
+pub mod usage;
 mod visibility;
 
 pub use approvals::approval_by_rule;

@@ -281,6 +281,8 @@ impl Limits {
 struct Collected {
     transcript: Transcript,
     usage: Option<Value>,
+    /// Every report so far, checked (`policy::usage`): what `usage` is built from.
+    reported: crate::policy::usage::UsageSoFar,
     model: Option<String>,
     external_session_id: Option<String>,
     final_event: Option<Value>,
@@ -292,6 +294,7 @@ impl Collected {
         Collected {
             transcript: Transcript { run_id: run_id.to_string(), ..Default::default() },
             usage: None,
+            reported: Default::default(),
             model: None,
             external_session_id: None,
             final_event: None,
@@ -312,12 +315,7 @@ impl Collected {
                     self.external_session_id = s("externalSessionId").or(self.external_session_id.take());
                 }
                 Some("text_delta") => (hooks.on_delta)(event.get("text").and_then(Value::as_str).unwrap_or("")),
-                Some("usage") => {
-                    if let Some(on_usage) = hooks.on_usage {
-                        on_usage(&event);
-                    }
-                    self.usage = Some(event);
-                }
+                Some("usage") => self.take_usage(&event, hooks),
                 Some("error") => {
                     self.supersede_result();
                     self.error_event = Some(event);
@@ -332,6 +330,21 @@ impl Collected {
             }
         }
         false
+    }
+
+    /// A usage report is untrusted: only its valid, non-decreasing amounts count (the first value
+    /// ignored is logged once and named in the run's usage as `rejected`).
+    fn take_usage(&mut self, report: &Value, hooks: &Hooks) {
+        let had_rejected = self.reported.rejected().is_some();
+        let usage = self.reported.take(report);
+        if let (false, Some(why)) = (had_rejected, self.reported.rejected()) {
+            tracing::warn!(run = %self.transcript.run_id, "a usage report of the agent was ignored: {why}");
+        }
+        let Some(usage) = usage else { return };
+        if let Some(on_usage) = hooks.on_usage {
+            on_usage(&usage);
+        }
+        self.usage = Some(usage);
     }
 
     /// Forgets an earlier turn's result (a `final`, and an `error` before it) when another comes.

@@ -36,12 +36,14 @@ fn account_from_row(r: &Row) -> Result<Account> {
 
 /// What the runs drawing on `account` have used so far (their runtime up to `now`).
 fn live_of(c: &dyn Sql, account: i64, now: i64) -> Result<Amounts> {
+    let d = c.dialect();
     let sql = format!(
-        "SELECT (SELECT CAST(coalesce(sum(tokens), 0) AS BIGINT) FROM budget_live WHERE tokens_account = ?1),
-                (SELECT CAST(coalesce(sum(cost_micros), 0) AS BIGINT) FROM budget_live WHERE cost_account = ?1),
-                (SELECT CAST(coalesce(sum({}(?2 - started_at, 0)), 0) AS BIGINT) FROM budget_live
-                 WHERE runtime_account = ?1)",
-        c.dialect().greatest()
+        "SELECT (SELECT {} FROM budget_live WHERE tokens_account = ?1),
+                (SELECT {} FROM budget_live WHERE cost_account = ?1),
+                (SELECT {} FROM budget_live WHERE runtime_account = ?1)",
+        d.sum_int("tokens"),
+        d.sum_int("cost_micros"),
+        d.sum_int(&format!("{}(?2 - started_at, 0)", d.greatest()))
     );
     c.query_row(&sql, args![account, now], |r| {
         Ok(Amounts { tokens: r.get(0)?, cost_micros: r.get(1)?, runtime_ms: r.get(2)? })
@@ -269,13 +271,16 @@ pub(super) fn settle_run(c: &dyn Sql, run_id: &str, usage: Option<(i64, i64)>, n
         return Ok(());
     };
     c.execute("DELETE FROM budget_live WHERE run_id = ?1", args![run_id])?;
-    let (tokens, cost) = usage.unwrap_or((live_tokens, live_cost));
+    // A run's final count never settles below what it reported live: usage is a running total,
+    // and the budget already saw (and may have stopped runs on) the higher figure.
+    let (tokens, cost) = usage.map_or((live_tokens, live_cost), |(t, c)| (t.max(live_tokens), c.max(live_cost)));
     let spend = [(Dim::Tokens, tokens_acct, tokens), (Dim::CostUsd, cost_acct, cost)];
     for (dim, account, amount) in spend.into_iter().chain([(Dim::RuntimeSeconds, runtime_acct, (now - started).max(0))])
     {
         let Some(account) = account else { continue };
         let (_, spent) = amount_columns(dim);
-        c.execute(&format!("UPDATE budgets SET {spent} = {spent} + ?2 WHERE session = ?1"), args![account, amount])?;
+        let add = c.dialect().saturating_add(spent, "?2");
+        c.execute(&format!("UPDATE budgets SET {spent} = {add} WHERE session = ?1"), args![account, amount.max(0)])?;
     }
     if usage.is_none() && !reported {
         for account in [tokens_acct, cost_acct].into_iter().flatten() {
@@ -305,10 +310,11 @@ pub(super) fn close_account(c: &dyn Sql, session: i64) -> Result<()> {
         let (reserved, spent) = amount_columns(dim);
         c.execute(
             &format!(
-                "UPDATE budgets SET {reserved} = {greatest}({reserved} - ?2, 0), {spent} = {spent} + ?3 WHERE session = ?1",
-                greatest = c.dialect().greatest()
+                "UPDATE budgets SET {reserved} = {greatest}({reserved} - ?2, 0), {spent} = {add} WHERE session = ?1",
+                greatest = c.dialect().greatest(),
+                add = c.dialect().saturating_add(spent, "?3")
             ),
-            args![from.session, limit, used.get(dim)],
+            args![from.session, limit, used.get(dim).max(0)],
         )?;
     }
     Ok(())

@@ -331,11 +331,10 @@ impl Store {
             c.query_map(
                 &format!(
                     "SELECT (r.ended_at / ?3) * ?3 AS start, count(*),
-                     CAST(coalesce(sum({}), 0) AS BIGINT), CAST(coalesce(sum({}), 0) AS BIGINT),
-                     coalesce(sum(r.cost), 0)
+                     {}, {}, coalesce(sum(r.cost), 0)
                  FROM runs r WHERE r.ended_at >= ?2 AND {} GROUP BY start ORDER BY start",
-                    c.dialect().json_int("r.usage", "inputTokens"),
-                    c.dialect().json_int("r.usage", "outputTokens"),
+                    c.dialect().sum_int(&c.dialect().json_int("r.usage", "inputTokens")),
+                    c.dialect().sum_int(&c.dialect().json_int("r.usage", "outputTokens")),
                     in_scope("r.session")
                 ),
                 args![scope.root(), since, bucket_ms],

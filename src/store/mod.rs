@@ -672,6 +672,29 @@ mod tests {
     }
 
     #[test]
+    fn a_version_10_store_whose_token_totals_overflowed_into_reals_is_repaired_and_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        insert_spawned(&Store::open(&path).unwrap(), "agent:main:subagent:c", Some("agent:main:main"));
+        // What one `inputTokens: i64::MAX` report left before reports were checked: the sum
+        // overflowed and SQLite stored it as a REAL; and a negative report credited.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "UPDATE sessions SET tokens_in = 9223372036854775807, tokens_out = -5,
+                 tokens_total = 9223372036854775807 + 2;
+             DELETE FROM schema_version WHERE version = 11;",
+        )
+        .unwrap();
+        let kind: String = conn.query_row("SELECT typeof(tokens_total) FROM sessions", [], |r| r.get(0)).unwrap();
+        assert_eq!(kind, "real", "the corruption as it was");
+        drop(conn);
+        let store = Store::open(&path).unwrap();
+        let row = store.session_by_key(&crate::keys::SessionKey::from_canonical("agent:main:subagent:c")).unwrap();
+        let row = row.expect("the row reads again");
+        assert_eq!((row.tokens_in, row.tokens_out, row.tokens_total), (i64::MAX, 0, i64::MAX));
+    }
+
+    #[test]
     fn a_version_1_store_migrates_with_its_ended_runs_done_and_its_late_links_made() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");

@@ -104,9 +104,11 @@ impl Store {
             let deliveries =
                 rows3("SELECT status, kind, count(*) FROM deliveries GROUP BY status, kind ORDER BY 1, 2")?;
             let usage = c.query_map(
-                "SELECT agent_id, CAST(sum(tokens_in) AS BIGINT), CAST(sum(tokens_out) AS BIGINT), coalesce(sum(cost), 0)
-                     FROM sessions
-                     GROUP BY agent_id ORDER BY 1",
+                &format!(
+                    "SELECT agent_id, {}, {}, coalesce(sum(cost), 0) FROM sessions GROUP BY agent_id ORDER BY 1",
+                    c.dialect().sum_int("tokens_in"),
+                    c.dialect().sum_int("tokens_out")
+                ),
                 args![],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )?;

@@ -477,6 +477,7 @@ impl Store {
             for m in &f.messages {
                 append_message(tx, session, m)?;
             }
+            let cost = f.cost.filter(|c| c.is_finite()).map(|c| c.clamp(0.0, crate::policy::usage::MAX_RUN_COST_USD));
             let now = now_ms();
             tx.execute(
                 "UPDATE runs SET status = ?2, reply = ?3, usage = ?4, cost = ?5, model = coalesce(?6, model),
@@ -487,32 +488,39 @@ impl Store {
                     f.status.as_str(),
                     f.reply,
                     f.usage.as_ref().map(Value::to_string),
-                    f.cost,
+                    cost,
                     f.model,
                     f.error,
                     f.exit_status,
                     now
                 ],
             )?;
-            let tokens = |k: &str| f.usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_i64).unwrap_or(0);
+            // The runner kept only checked amounts (policy::usage); bounded again here because
+            // these feed sums that must never overflow, whoever built `f`.
+            let tokens = |k: &str| {
+                let n = f.usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_i64).unwrap_or(0);
+                n.clamp(0, crate::policy::usage::MAX_RUN_TOKENS)
+            };
             let (tin, tout) = (tokens("inputTokens"), tokens("outputTokens"));
-            let final_usage = f.usage.as_ref().map(|_| (tin + tout, f.cost.map_or(0, crate::policy::budget::micros)));
+            let final_usage = f.usage.as_ref().map(|_| (tin + tout, cost.map_or(0, crate::policy::budget::micros)));
             super::budgets::settle_run(tx, run_id, final_usage, now)?;
             tx.execute(
                 &format!(
-                    "UPDATE sessions SET tokens_in = tokens_in + ?2, tokens_out = tokens_out + ?3,
-                     tokens_total = tokens_total + ?2 + ?3,
+                    "UPDATE sessions SET tokens_in = {}, tokens_out = {}, tokens_total = {},
                      cost = CASE WHEN CAST(?4 AS DOUBLE PRECISION) IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END,
                      model = coalesce(?5, model), aborted_last_run = ?6, updated_at = {}(updated_at, ?7),
                      external_session_id = ?8, cli_usage_total = ?9
                  WHERE id = ?1",
+                    tx.dialect().saturating_add("tokens_in", "?2"),
+                    tx.dialect().saturating_add("tokens_out", "?3"),
+                    tx.dialect().saturating_add("tokens_total", "?2 + ?3"),
                     tx.dialect().greatest()
                 ),
                 args![
                     session,
                     tin,
                     tout,
-                    f.cost,
+                    cost,
                     f.model,
                     f.status != RunStatus::Ok,
                     now,

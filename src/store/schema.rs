@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -440,4 +440,17 @@ CREATE INDEX deliveries_status_next ON deliveries (status, next_attempt_at);
 const V10: &str = r#"
 ALTER TABLE attachments ADD COLUMN content BLOB;
 ALTER TABLE attachments ADD COLUMN mime_type TEXT;
+"#;
+
+/// Version 11: repairs the token totals one hostile usage report could corrupt before reports were
+/// checked. SQLite turns an integer sum that overflows into a REAL, which every later read of the
+/// row refused (`a real is not an integer`); such a value becomes the largest integer (CAST
+/// saturates), which the checked sums then never pass. A negative total or spend becomes 0.
+const V11: &str = r#"
+UPDATE sessions SET tokens_in = max(CAST(tokens_in AS INTEGER), 0) WHERE typeof(tokens_in) <> 'integer' OR tokens_in < 0;
+UPDATE sessions SET tokens_out = max(CAST(tokens_out AS INTEGER), 0) WHERE typeof(tokens_out) <> 'integer' OR tokens_out < 0;
+UPDATE sessions SET tokens_total = max(CAST(tokens_total AS INTEGER), 0) WHERE typeof(tokens_total) <> 'integer' OR tokens_total < 0;
+UPDATE budgets SET spent_tokens = max(CAST(spent_tokens AS INTEGER), 0) WHERE typeof(spent_tokens) <> 'integer' OR spent_tokens < 0;
+UPDATE budgets SET spent_cost_micros = max(CAST(spent_cost_micros AS INTEGER), 0) WHERE typeof(spent_cost_micros) <> 'integer' OR spent_cost_micros < 0;
+UPDATE budget_live SET tokens = max(CAST(tokens AS INTEGER), 0) WHERE typeof(tokens) <> 'integer' OR tokens < 0;
 "#;

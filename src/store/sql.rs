@@ -293,6 +293,22 @@ impl Dialect {
         }
     }
 
+    /// `column + amount` that stops at the largest 64-bit integer instead of overflowing
+    /// (SQLite would turn the column into a REAL, PostgreSQL fail the statement). `amount` must
+    /// not be negative.
+    pub fn saturating_add(self, column: &str, amount: &str) -> String {
+        format!("CASE WHEN {column} > {MAX} - ({amount}) THEN {MAX} ELSE {column} + ({amount}) END", MAX = i64::MAX)
+    }
+
+    /// The sum of an integer expression over a group, 0 for none, stopping at the largest 64-bit
+    /// integer (SQLite's `sum` fails on overflow; `total` adds in floating point, exact below 2^53).
+    pub fn sum_int(self, expr: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("CAST(min(total({expr}), 9.2e18) AS INTEGER)"),
+            Dialect::Postgres => format!("CAST(LEAST(coalesce(sum({expr}), 0), {}) AS BIGINT)", i64::MAX),
+        }
+    }
+
     /// The column that orders a table's rows by insertion (SQLite's rowid; PostgreSQL keeps
     /// `runs.enqueued` for it).
     pub fn runs_order(self) -> &'static str {

@@ -163,14 +163,16 @@ impl Store {
 
     /// Counts and sums over all of `ancestor`'s shown descendants.
     pub fn tree_totals(&self, ancestor: &SessionKey, deleted_since: i64) -> Result<TreeTotals> {
-        let sql = format!(
-            "SELECT count(*),
-                    CAST(coalesce(sum(CASE WHEN s.announced_at IS NULL AND s.spawn_run IS NOT NULL THEN 1 ELSE 0 END), 0) AS BIGINT),
-                    CAST(coalesce(sum(s.tokens_in), 0) AS BIGINT), CAST(coalesce(sum(s.tokens_out), 0) AS BIGINT), sum(s.cost)
-             FROM session_tree t JOIN sessions s ON s.id = t.session
-             WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1) AND {SHOWN}"
-        );
         self.read(|c| {
+            let sql = format!(
+                "SELECT count(*),
+                    CAST(coalesce(sum(CASE WHEN s.announced_at IS NULL AND s.spawn_run IS NOT NULL THEN 1 ELSE 0 END), 0) AS BIGINT),
+                    {}, {}, sum(s.cost)
+             FROM session_tree t JOIN sessions s ON s.id = t.session
+             WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1) AND {SHOWN}",
+                c.dialect().sum_int("s.tokens_in"),
+                c.dialect().sum_int("s.tokens_out")
+            );
             c.query_row(&sql, args![ancestor.as_str(), deleted_since], |r| {
                 Ok(TreeTotals {
                     sessions: r.get(0)?,

@@ -43,4 +43,5 @@ mod subagents;
 mod tasks;
 mod text_agent;
 mod tools_stdio;
+mod usage;
 mod visibility_props;

@@ -71,10 +71,12 @@ impl Tokens {
 
     fn plus(self, other: Tokens) -> Self {
         Tokens {
-            input: self.input + other.input,
-            output: self.output + other.output,
-            cache_read: self.cache_read + other.cache_read,
-            cache_write: self.cache_write + other.cache_write,
+            // Saturating: the counts are the CLI's output, untrusted; past the ceiling the
+            // usage check ignores them (policy::usage).
+            input: self.input.saturating_add(other.input),
+            output: self.output.saturating_add(other.output),
+            cache_read: self.cache_read.saturating_add(other.cache_read),
+            cache_write: self.cache_write.saturating_add(other.cache_write),
         }
     }
 }
