@@ -542,17 +542,18 @@ fn child_result(
         .unwrap_or_default())
 }
 
-/// The reply to the child's task: its last steer turn's, else its spawn run's (a completion run
-/// that read a grandchild's result does not replace it).
-fn task_reply(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow) -> Result<Option<String>, StoreError> {
-    Ok(match rt.store.last_work_run(child.id)? {
-        Some(turn) if turn.mode == RunMode::Steer => turn.reply,
-        _ => spawn_run.reply.clone(),
-    })
+/// The reply to the child's task: its last work run's — a steer turn's, or a completion run's
+/// that read its own children's results (an orchestrator answers after its children did) — unless
+/// that one was empty or a skip token, else its spawn run's.
+fn task_reply(spawn_run: &RunRow, last_work: &RunRow) -> Option<String> {
+    let said = |r: &&String| !r.trim().is_empty() && !is_skip(r);
+    last_work.reply.as_ref().filter(said).or(spawn_run.reply.as_ref()).cloned()
 }
 
-/// After a run in a sub-agent session: a thread-bound child's reply goes to its thread; the
-/// announce goes when its work (and its children's) is done.
+/// After any run in a sub-agent session (its own work, a message sent to it, an exchange's
+/// announce, its Notes step): a thread-bound child's reply goes to its thread; the announce goes
+/// once no run of the child is left and its own children have announced — exactly once,
+/// whatever the mix of runs. Its Result and status are those of its last work run.
 pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     let store = &rt.store;
     let Some(child) = store.session_by_key(&run.session_key)? else { return Ok(()) };
@@ -565,32 +566,27 @@ pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
         return announce_cancelled(rt, &child, &spawn_run);
     }
     if store.active_run_of(child.id)?.is_some() {
-        return Ok(()); // a later turn of the child (a steer, a completion) announces when it ends
+        return Ok(()); // the child's next run (a steer, a completion, a message) announces when it ends
     }
-    if run.mode == RunMode::Announce {
+    let last_work = store.last_work_run(child.id)?.unwrap_or_else(|| spawn_run.clone());
+    if run.mode == RunMode::Announce && run.announce_kind == Some(AnnounceKind::Subagent) {
         // The Notes step ended: announce with its reply (ANNOUNCE_SKIP adds nothing).
         let notes = result.reply.as_deref().filter(|r| !is_skip(r));
-        let result_text = child_result(rt, &child, task_reply(rt, &child, &spawn_run)?.as_deref(), RunStatus::Ok)?;
+        let result_text = child_result(rt, &child, task_reply(&spawn_run, &last_work).as_deref(), RunStatus::Ok)?;
         return announce(rt, &child, &spawn_run, &result_text, notes);
     }
-    let reply = if run.mode == RunMode::Spawn { spawn_run.reply.clone() } else { result.reply.clone() };
-    if reply.as_deref().is_some_and(|r| matches!(r.trim(), ANNOUNCE_SKIP | NO_REPLY)) {
+    if last_work.reply.as_deref().is_some_and(|r| matches!(r.trim(), ANNOUNCE_SKIP | NO_REPLY)) {
         // Silence was asked for: no announce, but the flow ends (cleanup still applies).
         return finish(rt, &child, &spawn_run);
     }
     if store.unannounced_children(child.key.as_str())? > 0 {
         return Ok(()); // the last child's completion wakes this session again
     }
-    let ok = result.status == RunStatus::Ok;
-    if ok && rt.config.agents.defaults.subagents.announce_step {
+    if last_work.status == RunStatus::Ok && rt.config.agents.defaults.subagents.announce_step {
         return queue_notes(rt, &child, run);
     }
-    let status_run = if run.mode == RunMode::Spawn {
-        spawn_run.clone()
-    } else {
-        RunRow { status: result.status, ..spawn_run.clone() }
-    };
-    let result_text = child_result(rt, &child, reply.as_deref(), status_run.status)?;
+    let status_run = RunRow { status: last_work.status, ..spawn_run.clone() };
+    let result_text = child_result(rt, &child, task_reply(&spawn_run, &last_work).as_deref(), status_run.status)?;
     announce(rt, &child, &status_run, &result_text, None)
 }
 
@@ -601,7 +597,8 @@ pub fn announce_cancelled(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow
     if child.announced_at.is_some() || rt.store.active_run_of(child.id)?.is_some() {
         return Ok(()); // announced already, or the run still stopping announces when it ends
     }
-    let result_text = child_result(rt, child, task_reply(rt, child, spawn_run)?.as_deref(), RunStatus::Cancelled)?;
+    let last_work = rt.store.last_work_run(child.id)?.unwrap_or_else(|| spawn_run.clone());
+    let result_text = child_result(rt, child, task_reply(spawn_run, &last_work).as_deref(), RunStatus::Cancelled)?;
     let status_run = RunRow { status: RunStatus::Cancelled, ..spawn_run.clone() };
     announce(rt, child, &status_run, &result_text, None)
 }

@@ -48,22 +48,22 @@ pub fn catch_up(rt: &Scheduler, min_age_ms: i64) {
     }
 }
 
-/// The next step after a run ended.
+/// The next step after a run ended. Whatever the run was, when it ran in a sub-agent's session
+/// it may have been that child's last run: the child's announce check follows every run.
 fn after_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), StoreError> {
     match run.mode {
-        RunMode::Send | RunMode::Reply => reply_back(rt, run, result),
-        RunMode::Announce if run.announce_kind == Some(AnnounceKind::Subagent) => {
-            spawn::after_child_run(rt, run, result)
-        }
-        RunMode::Announce => announce_delivery(rt, run, result),
+        RunMode::Send | RunMode::Reply => reply_back(rt, run, result)?,
+        RunMode::Announce if run.announce_kind == Some(AnnounceKind::Subagent) => {}
+        RunMode::Announce => announce_delivery(rt, run, result)?,
         // An ask turn answers through the tool; its reply goes nowhere of its own.
-        RunMode::Spawn | RunMode::Steer | RunMode::Ask => spawn::after_child_run(rt, run, result),
+        RunMode::Spawn | RunMode::Steer | RunMode::Ask => {}
         RunMode::Completion => {
             spawn::completion_read(rt, run, result)?;
-            completion_delivery(rt, run, result).and_then(|_| spawn::after_child_run(rt, run, result))
+            completion_delivery(rt, run, result)?;
         }
-        RunMode::Inject => inject_reply(rt, run, result),
+        RunMode::Inject => inject_reply(rt, run, result)?,
     }
+    spawn::after_child_run(rt, run, result)
 }
 
 /// The id of the run that step `step` of run `run_id` queues: the same every time the step is

@@ -29,6 +29,7 @@ mod load;
 mod mcp_apps;
 mod metrics;
 mod nodes;
+mod orchestration;
 mod postgres;
 mod python_sdk;
 mod readme;

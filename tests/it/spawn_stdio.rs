@@ -953,7 +953,8 @@ fn with_max_spawn_depth_two_a_child_spawns_a_grandchild_cannot_and_the_orchestra
         "the announce to main came after the grandchild ended"
     );
     let text = text_of(&m["content"]);
-    assert!(text.starts_with("Status: completed successfully\nResult: orchestrator spawned: "), "{text}");
+    // The orchestrator's Result is its last reply, written after it read its child's (issue 34).
+    assert!(text.starts_with("Status: completed successfully\nResult: orchestrator read the completion\n"), "{text}");
     assert_eq!(line(&text, "Notes: "), Some("Notes: NOTES: tree done"), "{text}");
     // main hears only of its own child.
     let all = announces(&mut c, after);
