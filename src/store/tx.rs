@@ -119,6 +119,22 @@ impl Tx<'_> {
         super::steer::settle_steer(self.tx, id, state, queued_run)
     }
 
+    /// True when an ancestor cancelled the work of `session`: nothing of it may start.
+    pub fn work_cancelled(&self, session: i64) -> Result<bool> {
+        super::steer::work_cancelled(self.tx, session)
+    }
+
+    /// The run of `session` running now, if any.
+    pub fn running_run(&self, session: i64) -> Result<Option<String>> {
+        super::steer::running_run(self.tx, session)
+    }
+
+    /// Queues pending steer `id` as its child's next turn (`turn`, or the child's queued steer
+    /// turn from the same requester), unless the child's work was cancelled.
+    pub fn queue_steer(&self, id: i64, turn: &NewRun) -> Result<super::SteerQueued> {
+        super::steer::queue_steer(self.tx, id, turn)
+    }
+
     /// Records a child's announce with the text it carried (`subagents` wait returns it), once.
     pub fn add_announce(&self, d: &NewDelivery, text: &str) -> Result<bool> {
         super::ledger::add_delivery(self.tx, d, Some(text))
