@@ -9,7 +9,7 @@ use super::sql::{Optional, Row, Sql, args};
 use serde_json::{Value, json};
 
 use super::text_enum::text_enum;
-use super::{NewRun, Result, Store, now_ms};
+use super::{NewRun, Result, RunMode, Store, now_ms};
 use crate::keys::SessionKey;
 
 /// Where a steer is.
@@ -148,15 +148,10 @@ pub(super) fn queue_steer(tx: &dyn Sql, id: i64, turn: &NewRun) -> Result<SteerQ
         tx.execute("DELETE FROM steers WHERE id = ?1 AND state = 'pending'", args![id])?;
         return Ok(SteerQueued::ChildCancelled);
     }
-    let provenance = turn.provenance.as_ref().map(Value::to_string);
-    let queued: Option<String> = tx
-        .query_row(
-            "SELECT run_id FROM runs WHERE session = ?1 AND mode = 'steer' AND status = 'queued' AND provenance = ?2
-             ORDER BY created_at DESC LIMIT 1",
-            args![turn.session, provenance],
-            |r| r.get(0),
-        )
-        .optional()?;
+    let queued = super::run_queue::queued_runs(tx, turn.session, RunMode::Steer)?
+        .into_iter()
+        .find(|r| r.provenance == turn.provenance)
+        .map(|r| r.run_id);
     let run_id = queued.as_deref().unwrap_or(&turn.run_id);
     if !settle_steer(tx, id, SteerState::Queued, Some(run_id))? {
         return Ok(SteerQueued::AlreadySettled);
@@ -170,10 +165,7 @@ pub(super) fn queue_steer(tx: &dyn Sql, id: i64, turn: &NewRun) -> Result<SteerQ
         args![run_id],
         |r| r.get(0),
     )?;
-    tx.execute(
-        "UPDATE runs SET input = ?2 WHERE run_id = ?1 AND status = 'queued'",
-        args![run_id, steer_input(&texts).to_string()],
-    )?;
+    super::run_queue::set_queued_input(tx, run_id, &steer_input(&texts))?;
     Ok(SteerQueued::Joined)
 }
 

@@ -104,6 +104,21 @@ impl Tx<'_> {
         super::asks::add_ask(self.tx, a)
     }
 
+    /// How many asks of `run_id` are open.
+    pub fn open_asks_of_run(&self, run_id: &str) -> Result<i64> {
+        super::asks::open_asks_of_run(self.tx, run_id)
+    }
+
+    /// The queued (not started) runs of `session` in `mode`, oldest first.
+    pub fn queued_runs(&self, session: i64, mode: super::RunMode) -> Result<Vec<super::RunRow>> {
+        super::run_queue::queued_runs(self.tx, session, mode)
+    }
+
+    /// Replaces the input of a run that has not started; false when it has.
+    pub fn set_queued_input(&self, run_id: &str, input: &Value) -> Result<bool> {
+        super::run_queue::set_queued_input(self.tx, run_id, input)
+    }
+
     /// Closes an open ask as `state` with `answer`: false when it was closed already.
     pub fn close_ask(&self, id: &str, state: super::AskState, answer: &super::Answer) -> Result<bool> {
         super::asks::close_ask(self.tx, id, state, answer)
