@@ -29,6 +29,7 @@ pub mod defaults {
     pub const ARCHIVE_AFTER_MINUTES: f64 = 60.0;
     pub const SWEEP_INTERVAL_SECONDS: u64 = 60;
     pub const APPROVAL_TIMEOUT_SECONDS: u64 = 600;
+    pub const APPROVAL_MAX_OPEN_PER_RUN: u32 = 8;
     pub const ANNOUNCE_STEP: bool = true;
     pub const MAIN_KEY: &str = crate::keys::DEFAULT_MAIN_KEY;
     pub const MAX_PING_PONG_TURNS: u32 = 5;
@@ -201,6 +202,9 @@ pub struct Approvals {
     pub timeout_seconds: u64,
     /// What an unanswered request gets: deny (default) or allow.
     pub on_timeout: ApprovalDecision,
+    /// How many requests one run may have open at once (at least 1); a further one is denied at
+    /// once, with the reason, and put to no one.
+    pub max_open_per_run: u32,
     /// Approvals decided without asking, first match wins: `{decision, tool?, agent?}` with globs
     /// (`*`) over the requested tool's name and the asking agent's id; a rule without `tool`
     /// matches every approval of its agents. Questions are always asked.
@@ -212,6 +216,7 @@ impl Default for Approvals {
         Self {
             timeout_seconds: defaults::APPROVAL_TIMEOUT_SECONDS,
             on_timeout: ApprovalDecision::Deny,
+            max_open_per_run: defaults::APPROVAL_MAX_OPEN_PER_RUN,
             rules: Vec::new(),
         }
     }
@@ -925,6 +930,9 @@ impl Config {
                 "agents.defaults.subagents.approvals.timeoutSeconds must be at least 1 (a request always has a deadline)"
                     .into(),
             );
+        }
+        if sub.approvals.max_open_per_run == 0 {
+            return Err("agents.defaults.subagents.approvals.maxOpenPerRun must be at least 1".into());
         }
         if self.session.agent_to_agent.max_ping_pong_turns > 5 {
             return Err(format!(

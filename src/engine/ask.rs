@@ -6,6 +6,12 @@
 //! (compare-and-set in the store, from any process); the owner of the asking run hands it to the
 //! turn. Unanswered asks end at `approvals.timeoutSeconds` with `onTimeout`; asks whose run ended
 //! first are withdrawn. Every ask and its answer are messages of the asking session.
+//!
+//! Asks are bounded: a run has at most `approvals.maxOpenPerRun` open; a further one is denied
+//! at once, with the reason, and put to no one. A driven parent gets the open asks of one child
+//! in one turn: while its ask turn for that child is queued and not started, a further ask joins
+//! it (its input lists them, one text block each, with their ids beside in `requestIds`), and an
+//! answered ask leaves it (the turn is withdrawn once none is left).
 
 use std::sync::Arc;
 
@@ -51,6 +57,7 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         .flatten();
     let Some(child) = rt.store.session_by_key(&run.session_key)? else { return Ok(()) };
     let target = answerer(rt, &child)?;
+    let cap = approvals.max_open_per_run;
     let id = uuid::Uuid::new_v4().to_string();
     let ask = NewAsk {
         id: &id,
@@ -64,7 +71,10 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         target: target.as_ref().map_or(&child.key, |t| &t.key),
         deadline_at: now_ms() + (approvals.timeout_seconds * 1000) as i64,
     };
-    rt.store.write(|tx| -> Result<(), StoreError> {
+    let recorded = rt.store.write(|tx| -> Result<bool, StoreError> {
+        if tx.open_asks_of_run(&run.run_id)? >= i64::from(cap) {
+            return Ok(false);
+        }
         tx.add_ask(&ask)?;
         tx.append_message(child.id, &asked_message(run, &ask))?;
         if rule.is_none()
@@ -72,8 +82,16 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         {
             put_to(tx, run, &child, target, &ask)?;
         }
-        Ok(())
+        Ok(true)
     })?;
+    if !recorded {
+        tracing::warn!(run = %run.run_id, cap, "an input request past approvals.maxOpenPerRun was denied at once");
+        let why = format!(
+            "denied at once: this run already has {cap} requests open (agents.defaults.subagents.approvals.maxOpenPerRun); wait for their answers before asking again"
+        );
+        let _ = request.answer.send(InputAnswer { decision: Decision::Deny, text: Some(why) });
+        return Ok(());
+    }
     rt.asks.lock().expect("asks").insert(id.clone(), request.answer);
     if let Some(decision) = rule {
         let answer = Answer {
@@ -120,7 +138,8 @@ fn answerer(rt: &Scheduler, child: &SessionRow) -> Result<Option<SessionRow>, St
     Ok(None)
 }
 
-/// How an answerer is told: a line in an external session, a new run in a driven one.
+/// How an answerer is told: a line in an external session; in a driven one the input of a run,
+/// the queued ask turn this child's asks already wait in, else a new one.
 fn put_to(tx: &Tx, run: &RunRow, child: &SessionRow, target: &SessionRow, ask: &NewAsk) -> Result<(), StoreError> {
     let text = question_text(&child.key, ask);
     let provenance =
@@ -130,12 +149,65 @@ fn put_to(tx: &Tx, run: &RunRow, child: &SessionRow, target: &SessionRow, ask: &
         tx.append_message(target.id, &message)?;
         return Ok(());
     }
-    tx.enqueue(&NewRun {
-        provenance: Some(provenance),
-        chain_id: run.chain_id.clone(),
-        hop: run.hop,
-        ..NewRun::new(step_id(ask.id, "ask"), target.id, RunMode::Ask, json!({"role": "user", "content": text}))
-    })?;
+    // Only a turn with the same provenance: its marker names the one child whose words it carries.
+    let queued = tx
+        .queued_runs(target.id, RunMode::Ask)?
+        .into_iter()
+        .find(|r| r.provenance.as_ref() == Some(&provenance) && r.input.get(REQUEST_IDS).is_some());
+    let block = json!({"type": "text", "text": text});
+    match queued {
+        Some(turn) => {
+            let mut input = turn.input;
+            push(&mut input, "content", block);
+            push(&mut input, REQUEST_IDS, json!(ask.id));
+            tx.set_queued_input(&turn.run_id, &input)?;
+        }
+        None => {
+            let input = json!({"role": "user", "content": [block], REQUEST_IDS: [ask.id]});
+            tx.enqueue(&NewRun {
+                provenance: Some(provenance),
+                chain_id: run.chain_id.clone(),
+                hop: run.hop,
+                ..NewRun::new(step_id(ask.id, "ask"), target.id, RunMode::Ask, input)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The field of an ask turn's input listing the ids of the asks it carries, one per text block
+/// of its `content`, in the same order (only `role` and `content` reach the transcript).
+const REQUEST_IDS: &str = "requestIds";
+
+fn push(input: &mut Value, field: &str, item: Value) {
+    match input.get_mut(field).and_then(Value::as_array_mut) {
+        Some(items) => items.push(item),
+        None => input[field] = json!([item]),
+    }
+}
+
+/// Takes closed ask `id` out of the queued ask turn that carries it; withdraws the turn when it
+/// carried nothing else.
+fn leave_turn(tx: &Tx, ask: &AskRow) -> Result<(), StoreError> {
+    let Some(target) = tx.find_session_id(&ask.target)? else { return Ok(()) };
+    for turn in tx.queued_runs(target, RunMode::Ask)? {
+        let ids = turn.input.get(REQUEST_IDS).and_then(Value::as_array).cloned().unwrap_or_default();
+        let Some(at) = ids.iter().position(|i| i.as_str() == Some(ask.id.as_str())) else { continue };
+        if ids.len() == 1 {
+            tx.withdraw_queued_run(&turn.run_id, "the question was answered before this run started")?;
+            return Ok(());
+        }
+        let mut input = turn.input;
+        for field in [REQUEST_IDS, "content"] {
+            if let Some(items) = input.get_mut(field).and_then(Value::as_array_mut)
+                && at < items.len()
+            {
+                items.remove(at);
+            }
+        }
+        tx.set_queued_input(&turn.run_id, &input)?;
+        return Ok(());
+    }
     Ok(())
 }
 
@@ -167,7 +239,7 @@ fn asked_message(run: &RunRow, ask: &NewAsk) -> NewMessage {
 }
 
 /// Closes an open ask with `answer` and records the answer in the asking session, in one
-/// transaction; a queued run that put it to a driven parent is withdrawn. False when it was
+/// transaction; it leaves the queued run that put it to a driven parent. False when it was
 /// closed already (the first answer wins).
 pub fn close(rt: &Scheduler, id: &str, state: AskState, answer: &Answer) -> Result<bool, StoreError> {
     let closed = close_in(&rt.store, id, state, answer)?;
@@ -184,7 +256,7 @@ pub fn close_in(store: &Store, id: &str, state: AskState, answer: &Answer) -> Re
             return Ok(false);
         }
         tx.append_message(ask.session, &answer_message(&ask, state, answer))?;
-        tx.withdraw_queued_run(&step_id(id, "ask"), "the question was answered before this run started")?;
+        leave_turn(tx, &ask)?;
         Ok(true)
     })
 }

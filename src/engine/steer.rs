@@ -7,6 +7,11 @@
 //! (`queued`, a run of mode `steer`). Without a running run it is queued at once. Settling is a
 //! compare-and-set on `pending`, so a requester that waited in vain for the owner and queues it
 //! itself can never race the owner into both.
+//!
+//! Queued steers coalesce: while a steer turn of the child from the same requester is queued and
+//! not started, a further steer joins it instead of queueing another run, so the child gets them
+//! all, in order, in one turn. A child whose work was cancelled takes no steer: the check is in
+//! the transaction that would queue its turn, so after a cancel answers nothing of it starts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,9 +23,11 @@ use super::chain::{Provenance, SourceTool};
 use super::scheduler::Scheduler;
 use super::{Engine, step_id};
 use crate::access::caller::Caller;
-use crate::access::{Child, RunStatus, ToolError};
+use crate::access::{Child, ToolError};
 use crate::runner::Steer;
-use crate::store::{NewMessage, NewRun, NewSteer, RunMode, RunRow, SteerRow, SteerState, StoreError};
+use crate::store::{
+    NewMessage, NewRun, NewSteer, RunMode, RunRow, SteerQueued, SteerRow, SteerState, StoreError, steer_input,
+};
 
 /// How long a steer call waits for the owner to say whether the running turn took it.
 const DECISION_WAIT: Duration = Duration::from_secs(5);
@@ -40,6 +47,8 @@ pub struct Steered {
     pub disposition: Disposition,
     /// The child's run that took it, or the run it became.
     pub run_id: Option<String>,
+    /// Queued into a steer turn that an earlier steer had queued (it was not started yet).
+    pub joined: bool,
 }
 
 /// What a caller asks to steer (validated by the tool).
@@ -72,24 +81,41 @@ impl Engine<'_> {
         };
         rt.wake();
         let decided = rt
-            .wait_for(DECISION_WAIT, cancel, || -> Result<Option<SteerRow>, StoreError> {
-                Ok(rt.store.steer(id)?.filter(|s| s.state != SteerState::Pending))
+            .wait_for(DECISION_WAIT, cancel, || -> Result<Option<Option<SteerRow>>, StoreError> {
+                // A steer that vanished was dropped: its child was cancelled first.
+                Ok(match rt.store.steer(id)? {
+                    Some(s) if s.state == SteerState::Pending => None,
+                    decided => Some(decided),
+                })
             })
             .await?;
         let steer = match decided {
             super::scheduler::Waited::Finished(steer) => steer,
             // No owner decided in time (none runs, or it is busy): the requester queues it.
-            _ => {
-                let pending = rt.store.steer(id)?.ok_or_else(|| ToolError::error("the steer vanished"))?;
-                settle(rt, &pending, false)?;
-                rt.store.steer(id)?.ok_or_else(|| ToolError::error("the steer vanished"))?
-            }
+            _ => match rt.store.steer(id)? {
+                Some(pending) => {
+                    settle(rt, &pending, false)?;
+                    rt.store.steer(id)?
+                }
+                None => None,
+            },
         };
+        let steer = steer.ok_or_else(cancelled_first)?;
         Ok(match steer.state {
-            SteerState::Steered => Steered { disposition: Disposition::Steered, run_id: steer.run_id },
-            _ => Steered { disposition: Disposition::Queued, run_id: steer.queued_run },
+            SteerState::Steered => Steered { disposition: Disposition::Steered, run_id: steer.run_id, joined: false },
+            _ => {
+                let joined = steer.queued_run.as_ref().is_some_and(|run| *run != turn_id(steer.id));
+                Steered { disposition: Disposition::Queued, run_id: steer.queued_run, joined }
+            }
         })
     }
+}
+
+/// Why a steer reached nothing: an ancestor cancelled the child's work before it could.
+fn cancelled_first() -> ToolError {
+    ToolError::invalid(
+        "childSessionKey: the sub-agent's work was cancelled, so it takes no steer; nothing was queued — spawn a new one",
+    )
 }
 
 /// Records the steer: pending for the child's running run, or queued as its next turn.
@@ -100,55 +126,50 @@ fn record(
     req: &SteerRequest,
     args_hash: &str,
 ) -> Result<i64, ToolError> {
-    let running = rt.store.active_run_of(child.row.id)?.filter(|r| r.status == RunStatus::Running);
     let chain = child.spawn_run.as_ref().and_then(|r| r.chain_id.clone());
     let channel = if caller.external { "webchat".to_string() } else { super::channel_of_row(&caller.key, None, rt) };
     let provenance = Provenance::from_session(&caller.key, channel, SourceTool::Subagents, chain.as_deref()).to_json();
-    let id = rt.store.write(|tx| -> Result<i64, StoreError> {
-        let mut steer = NewSteer {
+    rt.store.write(|tx| -> Result<i64, ToolError> {
+        // Read in the transaction that records it: a cancel or a run's end cannot slip between.
+        if tx.work_cancelled(child.row.id)? {
+            return Err(cancelled_first());
+        }
+        let running = tx.running_run(child.row.id)?;
+        let steer = NewSteer {
             session: child.row.id,
-            run_id: running.as_ref().map(|r| r.run_id.as_str()),
+            run_id: running.as_deref(),
             requester: &caller.key,
             text: req.text,
             provenance: &provenance,
             state: SteerState::Pending,
             queued_run: None,
         };
-        let id = match &running {
-            Some(_) => tx.add_steer(&steer)?,
-            None => {
-                steer.state = SteerState::Queued;
-                let id = tx.add_steer(&steer)?;
-                let turn = next_turn(child.row.id, child.spawn_run.as_ref(), id, req.text, &provenance);
-                tx.enqueue(&turn)?;
-                tx.settle_steer(id, SteerState::Queued, Some(&turn.run_id))?;
-                id
-            }
-        };
+        let id = tx.add_steer(&steer)?;
+        if running.is_none() {
+            let turn = next_turn(child.row.id, child.spawn_run.as_ref(), id, req.text, &provenance);
+            tx.queue_steer(id, &turn)?;
+        }
         if let Some(key) = req.idempotency_key {
             let result = json!({"steerId": id});
-            tx.remember_key(
-                &caller.key,
-                key,
-                "subagents",
-                args_hash,
-                running.as_ref().map_or("", |r| &r.run_id),
-                &result,
-            )?;
+            tx.remember_key(&caller.key, key, "subagents", args_hash, running.as_deref().unwrap_or(""), &result)?;
         }
         Ok(id)
-    })?;
-    Ok(id)
+    })
+}
+
+/// The run id of the turn steer `steer_id` queues when it joins none.
+fn turn_id(steer_id: i64) -> String {
+    step_id(&format!("steer/{steer_id}"), "turn")
 }
 
 /// The child's next turn carrying a steer: it runs with the child's sub-agent context and, when
 /// it ends, the child announces as after any of its turns.
 fn next_turn(session: i64, spawn: Option<&RunRow>, steer_id: i64, text: &str, provenance: &Value) -> NewRun {
     NewRun {
-        run_id: step_id(&format!("steer/{steer_id}"), "turn"),
+        run_id: turn_id(steer_id),
         session,
         mode: RunMode::Steer,
-        input: json!({"role": "user", "content": text}),
+        input: steer_input(&[text.to_string()]),
         provenance: Some(provenance.clone()),
         requester_key: spawn.and_then(|r| r.requester_key.clone()),
         chain_id: spawn.and_then(|r| r.chain_id.clone()),
@@ -162,7 +183,7 @@ fn next_turn(session: i64, spawn: Option<&RunRow>, steer_id: i64, text: &str, pr
 }
 
 /// Settles a pending steer once: `taken` appends the message to the child's transcript, else it
-/// becomes the child's next turn.
+/// becomes (or joins) the child's next turn — or is dropped when the child was cancelled.
 fn settle(rt: &Scheduler, steer: &SteerRow, taken: bool) -> Result<(), StoreError> {
     let child = rt.store.session_by_key(&steer.child)?;
     let spawn_run = match child.as_ref().and_then(|c| c.spawn_run.as_deref()) {
@@ -180,8 +201,8 @@ fn settle(rt: &Scheduler, steer: &SteerRow, taken: bool) -> Result<(), StoreErro
             return Ok(());
         }
         let turn = next_turn(steer.session, spawn_run.as_ref(), steer.id, &steer.text, &provenance);
-        if tx.settle_steer(steer.id, SteerState::Queued, Some(&turn.run_id))? {
-            tx.enqueue(&turn)?;
+        if tx.queue_steer(steer.id, &turn)? == SteerQueued::ChildCancelled {
+            tracing::info!(steer = steer.id, child = %steer.child, "a steer was dropped: its child was cancelled");
         }
         Ok(())
     })?;

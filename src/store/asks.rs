@@ -175,6 +175,11 @@ pub(super) fn close_ask(tx: &dyn Sql, id: &str, state: AskState, answer: &Answer
     Ok(changed == 1)
 }
 
+/// How many asks of `run_id` are open.
+pub(super) fn open_asks_of_run(c: &dyn Sql, run_id: &str) -> Result<i64> {
+    c.one("SELECT count(*) FROM asks WHERE run_id = ?1 AND state = 'open'", args![run_id])
+}
+
 /// The open asks of one session, oldest first.
 pub(super) fn open_asks_of(c: &dyn Sql, session: i64) -> Result<Vec<AskRow>> {
     let sql = format!("{SELECT} WHERE a.state = 'open' AND a.session = ?1 ORDER BY a.created_at");

@@ -55,7 +55,7 @@ pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, Orphan, RunMode, RunOw
 pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, Route, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub use spawn::{SpawnCounts, StoredAttachment};
-pub use steer::{NewSteer, SteerRow, SteerState};
+pub use steer::{NewSteer, SteerQueued, SteerRow, SteerState, steer_input};
 pub use subagents::{AnnounceRow, ChildRows, SubtreeCancel, TreeTotals};
 pub use threads::{BindingMode, ThreadBinding};
 pub use tokens::{TokenRow, sha256_hex};

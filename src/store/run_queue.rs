@@ -387,6 +387,26 @@ pub(super) fn run_by_id(c: &dyn Sql, run_id: &str) -> Result<Option<RunRow>> {
     c.query_row(&sql, args![run_id], run_from_row).optional()
 }
 
+/// The queued (not started) runs of `session` in `mode`, oldest first.
+pub(super) fn queued_runs(c: &dyn Sql, session: i64, mode: RunMode) -> Result<Vec<RunRow>> {
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
+         WHERE r.session = ?1 AND r.mode = ?2 AND r.status = 'queued' ORDER BY r.created_at, r.{}",
+        c.dialect().runs_order()
+    );
+    c.query_map(&sql, args![session, mode.as_str()], run_from_row)
+}
+
+/// Replaces the input of a run that has not started; false when it has (its input is in its
+/// transcript already).
+pub(super) fn set_queued_input(tx: &dyn Sql, run_id: &str, input: &Value) -> Result<bool> {
+    let changed = tx.execute(
+        "UPDATE runs SET input = ?2 WHERE run_id = ?1 AND status = 'queued'",
+        args![run_id, input.to_string()],
+    )?;
+    Ok(changed == 1)
+}
+
 impl Store {
     pub fn run(&self, run_id: &str) -> Result<Option<RunRow>> {
         self.read(|c| run_by_id(c, run_id))

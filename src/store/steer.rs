@@ -1,13 +1,15 @@
 //! Steers: a message for a child's running turn (`subagents` steer). Any process records one
 //! `pending` for the run it found running; the owner offers it to that run and settles it
 //! `steered` or `queued`, once (a compare-and-set on `pending`, so the owner and a requester
-//! that gave up waiting never both settle it).
+//! that gave up waiting never both settle it). A steer that becomes a turn joins the child's
+//! queued steer turn from the same requester when there is one, and never reaches a child whose
+//! work was cancelled: both decided in the transaction that queues it.
 
 use super::sql::{Optional, Row, Sql, args};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::text_enum::text_enum;
-use super::{Result, Store, now_ms};
+use super::{NewRun, Result, RunMode, Store, now_ms};
 use crate::keys::SessionKey;
 
 /// Where a steer is.
@@ -98,6 +100,75 @@ pub(super) fn settle_steer(tx: &dyn Sql, id: i64, state: SteerState, queued_run:
     Ok(changed == 1)
 }
 
+/// What queueing a steer as its child's next turn did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SteerQueued {
+    /// It is a new turn of the child.
+    NewTurn,
+    /// It joined the child's queued, not yet started steer turn from the same requester: that
+    /// turn's input now carries every steer queued into it, in the order they were made.
+    Joined,
+    /// The child's work was cancelled: the steer was dropped (its row deleted), nothing queued.
+    ChildCancelled,
+    /// It was settled before (by the owner, or by the requester that gave up waiting).
+    AlreadySettled,
+}
+
+/// The input of a steer turn carrying `texts`: one text, or one text block per steer, in order.
+pub fn steer_input(texts: &[String]) -> Value {
+    let content = match texts {
+        [one] => json!(one),
+        many => Value::Array(many.iter().map(|t| json!({"type": "text", "text": t})).collect()),
+    };
+    json!({"role": "user", "content": content})
+}
+
+/// True when an ancestor cancelled `session`'s work (`cancel_subtree`): nothing of it may start.
+pub(super) fn work_cancelled(tx: &dyn Sql, session: i64) -> Result<bool> {
+    let at: Option<Option<i64>> =
+        tx.query_row("SELECT cancelled_at FROM sessions WHERE id = ?1", args![session], |r| r.get(0)).optional()?;
+    Ok(at.flatten().is_some())
+}
+
+/// The run of `session` that is running now, if any.
+pub(super) fn running_run(tx: &dyn Sql, session: i64) -> Result<Option<String>> {
+    tx.query_row("SELECT run_id FROM runs WHERE session = ?1 AND status = 'running' LIMIT 1", args![session], |r| {
+        r.get(0)
+    })
+    .optional()
+}
+
+/// Queues pending steer `id` as its child's next turn: `turn` (carrying this steer alone), or,
+/// when the child has a queued steer turn with the same provenance (the same requester), that
+/// one, which then carries all its steers. Refuses a child whose work was cancelled: the check
+/// and the enqueue are one transaction, so a cancel that committed first is always seen, and one
+/// that comes after dequeues what this queued.
+pub(super) fn queue_steer(tx: &dyn Sql, id: i64, turn: &NewRun) -> Result<SteerQueued> {
+    if work_cancelled(tx, turn.session)? {
+        tx.execute("DELETE FROM steers WHERE id = ?1 AND state = 'pending'", args![id])?;
+        return Ok(SteerQueued::ChildCancelled);
+    }
+    let queued = super::run_queue::queued_runs(tx, turn.session, RunMode::Steer)?
+        .into_iter()
+        .find(|r| r.provenance == turn.provenance)
+        .map(|r| r.run_id);
+    let run_id = queued.as_deref().unwrap_or(&turn.run_id);
+    if !settle_steer(tx, id, SteerState::Queued, Some(run_id))? {
+        return Ok(SteerQueued::AlreadySettled);
+    }
+    if queued.is_none() {
+        super::run_queue::enqueue(tx, turn)?;
+        return Ok(SteerQueued::NewTurn);
+    }
+    let texts: Vec<String> = tx.query_map(
+        "SELECT text FROM steers WHERE queued_run = ?1 AND state = 'queued' ORDER BY id",
+        args![run_id],
+        |r| r.get(0),
+    )?;
+    super::run_queue::set_queued_input(tx, run_id, &steer_input(&texts))?;
+    Ok(SteerQueued::Joined)
+}
+
 impl Store {
     pub fn steer(&self, id: i64) -> Result<Option<SteerRow>> {
         let sql = format!("{SELECT} WHERE s.id = ?1");
@@ -157,5 +228,56 @@ mod tests {
         let settled = store.steer(id).unwrap().unwrap();
         assert_eq!((settled.state, settled.queued_run), (SteerState::Steered, None));
         assert!(store.stranded_steers().unwrap().is_empty(), "a settled steer is never stranded");
+    }
+
+    #[test]
+    fn queued_steers_join_one_turn_in_order_and_none_is_queued_after_a_cancel() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let key = SessionKey::from_canonical("agent:main:subagent:x");
+        let requester = SessionKey::from_canonical("agent:main:main");
+        let provenance = serde_json::json!({"kind": "inter_session", "sourceSessionKey": "agent:main:main"});
+        let steer = |text: &str| {
+            store
+                .write(|tx| -> Result<(i64, SteerQueued)> {
+                    tx.insert_session(&NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false))?;
+                    let session = tx.session_id(&key)?;
+                    tx.set_spawn_run(session, "spawn")?;
+                    let new = NewSteer {
+                        session,
+                        run_id: None,
+                        requester: &requester,
+                        text,
+                        provenance: &provenance,
+                        state: SteerState::Pending,
+                        queued_run: None,
+                    };
+                    let id = tx.add_steer(&new)?;
+                    let turn = NewRun {
+                        provenance: Some(provenance.clone()),
+                        ..NewRun::new(
+                            format!("turn-{id}"),
+                            session,
+                            crate::store::RunMode::Steer,
+                            steer_input(&[text.into()]),
+                        )
+                    };
+                    Ok((id, tx.queue_steer(id, &turn)?))
+                })
+                .unwrap()
+        };
+        let (first, queued) = steer("one");
+        assert_eq!(queued, SteerQueued::NewTurn);
+        assert_eq!(steer("two").1, SteerQueued::Joined);
+        let turn = store.run(&format!("turn-{first}")).unwrap().unwrap();
+        assert_eq!(
+            turn.input["content"],
+            serde_json::json!([{"type": "text", "text": "one"}, {"type": "text", "text": "two"}])
+        );
+        store.cancel_subtree(&key, true).unwrap();
+        let (late, dropped) = steer("three");
+        assert_eq!(dropped, SteerQueued::ChildCancelled);
+        assert!(store.steer(late).unwrap().is_none(), "the dropped steer left no row");
+        assert!(store.active_run_of(turn.session).unwrap().is_none(), "nothing of the cancelled child is queued");
     }
 }

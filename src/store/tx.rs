@@ -104,6 +104,21 @@ impl Tx<'_> {
         super::asks::add_ask(self.tx, a)
     }
 
+    /// How many asks of `run_id` are open.
+    pub fn open_asks_of_run(&self, run_id: &str) -> Result<i64> {
+        super::asks::open_asks_of_run(self.tx, run_id)
+    }
+
+    /// The queued (not started) runs of `session` in `mode`, oldest first.
+    pub fn queued_runs(&self, session: i64, mode: super::RunMode) -> Result<Vec<super::RunRow>> {
+        super::run_queue::queued_runs(self.tx, session, mode)
+    }
+
+    /// Replaces the input of a run that has not started; false when it has.
+    pub fn set_queued_input(&self, run_id: &str, input: &Value) -> Result<bool> {
+        super::run_queue::set_queued_input(self.tx, run_id, input)
+    }
+
     /// Closes an open ask as `state` with `answer`: false when it was closed already.
     pub fn close_ask(&self, id: &str, state: super::AskState, answer: &super::Answer) -> Result<bool> {
         super::asks::close_ask(self.tx, id, state, answer)
@@ -117,6 +132,22 @@ impl Tx<'_> {
     /// Settles a pending steer (`steered`, or `queued` as `queued_run`): false when it was already.
     pub fn settle_steer(&self, id: i64, state: super::SteerState, queued_run: Option<&str>) -> Result<bool> {
         super::steer::settle_steer(self.tx, id, state, queued_run)
+    }
+
+    /// True when an ancestor cancelled the work of `session`: nothing of it may start.
+    pub fn work_cancelled(&self, session: i64) -> Result<bool> {
+        super::steer::work_cancelled(self.tx, session)
+    }
+
+    /// The run of `session` running now, if any.
+    pub fn running_run(&self, session: i64) -> Result<Option<String>> {
+        super::steer::running_run(self.tx, session)
+    }
+
+    /// Queues pending steer `id` as its child's next turn (`turn`, or the child's queued steer
+    /// turn from the same requester), unless the child's work was cancelled.
+    pub fn queue_steer(&self, id: i64, turn: &NewRun) -> Result<super::SteerQueued> {
+        super::steer::queue_steer(self.tx, id, turn)
     }
 
     /// Records a child's announce with the text it carried (`subagents` wait returns it), once.

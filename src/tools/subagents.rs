@@ -704,6 +704,10 @@ async fn steer(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<SteerOk, ToolError> {
     let steered = ctx.engine().steer_subagent(ctx.caller, &child, &request, &ctx.cancel).await?;
     let (target_disposition, note) = match steered.disposition {
         Disposition::Steered => (TargetDisposition::Steered, "Delivered into its running turn; it acts on it now."),
+        Disposition::Queued if steered.joined => (
+            TargetDisposition::Queued,
+            "Its agent cannot take a message mid-turn: it joined the child's next turn, already queued with your earlier steer(s) and not started yet; the child gets them together, in order, and announces after it.",
+        ),
         Disposition::Queued => (
             TargetDisposition::Queued,
             "Its agent cannot take a message mid-turn (or no turn runs): it is the child's next turn, and the child announces after it.",

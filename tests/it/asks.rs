@@ -1,7 +1,9 @@
 //! Questions and approvals from the tree (issue 18), black-box over stdio: a child asks, the
 //! external root sees it in `subagents wait` (attention) and answers with `respond`, and the child
 //! continues in the same run; the first answer wins; a rule decides without asking; an unanswered
-//! ask times out with `onTimeout`; a driven parent answers its child's question by its own run.
+//! ask times out with `onTimeout`; a driven parent answers its child's question by its own run;
+//! a run past `maxOpenPerRun` open asks is denied at once, and a driven parent gets a child's
+//! burst of asks in one turn.
 
 use crate::common;
 
@@ -270,5 +272,92 @@ fn an_open_ask_is_withdrawn_when_its_server_dies_and_nothing_is_left_waiting() {
         texts.iter().any(|t| t == &format!("[input request {id} withdrawn: its run ended before an answer came]")),
         "{texts:?}"
     );
+    c.close();
+}
+
+/// `script()` with the child's "ask" rule asking `n` approvals at once, and the driven parent's
+/// ask turn taking `parent_ms` before it answers the first request it reads.
+fn script_asking(n: usize, parent_ms: u64) -> Value {
+    let mut script = script();
+    script["rules"][1]["sleepMs"] = json!(parent_ms);
+    let asks: Vec<Value> = (1..=n)
+        .map(|i| json!({"kind": "approval", "text": format!("May I write file {i}?"), "id": format!("w{i}")}))
+        .collect();
+    script["rules"][4] =
+        json!({"match": {"input": "ask"}, "ask": asks, "reply": "decision={decision} answer={answer}"});
+    script
+}
+
+fn env_asking(n: usize, parent_ms: u64, subagents: Value) -> TestEnv {
+    let mut env = TestEnv::new();
+    let main = scripted_agent(&env, "main", &script_asking(n, parent_ms), json!({}));
+    env.set_config(&json!({"agents": {"list": [main], "defaults": {"subagents": subagents}}}).to_string());
+    env
+}
+
+#[test]
+fn a_run_past_max_open_per_run_is_denied_at_once_with_the_reason_and_puts_nothing_to_anyone() {
+    let env = env_asking(12, 0, json!({}));
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "ask for twelve files"}));
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "attention", "{w}");
+    // All twelve were asked at once; eight (the default cap) are open, the rest were denied.
+    let pending = wait_until(Duration::from_secs(20), "the child's asks to settle", || {
+        let l = c.call("subagents", json!({"action": "list"}));
+        let p = l["children"][0]["pendingRequests"].as_array()?.clone();
+        let asked = env.show(&child)["messages"].as_array()?.iter().filter(|m| m["role"] == "system").count();
+        (asked >= 8 && p.len() >= 8).then_some(p)
+    });
+    // The last four came right after the eighth: give them time to be recorded, were they.
+    std::thread::sleep(Duration::from_secs(1));
+    let l = c.call("subagents", json!({"action": "list"}));
+    assert_eq!(l["children"][0]["pendingRequests"].as_array().map(Vec::len), Some(8), "{l}");
+    let h = c.call("sessions_history", json!({"sessionKey": "main", "limit": 100}));
+    let questions =
+        h["messages"].as_array().unwrap().iter().filter(|m| text_of(&m["content"]).contains("asks (approval)")).count();
+    assert_eq!(questions, 8, "only the open ones reached main: {h}");
+    for p in &pending {
+        let ok = c.call("subagents", json!({"action": "respond", "requestId": p["requestId"], "decision": "allow"}));
+        assert_eq!(ok["status"], "ok", "{ok}");
+    }
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    let outcome = outcome_of(&w);
+    let decisions = ["allow"; 8].iter().chain(["deny"; 4].iter()).copied().collect::<Vec<_>>().join("\n");
+    assert!(outcome.contains(&format!("Result: decision={decisions} answer=")), "{outcome}");
+    assert_eq!(outcome.matches("approvals.maxOpenPerRun").count(), 4, "the reason, to the agent: {outcome}");
+    let show = env.show(&child);
+    let recorded = show["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "system").count();
+    assert_eq!(recorded, 8, "the denied ones were not recorded as asks");
+    c.close();
+
+    let env = env_asking(3, 0, json!({"approvals": {"maxOpenPerRun": 1, "timeoutSeconds": 30}}));
+    let mut c = env.serve(None);
+    c.call("sessions_spawn", json!({"task": "ask for three files"}));
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["requests"].as_array().map(Vec::len), Some(1), "{w}");
+    c.close();
+}
+
+#[test]
+fn a_driven_parent_gets_a_childs_burst_of_asks_in_one_turn_not_one_turn_each() {
+    // The parent's ask turn takes a second, so asks that come while it runs wait in the next one.
+    let env = env_asking(6, 1_000, json!({"maxSpawnDepth": 2, "approvals": {"timeoutSeconds": 8}}));
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "spawn ask deep"}));
+    let parent = r["childSessionKey"].as_str().unwrap().to_string();
+    let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [parent], "timeoutSeconds": 90}));
+    assert_eq!(w["status"], "ok", "{w}");
+    let asks = runs_of(&env.show(&parent), Some("ask"));
+    assert!(asks.len() <= 2, "six asks in at most two parent turns, got {}: {asks:?}", asks.len());
+    let first = env.show(&parent)["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user" && text_of(&m["content"]).contains("asks (approval)"))
+        .map(|m| text_of(&m["content"]).matches("asks (approval)").count())
+        .sum::<usize>();
+    assert_eq!(first, 6, "every ask reached the parent once");
     c.close();
 }

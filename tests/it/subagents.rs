@@ -435,6 +435,123 @@ fn a_steer_an_agent_cannot_take_mid_turn_becomes_the_childs_next_turn_and_its_re
     c.close();
 }
 
+/// Steers from two connections into a running child whose agent cannot take them, while a third
+/// cancels it: once the cancel answers, no run of the child is queued or starts (a steer that
+/// raced it is dropped in the transaction that would have queued it), and a later steer is
+/// refused.
+#[test]
+fn steers_racing_a_cancel_revive_nothing_of_the_cancelled_child() {
+    use common::http_client::Mcp;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let mut c = Mcp::legacy(server.port, TOKEN);
+    let r = c.call("sessions_spawn", json!({"task": "forever task"}));
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    wait_until(Duration::from_secs(20), "the child to run", || {
+        (row(&c.call("subagents", json!({"action": "list"})), &child)["runState"] == "running").then_some(())
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    // (sent after the cancel answered, the answer) of every steer.
+    let answers = Arc::new(Mutex::new(Vec::<(bool, Value)>::new()));
+    let cancel_answered = Arc::new(AtomicBool::new(false));
+    let steerers: Vec<_> = (0..2)
+        .map(|n| {
+            let (stop, answered, answers, after) =
+                (stop.clone(), answered.clone(), answers.clone(), cancel_answered.clone());
+            let (port, child) = (server.port, child.clone());
+            std::thread::spawn(move || {
+                let mut s = Mcp::legacy(port, TOKEN);
+                for i in 0.. {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let sent_after = after.load(Ordering::SeqCst);
+                    let message = format!("steer {n}.{i}");
+                    let a =
+                        s.call("subagents", json!({"action": "steer", "childSessionKey": child, "message": message}));
+                    answers.lock().unwrap().push((sent_after, a));
+                    answered.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    wait_until(Duration::from_secs(30), "some steers to be answered", || {
+        (answered.load(Ordering::SeqCst) >= 6).then_some(())
+    });
+    let x = c.call("subagents", json!({"action": "cancel", "childSessionKey": child}));
+    assert_eq!(x["status"], "ok", "{x}");
+    cancel_answered.store(true, Ordering::SeqCst);
+    let cancelled_at = answered.load(Ordering::SeqCst);
+    wait_until(Duration::from_secs(30), "steers after the cancel", || {
+        (answered.load(Ordering::SeqCst) >= cancelled_at + 6).then_some(())
+    });
+    stop.store(true, Ordering::SeqCst);
+    for t in steerers {
+        t.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+
+    let show = env.show(&child);
+    let runs = runs_of(&show, None);
+    let revived: Vec<&Value> = runs
+        .iter()
+        .filter(|r| r["mode"] != "spawn" && (r["status"] != "cancelled" || !r["startedAt"].is_null()))
+        .collect();
+    assert!(
+        revived.is_empty(),
+        "{} runs of the cancelled child queued, running or started: {revived:?}",
+        revived.len()
+    );
+    assert_eq!(spawn_run(&env, &child)["status"], "cancelled");
+    let answers = answers.lock().unwrap();
+    for (_, a) in answers.iter().filter(|(after, _)| *after) {
+        assert_eq!(a["status"], "invalid", "a steer after the cancel answered: {a}");
+    }
+    let l = c.call("subagents", json!({"action": "list"}));
+    assert_eq!(row(&l, &child)["runState"], "cancelled", "{l}");
+}
+
+/// Steers an agent cannot take mid-turn coalesce: while the child's steer turn is queued and not
+/// started, each further steer joins it (the answers say so), and the child gets them all, in
+/// order, in that one turn.
+#[test]
+fn steers_queued_while_a_turn_waits_join_it_and_the_child_gets_them_in_one_turn_in_order() {
+    let env = crate::asks::env_with(json!({}));
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "ask before the steers"}));
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    // The child's first turn waits for an answer: the steers queue behind it.
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let id = w["requests"][0]["requestId"].as_str().unwrap().to_string();
+    let parts: Vec<String> = (1..=30).map(|i| format!("part {i}")).collect();
+    let answers: Vec<Value> = parts
+        .iter()
+        .map(|p| c.call("subagents", json!({"action": "steer", "childSessionKey": child, "message": p})))
+        .collect();
+    for a in &answers {
+        assert_eq!((a["status"].as_str(), a["targetDisposition"].as_str()), (Some("ok"), Some("queued")), "{a}");
+        assert_eq!(a["runId"], answers[0]["runId"], "one turn: {a}");
+    }
+    assert!(!answers[0]["note"].as_str().unwrap().contains("joined"), "{}", answers[0]);
+    assert!(answers[1..].iter().all(|a| a["note"].as_str().unwrap().contains("joined the child's next turn")));
+    let queued = runs_of(&env.show(&child), Some("steer"));
+    assert_eq!(queued.len(), 1, "{queued:?}");
+
+    let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow"}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(outcome.contains(&format!("Result: RESULT: {}\n", parts.join("\n"))), "{outcome}");
+    let turns = runs_of(&env.show(&child), Some("steer"));
+    assert_eq!(turns.len(), 1, "{turns:?}");
+    assert_eq!(turns[0]["status"], "ok", "{turns:?}");
+    c.close();
+}
+
 // ---- bad input ----------------------------------------------------------------------------------
 
 #[test]
