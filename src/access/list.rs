@@ -98,7 +98,11 @@ impl Access {
         let own_agent = caller.agent.to_string();
         let other_agents: Vec<String> = if rules.effective == Visibility::All && rules.a2a_enabled {
             let others = self.store.agent_ids()?;
-            others.into_iter().filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a)).map(|a| a.to_string()).collect()
+            others
+                .into_iter()
+                .filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a))
+                .map(|a| a.to_string())
+                .collect()
         } else {
             Vec::new()
         };

@@ -265,7 +265,9 @@ impl Engine<'_> {
         let named: Vec<String> = visible
             .iter()
             .take(MAX_HOLDERS_NAMED)
-            .map(|h| format!("{} ({}, {})", h.session.label.as_deref().unwrap_or("unlabelled"), h.session.key, h.status))
+            .map(|h| {
+                format!("{} ({}, {})", h.session.label.as_deref().unwrap_or("unlabelled"), h.session.key, h.status)
+            })
             .collect();
         let more = visible.len().saturating_sub(MAX_HOLDERS_NAMED);
         let more = if more > 0 { format!(", and {more} more") } else { String::new() };

@@ -11,11 +11,11 @@
 pub mod adapters;
 mod asking;
 pub mod mcp_config;
+pub mod orphans;
 pub mod protocol;
 pub mod sandbox;
 mod spec;
 mod stdin;
-pub mod orphans;
 pub mod supervise;
 mod sweep;
 pub mod template;

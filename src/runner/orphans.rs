@@ -108,6 +108,8 @@ mod tests {
 
     #[test]
     fn an_orphan_is_a_child_outside_the_session_that_was_not_registered() {
+        // Held throughout, so a sweep of another test (which ends orphans) waits for this one.
+        let _registry = started();
         let mut own = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let mut other = std::process::Command::new("setsid").args(["sleep", "30"]).spawn().unwrap();
         let (own_pid, other_pid) = (own.id() as i32, other.id() as i32);

@@ -52,7 +52,8 @@ impl Store {
             super::subagents::prefixed_session_columns()
         );
         let status_at = super::sessions::session_columns().split(", ").count();
-        let holder = |r: &super::sql::Row| Ok(SlotHolder { session: SessionRow::from_row(r)?, status: r.get(status_at)? });
+        let holder =
+            |r: &super::sql::Row| Ok(SlotHolder { session: SessionRow::from_row(r)?, status: r.get(status_at)? });
         self.read(|c| match requester {
             Some(key) => c.query_map(&sql, args![limit as i64, key.as_str()], holder),
             None => c.query_map(&sql, args![limit as i64], holder),

@@ -349,7 +349,8 @@ fn a_full_cap_names_ten_of_its_holders_and_counts_the_rest() {
         json!({"rules": [{"match": {"mode": "spawn"}, "sleepMs": 20000, "reply": "slow"}], "default": {"reply": "ok"}});
     let env = env_with(&script, json!({"maxChildrenPerAgent": 12, "maxConcurrent": 1}), json!({}));
     let mut c = env.serve(None);
-    let kids: Vec<String> = (0..12).map(|i| child_of(&spawn(&mut c, json!({"task": "t", "label": format!("job-{i:02}")})))).collect();
+    let kids: Vec<String> =
+        (0..12).map(|i| child_of(&spawn(&mut c, json!({"task": "t", "label": format!("job-{i:02}")})))).collect();
     let r = c.call("sessions_spawn", json!({"task": "one too many"}));
     let err = r["error"].as_str().unwrap_or_default();
     assert_eq!(r["status"], "forbidden", "{r}");
