@@ -95,21 +95,26 @@ impl Access {
         let after = req.cursor.as_deref().map(|c| decode_cursor(c, &fingerprint)).transpose()?;
         let since = req.active_minutes.map(|m| now_ms() - (m as i64).saturating_mul(60_000));
         let want = req.limit + 1;
-        let mut scopes: Vec<String> = Vec::new();
+        let own_agent = caller.agent.to_string();
+        let other_agents: Vec<String> = if rules.effective == Visibility::All && rules.a2a_enabled {
+            let others = self.store.agent_ids()?;
+            others
+                .into_iter()
+                .filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a))
+                .map(|a| a.to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut scopes: Vec<SliceScope> = Vec::new();
         match rules.effective {
             Visibility::OwnSession => {}
-            Visibility::Tree => scopes.push(caller.key.to_string()),
+            Visibility::Tree => scopes.push(SliceScope::TreeOf(caller.key.as_str())),
             Visibility::Agent | Visibility::All => {
-                scopes.push(caller.agent.to_string());
-                if rules.effective == Visibility::All && rules.a2a_enabled {
-                    let others = self.store.agent_ids()?;
-                    scopes.extend(
-                        others
-                            .into_iter()
-                            .filter(|a| *a != caller.agent && rules.agent_visible(&caller.agent, a))
-                            .map(|a| a.to_string()),
-                    );
-                }
+                scopes.push(SliceScope::Agent(&own_agent));
+                scopes.extend(other_agents.iter().map(|a| SliceScope::Agent(a)));
+                // The children the caller spawned under other agents are its tree (policy::visibility).
+                scopes.push(SliceScope::TreeOfOtherAgents(caller.key.as_str()));
             }
         }
         let kinds: Vec<Option<SessionKind>> = match &req.kinds {
@@ -117,9 +122,7 @@ impl Access {
             None => vec![None],
         };
         let mut rows = Vec::new();
-        for scope in &scopes {
-            let scope =
-                if rules.effective == Visibility::Tree { SliceScope::TreeOf(scope) } else { SliceScope::Agent(scope) };
+        for scope in scopes {
             for kind in &kinds {
                 rows.extend(self.store.list_slice(&ListQuery {
                     scope,
@@ -134,6 +137,8 @@ impl Access {
         }
         rows.retain(|r| r.key != caller.key);
         rows.sort_by(newest_first);
+        // Under `all` an agent slice may hold what the tree slice holds too.
+        rows.dedup_by_key(|r| r.id);
         rows.truncate(want);
         let mut has_more = rows.len() > req.limit;
         rows.truncate(req.limit);

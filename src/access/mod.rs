@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::access::caller::Caller;
 use crate::config::key_scope;
-use crate::config::{Config, PolicyAction};
+use crate::config::{Config, PolicyAction, Visibility};
 use crate::keys::{self, KeyScope, SessionKey, SessionRef};
 use crate::policy::{
     self, Action, SendDecision, SendTarget, ToolName, VisibilityFacts, VisibilityRules, check_visibility,
@@ -114,8 +114,13 @@ impl Access {
         let default_agent = self.config.default_agent();
         let target_agent = key.agent_id(&default_agent);
         let rules = self.rules(caller);
-        // Tree membership only matters for same-agent targets under `tree`; skip the lookup otherwise.
-        let needs_tree = target_agent == caller.agent && rules.effective == crate::config::Visibility::Tree;
+        // Tree membership decides under `tree`, and for another agent's session under `agent` and
+        // `all` (a child spawned under another agent); skip the lookup where it cannot matter.
+        let needs_tree = match rules.effective {
+            Visibility::OwnSession => false,
+            Visibility::Tree => true,
+            Visibility::Agent | Visibility::All => target_agent != caller.agent,
+        };
         let facts = VisibilityFacts {
             caller_key: &caller.key,
             caller_agent: &caller.agent,

@@ -147,13 +147,14 @@ pub(super) async fn run_deliverer(argv: &[String], payload: &Value, timeout: Dur
     let Some((program, args)) = argv.split_first() else {
         return Err(Ran::NotRun("no deliverer configured".into()));
     };
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
+        .kill_on_drop(true);
+    // Registered, so the server never takes it for an orphan of a run (it may leave our session).
+    let (mut child, _started) = crate::runner::orphans::spawn(&mut cmd)
         .map_err(|e| Ran::NotRun(format!("cannot start the deliverer {program:?}: {e}")))?;
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(payload.to_string().as_bytes()).await;

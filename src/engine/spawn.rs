@@ -162,7 +162,7 @@ impl Engine<'_> {
             thread: req.thread.as_ref(),
             attach_as: req.attach_as.as_ref(),
         };
-        let spawned = start(&rt.store, &rt.config, &plan).map_err(refusal)?;
+        let spawned = start(&rt.store, &rt.config, &plan).map_err(|r| self.refusal(caller, &rt.store, r))?;
         let attachments = staged.as_ref().map(super::attachments::Staged::summary);
         if let Some(s) = staged {
             s.keep();
@@ -226,21 +226,58 @@ fn model_and_thinking(config: &Config, req: &SpawnRequest) -> (Option<String>, O
     (model, thinking)
 }
 
-/// What the caller is told when admission in the transaction refused.
-fn refusal(refused: Refused) -> ToolError {
-    match refused {
-        Refused::Children(n) => ToolError::forbidden(format!(
-            "maxChildrenPerAgent={n} reached: this session already has {n} unfinished children (agents.defaults.subagents.maxChildrenPerAgent)"
-        )),
-        Refused::Queue(n) => ToolError::forbidden(format!(
-            "maxQueued={n} reached: too many children are waiting to start (agents.defaults.subagents.maxQueued)"
-        )),
-        Refused::Store(e) => e.into(),
-        Refused::Attachments(e) => ToolError::error(format!("attachments: {e}")),
-        Refused::Budget(BudgetRefusal::Store(e)) => e.into(),
-        Refused::Budget(b) => ToolError::forbidden(b.message()),
+impl Engine<'_> {
+    /// What the caller is told when admission in the transaction refused. A full cap also names
+    /// the children that hold it, as far as the caller may see them.
+    fn refusal(&self, caller: &Caller, store: &Store, refused: Refused) -> ToolError {
+        match refused {
+            Refused::Children(n) => ToolError::forbidden(format!(
+                "maxChildrenPerAgent={n} reached: this session already has {n} unfinished children (agents.defaults.subagents.maxChildrenPerAgent){}",
+                self.slot_holders(caller, store, Some(&caller.key))
+            )),
+            Refused::Queue(n) => ToolError::forbidden(format!(
+                "maxQueued={n} reached: too many children are waiting to start (agents.defaults.subagents.maxQueued){}",
+                self.slot_holders(caller, store, None)
+            )),
+            Refused::Store(e) => e.into(),
+            Refused::Attachments(e) => ToolError::error(format!("attachments: {e}")),
+            Refused::Budget(BudgetRefusal::Store(e)) => e.into(),
+            Refused::Budget(b) => ToolError::forbidden(b.message()),
+        }
+    }
+
+    /// `; held by: <label> (<key>, <state>), …, and N more` for the holders of a full cap that the
+    /// caller may see (the others are never named nor counted: a caller must not learn of
+    /// sessions it may not see). Read after the refusal, so it may be a moment newer than it.
+    fn slot_holders(&self, caller: &Caller, store: &Store, requester: Option<&SessionKey>) -> String {
+        let holders = match store.slot_holders(requester, MAX_HOLDERS_READ) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read who holds a full spawn cap");
+                return String::new();
+            }
+        };
+        let visible: Vec<_> =
+            holders.into_iter().filter(|h| self.access.row_visible(caller, &h.session).unwrap_or(false)).collect();
+        if visible.is_empty() {
+            return "; none of them is visible to you".into();
+        }
+        let named: Vec<String> = visible
+            .iter()
+            .take(MAX_HOLDERS_NAMED)
+            .map(|h| {
+                format!("{} ({}, {})", h.session.label.as_deref().unwrap_or("unlabelled"), h.session.key, h.status)
+            })
+            .collect();
+        let more = visible.len().saturating_sub(MAX_HOLDERS_NAMED);
+        let more = if more > 0 { format!(", and {more} more") } else { String::new() };
+        format!("; held by: {}{more}", named.join(", "))
     }
 }
+
+/// How many holders of a full cap a refusal names, and how many it reads to count the rest.
+const MAX_HOLDERS_NAMED: usize = 10;
+const MAX_HOLDERS_READ: usize = 1000;
 
 /// Everything a spawn commits.
 struct SpawnPlan<'a> {

@@ -66,9 +66,10 @@ pub fn effective_visibility(configured: Visibility, sandboxed: bool, stv: Sessio
     if sandboxed && stv == SessionToolsVisibility::Spawned { configured.min(Visibility::Tree) } else { configured }
 }
 
-/// The facts one visibility decision needs. `target_in_tree` comes from the stored spawn lineage
-/// (false for a key that does not exist), so it never reveals existence on its own: a missing
-/// key and an existing key outside the tree get the same answer.
+/// The facts one visibility decision needs. `target_in_tree` (the caller itself or a session it
+/// spawned, transitively, of any agent) comes from the stored spawn lineage (false for a key that
+/// does not exist), so it never reveals existence on its own: a missing key and an existing key
+/// outside the tree get the same answer.
 #[derive(Debug, Clone)]
 pub struct VisibilityFacts<'a> {
     pub caller_key: &'a SessionKey,
@@ -83,6 +84,13 @@ pub struct VisibilityFacts<'a> {
 pub struct Denial(pub String);
 
 pub fn check_visibility(action: Action, f: &VisibilityFacts, rules: &VisibilityRules) -> Result<(), Denial> {
+    // What the caller spawned is its tree whatever agent runs it (spawning under another agent
+    // takes that agent's `subagents.allowAgents`, and `subagents` already lists, steers and
+    // cancels it): visible from `tree` up, without agent-to-agent access, which is about the
+    // sessions of another agent that the caller did not create.
+    if f.target_in_tree && rules.effective >= Visibility::Tree {
+        return Ok(());
+    }
     if f.target_agent != f.caller_agent {
         if rules.effective != Visibility::All {
             return Err(Denial(cross_agent_message(action, rules)));

@@ -11,6 +11,7 @@
 pub mod adapters;
 mod asking;
 pub mod mcp_config;
+pub mod orphans;
 pub mod protocol;
 pub mod sandbox;
 mod spec;
@@ -416,8 +417,12 @@ pub fn decode_stdout(kind: crate::config::RunnerKind, run_id: &str, stdout: &str
 }
 
 impl Runner {
+    /// The runner of this process, which becomes the last subreaper of its runs
+    /// ([`orphans`]).
     pub fn new() -> std::io::Result<Self> {
-        Ok(Runner::at(std::env::current_exe()?))
+        let runner = Runner::at(std::env::current_exe()?);
+        orphans::adopt_orphans();
+        Ok(runner)
     }
 
     /// The runner of the `sessions-mcp` binary at `exe`.
@@ -443,7 +448,7 @@ impl Runner {
         hooks: &Hooks<'_>,
         mut steers: Option<tokio::sync::mpsc::UnboundedReceiver<Steer>>,
     ) -> Outcome {
-        let mut child = match self.supervised(spec, launch).spawn() {
+        let (mut child, _started) = match orphans::spawn(&mut self.supervised(spec, launch)) {
             Ok(c) => c,
             Err(e) => {
                 if let Some(rx) = steers.as_mut() {

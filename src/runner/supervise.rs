@@ -6,14 +6,16 @@
 //! group SIGINT → SIGTERM → SIGKILL a step apart; when the agent exits by itself it kills whatever
 //! the agent left behind. On Linux it is also the run's child subreaper, so every descendant that
 //! leaves the group (`setsid`, a daemon's double fork, with or without a cleared environment) is
-//! re-parented to it and killed with the tree. Last, every process of its uid that still carries
+//! re-parented to it and killed with the tree (frozen first, then killed deepest first). Should
+//! the agent kill its supervisor (and any supervisor it nested inside the run), the server is the
+//! next subreaper up and ends what it adopts the same way (`runner::orphans`). Last, every process of its uid that still carries
 //! the run's `SESSIONS_MCP_RUN_ID` (what left the tree through some other service; best effort) is
 //! killed: by the server, which batches the sweeps of many runs into one `/proc` scan
 //! (`--server-sweeps`, what the server passes), or by the supervisor itself when it runs without
 //! that flag or the server is gone.
 //!
 //! This file is compiled twice: as `runner::supervise` in the library (the server's batched sweep
-//! calls [`kill_processes_of_runs`]) and, through `#[path]`, as the whole
+//! calls [`kill_processes_of_runs`] and [`freeze_and_kill_trees`]) and, through `#[path]`, as the whole
 //! of the small `sessions-mcp-supervise` binary (src/bin/sessions-mcp-supervise.rs), which links
 //! none of the server. So it uses std, libc and clap only: no `crate::` paths, no tokio.
 //!
@@ -317,27 +319,94 @@ pub fn kill_processes_of_runs(run_ids: &[&str]) {
     }
 }
 
-/// Kills our children until none is left. As the subreaper we inherit the children of each one
-/// killed, so this reaches the whole tree a level per round; the agent itself is already reaped.
+/// Kills our children and everything below them until none is left. As the subreaper we inherit
+/// the orphans of each process killed, so a round that leaves some behind finds them in the next.
 fn kill_descendants() {
+    let me = std::process::id() as i32;
     for _ in 0..MAX_TREE_ROUNDS {
         reap_exited();
-        let children = children();
+        let children = children_of(me);
         if children.is_empty() {
             return;
         }
+        freeze_and_kill_trees(&children);
         for pid in children {
-            // SAFETY: kill/waitpid on our own child have no memory-safety preconditions.
+            // SAFETY: waitpid on our own child, which was just SIGKILLed.
             unsafe {
-                libc::kill(pid, libc::SIGKILL);
                 libc::waitpid(pid, std::ptr::null_mut(), 0);
             }
         }
     }
 }
 
-/// Deeper than any real process tree; a fork bomb is left to the env sweep and the rlimits.
+/// More rounds than any real process tree needs; what is left after them is left to the env
+/// sweep and the rlimits.
 const MAX_TREE_ROUNDS: usize = 64;
+
+/// SIGKILLs `roots` and every process below them by ancestry (Linux; nothing elsewhere). Each
+/// process is stopped (SIGSTOP) as it is found and the walk is repeated until it finds no new one
+/// once all found have stopped, so none can fork away or be orphaned out of reach while the tree
+/// is read; then the tree dies deepest first, so no process is orphaned before its own turn.
+/// Returns what it killed, deepest first.
+pub fn freeze_and_kill_trees(roots: &[i32]) -> Vec<i32> {
+    let mut found: Vec<i32> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    loop {
+        let before = found.len();
+        let mut level: Vec<i32> = roots.to_vec();
+        while !level.is_empty() {
+            let mut next = Vec::new();
+            for pid in level {
+                if seen.insert(pid) {
+                    // SAFETY: kill has no memory-safety preconditions.
+                    unsafe {
+                        libc::kill(pid, libc::SIGSTOP);
+                    }
+                    found.push(pid);
+                }
+                next.extend(children_of(pid));
+            }
+            level = next;
+        }
+        if found.len() == before {
+            break;
+        }
+        wait_stopped(&found[before..]);
+    }
+    for &pid in found.iter().rev() {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+    found.reverse();
+    found
+}
+
+/// Waits (up to 100 ms) until each of `pids` has stopped or died: a process in the middle of a
+/// fork stops only once the fork is done, and its new child must be in the next walk.
+fn wait_stopped(pids: &[i32]) {
+    let settled = |pid: &i32| state_of(*pid).is_none_or(|state| matches!(state, 'T' | 't' | 'Z' | 'X'));
+    for _ in 0..100 {
+        if pids.iter().all(settled) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The state letter of `/proc/<pid>/stat` (None when it is gone).
+fn state_of(pid: i32) -> Option<char> {
+    stat_fields(pid)?.first()?.chars().next()
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name (state first), which may hold any
+/// character, spaces and parentheses included.
+pub fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
 
 /// Reaps the orphans that already exited, so they are not counted as children.
 fn reap_exited() {
@@ -345,9 +414,9 @@ fn reap_exited() {
     while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
 }
 
-/// Our live children, from each of our threads' `children` list (Linux; none elsewhere).
-fn children() -> Vec<i32> {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+/// The children of `pid`, from each of its threads' `children` list (Linux; none elsewhere).
+pub fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     tasks
         .flatten()
         .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())

@@ -4,7 +4,8 @@
 //! run made a thousand runs ending together cost a thousand scans of thousands of processes: most
 //! of the machine's CPU in the fan-out benchmark (BENCHMARKS.md). Here one scan serves every run
 //! that ended while the previous scan ran, and a run's end still waits for a scan that began after
-//! its supervisor had exited, so nothing of a run outlives its outcome.
+//! its supervisor had exited, so nothing of a run outlives its outcome. The same scan first ends
+//! what the server adopted from runs whose supervisors were killed (`super::orphans`).
 
 use std::sync::{Arc, Mutex};
 
@@ -51,6 +52,7 @@ impl Sweeper {
                 std::mem::take(&mut state.waiting)
             };
             let ids: Vec<&str> = batch.iter().map(|(id, _)| id.as_str()).collect();
+            super::orphans::end_orphans();
             super::supervise::kill_processes_of_runs(&ids);
             tracing::debug!(runs = ids.len(), "run-id sweep");
             for (_, done) in batch {

@@ -54,7 +54,7 @@ pub use operator::Pruned;
 pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, Orphan, RunMode, RunOwner, RunRow, RunStatus};
 pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, Route, SendPolicyOverride, SessionRow, SessionState, SliceScope};
-pub use spawn::{SpawnCounts, StoredAttachment};
+pub use spawn::{SlotHolder, SpawnCounts, StoredAttachment};
 pub use steer::{NewSteer, SteerQueued, SteerRow, SteerState, steer_input};
 pub use subagents::{AnnounceRow, ChildRows, SubtreeCancel, TreeTotals};
 pub use threads::{BindingMode, ThreadBinding};

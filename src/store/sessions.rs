@@ -210,9 +210,11 @@ impl NewSession {
 pub enum SliceScope<'a> {
     /// Every session of one agent (served by the agent/state/updated indexes: O(limit)).
     Agent(&'a str),
-    /// Every session of the key's own agent spawned by this key, transitively (O(tree)): a child
-    /// of another agent is in the tree but visible only under `all` with agent-to-agent on.
+    /// Every session spawned by this key, transitively, whatever its agent (O(tree)).
     TreeOf(&'a str),
+    /// The same, only the sessions of other agents than the key's: what an `agent` or `all` list
+    /// adds to the agent slices (O(tree) to find, few to sort).
+    TreeOfOtherAgents(&'a str),
 }
 
 /// One ordered slice of the session list: one scope, optionally one kind, some states.
@@ -374,26 +376,26 @@ fn list_slice(c: &dyn Sql, q: &ListQuery) -> Result<Vec<SessionRow>> {
     // Both shapes order by (updated_at DESC, id DESC) straight off an index.
     let (root, mut sql) = match q.scope {
         SliceScope::Agent(agent) => (agent, format!("SELECT {COLUMNS} FROM sessions WHERE agent_id = ?1")),
-        SliceScope::TreeOf(key) => {
+        SliceScope::TreeOf(key) | SliceScope::TreeOfOtherAgents(key) => {
             let cols: Vec<String> = COLUMNS.split(", ").map(|c| format!("s.{}", c.trim())).collect();
+            let other_agents = if matches!(q.scope, SliceScope::TreeOfOtherAgents(_)) {
+                " AND s.agent_id <> (SELECT agent_id FROM sessions WHERE key = ?1)"
+            } else {
+                ""
+            };
             (
                 key,
                 format!(
                     "SELECT {} FROM session_tree t JOIN sessions s ON s.id = t.session
-                     WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1)
-                       AND s.agent_id = (SELECT agent_id FROM sessions WHERE key = ?1)",
+                     WHERE t.ancestor = (SELECT id FROM sessions WHERE key = ?1){other_agents}",
                     cols.join(", ")
                 ),
             )
         }
     };
-    let p = match q.scope {
-        SliceScope::Agent(_) => "",
-        SliceScope::TreeOf(_) => "s.",
-    };
-    let t = match q.scope {
-        SliceScope::Agent(_) => "",
-        SliceScope::TreeOf(_) => "t.",
+    let (p, t) = match q.scope {
+        SliceScope::Agent(_) => ("", ""),
+        SliceScope::TreeOf(_) | SliceScope::TreeOfOtherAgents(_) => ("s.", "t."),
     };
     let id = if t.is_empty() { "id" } else { "t.session" };
     // Only the filters asked for are in the statement; each takes the next parameter number.

@@ -3,7 +3,8 @@
 
 use super::sql::{Sql, args};
 
-use super::{Result, Store, now_ms};
+use super::{Result, SessionRow, Store, now_ms};
+use crate::keys::SessionKey;
 
 /// What admission looks at, read inside the transaction that creates the child.
 #[derive(Debug, Clone, Copy)]
@@ -28,7 +29,37 @@ pub(super) fn spawn_counts(tx: &dyn Sql, requester: &str) -> Result<SpawnCounts>
     })
 }
 
+/// A child that holds an admission slot: its session and its spawn run's status (`queued` or
+/// `running`).
+#[derive(Debug, Clone)]
+pub struct SlotHolder {
+    pub session: SessionRow,
+    pub status: String,
+}
+
 impl Store {
+    /// The children that hold admission slots, oldest spawn first, at most `limit`: with a
+    /// requester its unfinished children (what `maxChildrenPerAgent` counts), without one every
+    /// child waiting to start (what `maxQueued` counts).
+    pub fn slot_holders(&self, requester: Option<&SessionKey>, limit: usize) -> Result<Vec<SlotHolder>> {
+        let filter = match requester {
+            Some(_) => "r.requester_key = ?2 AND r.status IN ('queued', 'running')",
+            None => "r.status = 'queued'",
+        };
+        let sql = format!(
+            "SELECT {}, r.status FROM runs r JOIN sessions s ON s.id = r.session
+             WHERE r.mode = 'spawn' AND {filter} ORDER BY r.created_at, r.run_id LIMIT ?1",
+            super::subagents::prefixed_session_columns()
+        );
+        let status_at = super::sessions::session_columns().split(", ").count();
+        let holder =
+            |r: &super::sql::Row| Ok(SlotHolder { session: SessionRow::from_row(r)?, status: r.get(status_at)? });
+        self.read(|c| match requester {
+            Some(key) => c.query_map(&sql, args![limit as i64, key.as_str()], holder),
+            None => c.query_map(&sql, args![limit as i64], holder),
+        })
+    }
+
     /// Children of `key` whose completion has not been announced yet.
     pub fn unannounced_children(&self, key: &str) -> Result<i64> {
         self.read(|c| {

@@ -323,7 +323,7 @@ impl Store {
 }
 
 /// The session columns qualified with `s.` (the tree reads join `session_tree`).
-fn prefixed_session_columns() -> String {
+pub(super) fn prefixed_session_columns() -> String {
     session_columns().split(", ").map(|c| format!("s.{}", c.trim())).collect::<Vec<_>>().join(", ")
 }
 

@@ -239,6 +239,71 @@ fn an_agent_that_stops_its_supervisor_is_still_ended_at_its_limits() {
     harm_the_supervisor_then_hang("STOP");
 }
 
+/// An agent that starts the installed supervisor around a payload that leaves the group
+/// (`setsid`) with a cleared environment, does `to_inner` to that nested supervisor, SIGKILLs its
+/// own supervisor and hangs. Both subreapers between the payload and the server are then gone or
+/// frozen and no environment sweep can find the payload: only the server can still end it.
+fn a_nested_supervisor_then_kill_the_own(to_inner: &str) {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let mark = format!("SESSIONS_MCP_TEST_MARK={}-{nanos}", std::process::id());
+    let body = r#"trap '' INT TERM HUP
+IFS= read -r line
+env -i MARK SUPERVISOR -- /bin/sh -c '"$(command -v setsid)" /bin/sleep 300 & : > READY; /bin/sleep 301' </dev/null >/dev/null 2>&1 &
+inner=$!
+while [ ! -e READY ]; do sleep 0.05; done
+kill -INNER $inner
+kill -KILL $PPID
+sleep 300
+"#
+    .replace("MARK", &mark)
+    .replace("SUPERVISOR", env!("CARGO_BIN_EXE_sessions-mcp-supervise"))
+    .replace("INNER", to_inner);
+    let dir = tempfile::tempdir().unwrap();
+    let body = body.replace("READY", &dir.path().join("ready").display().to_string());
+    let env = env_with_worker(
+        |e| {
+            shell_agent(
+                e,
+                "worker",
+                &body,
+                &[],
+                json!({"timeoutSeconds": 2, "idleTimeoutSeconds": 1, "cancelGraceSeconds": 1}),
+            )
+        },
+        &[WORKER.to_string()],
+    );
+    let mut c = env.serve(None);
+    let r = c.call("sessions_send", json!({"sessionKey": WORKER, "message": "go", "timeoutSeconds": 30}));
+    assert_eq!(r["status"], "error", "the run ends at its idle timeout: {r}");
+    let run_id = r["runId"].as_str().unwrap_or_else(|| panic!("a run id: {r}")).to_string();
+    assert_no_process_carries(&[run_id], Duration::from_secs(5));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pids_with_env(&mark).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left: Vec<String> = pids_with_env(&mark)
+        .into_iter()
+        .map(|p| {
+            let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            // SAFETY: kill has no memory-safety preconditions; a failing run leaves nothing behind.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+            String::from_utf8_lossy(&cmdline).replace('\0', " ")
+        })
+        .collect();
+    assert!(left.is_empty(), "the nested payload outlived its run: {left:?}");
+    drop(c);
+}
+
+#[test]
+fn a_payload_under_a_nested_supervisor_that_was_killed_does_not_outlive_its_run() {
+    a_nested_supervisor_then_kill_the_own("KILL");
+}
+
+#[test]
+fn a_payload_under_a_nested_supervisor_that_was_stopped_does_not_outlive_its_run() {
+    a_nested_supervisor_then_kill_the_own("STOP");
+}
+
 #[test]
 fn an_agent_that_never_reads_its_input_times_out_at_the_run_deadline() {
     // 64 KiB of message (more with the request around it) fills the stdin pipe of an agent that never reads it: the write itself must

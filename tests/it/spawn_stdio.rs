@@ -313,18 +313,20 @@ fn max_children_per_agent_refuses_the_next_child_and_leaves_nothing_behind() {
         json!({"rules": [{"match": {"mode": "spawn"}, "sleepMs": 20000, "reply": "slow"}], "default": {"reply": "ok"}});
     let env = env_with(&script, json!({"maxChildrenPerAgent": 2}), json!({}));
     let mut c = env.serve(None);
-    let first = spawn(&mut c, json!({"task": "one"}));
-    let second = spawn(&mut c, json!({"task": "two"}));
+    let first = spawn(&mut c, json!({"task": "one", "label": "alpha"}));
+    let second = spawn(&mut c, json!({"task": "two", "label": "beta"}));
     let kids = [child_of(&first), child_of(&second)];
     wait_until(Duration::from_secs(10), "both children running", || {
         kids.iter().all(|k| runs_of(&env.show(k), Some("spawn"))[0]["status"] == "running").then_some(())
     });
+    // The refusal names who holds the slots: each child's label, key and state.
+    let holders = [format!("alpha ({}, running)", kids[0]), format!("beta ({}, running)", kids[1])];
     let failures: Vec<String> = refused(
         &env,
         &mut c,
         json!({"task": "three"}),
         "forbidden",
-        &["maxChildrenPerAgent", "agents.defaults.subagents.maxChildrenPerAgent"],
+        &["maxChildrenPerAgent", "agents.defaults.subagents.maxChildrenPerAgent", &holders[0], &holders[1]],
         true,
     )
     .into_iter()
@@ -342,6 +344,24 @@ fn max_children_per_agent_refuses_the_next_child_and_leaves_nothing_behind() {
 }
 
 #[test]
+fn a_full_cap_names_ten_of_its_holders_and_counts_the_rest() {
+    let script =
+        json!({"rules": [{"match": {"mode": "spawn"}, "sleepMs": 20000, "reply": "slow"}], "default": {"reply": "ok"}});
+    let env = env_with(&script, json!({"maxChildrenPerAgent": 12, "maxConcurrent": 1}), json!({}));
+    let mut c = env.serve(None);
+    let kids: Vec<String> =
+        (0..12).map(|i| child_of(&spawn(&mut c, json!({"task": "t", "label": format!("job-{i:02}")})))).collect();
+    let r = c.call("sessions_spawn", json!({"task": "one too many"}));
+    let err = r["error"].as_str().unwrap_or_default();
+    assert_eq!(r["status"], "forbidden", "{r}");
+    let named = kids.iter().filter(|k| err.contains(k.as_str())).count();
+    assert_eq!(named, 10, "ten holders are named: {err}");
+    assert!(err.contains("job-00 (") && err.contains("job-09 (") && !err.contains("job-10"), "the oldest first: {err}");
+    assert!(err.ends_with(", and 2 more"), "{err}");
+    let _ = c.terminate_and_wait(Duration::from_secs(15));
+}
+
+#[test]
 fn max_queued_refuses_beyond_the_queue_and_leaves_nothing_behind() {
     let script =
         json!({"rules": [{"match": {"mode": "spawn"}, "sleepMs": 20000, "reply": "slow"}], "default": {"reply": "ok"}});
@@ -353,19 +373,28 @@ fn max_queued_refuses_beyond_the_queue_and_leaves_nothing_behind() {
         (runs_of(&env.show(&k1), Some("spawn"))[0]["status"] == "running").then_some(())
     });
     let mut r2 = env.serve(Some("agent:main:r2"));
-    let second = spawn(&mut r2, json!({"task": "two"}));
+    let second = spawn(&mut r2, json!({"task": "two", "label": "r2-job"}));
     assert_eq!(second["queued"], true, "the only slot is taken: {second}");
+    let k2 = child_of(&second);
     let mut r3 = env.serve(Some("agent:main:r3"));
-    let failures: Vec<String> = refused(
+    let mut failures: Vec<String> = refused(
         &env,
         &mut r3,
         json!({"task": "three"}),
         "forbidden",
-        &["maxQueued", "agents.defaults.subagents.maxQueued"],
+        &["maxQueued", "agents.defaults.subagents.maxQueued", "none of them is visible to you"],
         true,
     )
     .into_iter()
     .collect();
+    // Under `tree` visibility r3 must not learn of r2's child; r2 is told its own child holds it.
+    let r = r3.call("sessions_spawn", json!({"task": "three"}));
+    let err = r["error"].as_str().unwrap_or_default();
+    if err.contains("r2-job") || err.contains(&k2) || err.contains(&k1) {
+        failures.push(format!("a refusal names a session its caller cannot see: {r}"));
+    }
+    let own = format!("r2-job ({k2}, queued)");
+    failures.extend(refused(&env, &mut r2, json!({"task": "four"}), "forbidden", &["maxQueued", &own], true));
     drop(r3);
     drop(r2);
     let _ = owner.terminate_and_wait(Duration::from_secs(15));

@@ -595,3 +595,45 @@ fn the_tool_is_listed_with_its_schemas_and_its_description_points_at_wait() {
     assert!(tool["description"].as_str().unwrap().contains("instead of polling"), "{tool}");
     c.close();
 }
+
+/// `tree` is "the caller's session and every session it spawned" (docs/BEHAVIOUR.md, Visibility),
+/// whatever agent runs the child: a child main spawned under agent `ops` (its allowlist permits
+/// it) is listed, read and sent to like any other child, under `tree` and under the wider
+/// `agent`, with agent-to-agent off; a session of `ops` that main did not spawn stays out of reach.
+#[test]
+fn a_child_spawned_under_another_agent_is_in_the_callers_tree() {
+    for visibility in ["tree", "agent"] {
+        let mut env = TestEnv::new();
+        let mut main = scripted_agent(&env, "main", &script(), json!({}));
+        main["subagents"] = json!({"allowAgents": ["ops"]});
+        let ops = scripted_agent(&env, "ops", &script(), json!({}));
+        env.set_config(
+            &json!({"agents": {"list": [main, ops]}, "tools": {"sessions": {"visibility": visibility}}}).to_string(),
+        );
+        env.seed(json!({"sessions": [{"key": "agent:ops:other"}]}));
+        let mut c = env.serve(None);
+        let r = c.call("sessions_spawn", json!({"task": "first", "agentId": "ops", "label": "op-child"}));
+        assert_eq!(r["status"], "accepted", "{visibility}: {r}");
+        let child = r["childSessionKey"].as_str().unwrap().to_string();
+        assert!(child.starts_with("agent:ops:subagent:"), "{child}");
+        wait_until(Duration::from_secs(20), "the child's first run to end", || {
+            runs_of(&env.show(&child), Some("spawn")).first().filter(|r| r["endedAt"].is_i64()).map(|_| ())
+        });
+        assert_eq!(row(&list(&mut c), &child)["label"], "op-child", "{visibility}: subagents lists it");
+
+        let listed = c.call("sessions_list", json!({}));
+        let keys = keys(&listed, "sessions", "key");
+        assert!(keys.contains(&child), "{visibility}: sessions_list shows it: {listed}");
+        assert!(!keys.iter().any(|k| k == "agent:ops:other"), "{visibility}: not another agent's session: {listed}");
+
+        let history = c.call("sessions_history", json!({"sessionKey": child}));
+        assert_eq!(history["status"], "ok", "{visibility}: its history is readable: {history}");
+        let sent = c.call("sessions_send", json!({"sessionKey": child, "message": "second", "timeoutSeconds": 20}));
+        assert_eq!(sent["status"], "ok", "{visibility}: it takes a send: {sent}");
+        assert_eq!(sent["reply"], "RESULT: second", "{visibility}: {sent}");
+
+        let other = c.call("sessions_history", json!({"sessionKey": "agent:ops:other"}));
+        assert_eq!(other["status"], "forbidden", "{visibility}: another agent's own session stays out: {other}");
+        let _ = c.terminate_and_wait(Duration::from_secs(15));
+    }
+}

@@ -327,8 +327,11 @@ impl Oracle<'_> {
         false
     }
 
-    /// May the caller see `key` (existing or not)?
+    /// May the caller see `key` (existing or not)? What it spawned, of any agent, from `tree` up.
     fn visible(&self, key: &str) -> bool {
+        if self.effective != Visibility::OwnSession && self.in_tree(key) {
+            return true;
+        }
         let agent = key.split(':').nth(1).unwrap_or("main");
         if agent != self.caller.agent.as_str() {
             return self.effective == Visibility::All
@@ -637,8 +640,10 @@ fn nothing_invisible_is_returned_reached_or_betrayed() {
 
 /// Regression (found by the property above): under `tree`, `sessions_list` showed a child of
 /// another agent that the caller had spawned, while history and send refused it as cross-agent.
+/// Now all three agree that it is in the caller's tree (docs/BEHAVIOUR.md, Visibility); another
+/// agent's session that the caller did not spawn stays out.
 #[test]
-fn tree_listing_leaves_out_children_of_other_agents() {
+fn tree_listing_and_history_agree_on_children_of_other_agents() {
     let config = Arc::new(config::parse(r#"{agents: {list: [{id: "main"}, {id: "ops"}]}}"#).expect("config").0);
     let child = |key: &str| Model {
         key: key.into(),
@@ -655,14 +660,21 @@ fn tree_listing_leaves_out_children_of_other_agents() {
         idem: false,
     };
     let main = Model { parent: None, ..child("agent:main:main") };
+    let stranger = Model { parent: None, ..child("agent:ops:main") };
     let (own, foreign) = (child("agent:main:subagent:a"), child("agent:ops:subagent:b"));
-    let (access, _, _dir) = build(&[&main, &own, &foreign], &config);
+    let (access, _, _dir) = build(&[&main, &own, &foreign, &stranger], &config);
     let caller = caller_of(&CallerGen { pick: 0, sandboxed: false, external: true }, std::slice::from_ref(&main));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
     let ctx = Ctx::plain(&access, &caller);
-    let list = rt.block_on(tools::call(&ctx, "sessions_list", None)).expect("tool").structured_content.expect("json");
+    let call = |tool: &str, args: Option<serde_json::Map<String, Value>>| {
+        rt.block_on(tools::call(&ctx, tool, args)).expect("tool").structured_content.expect("json")
+    };
+    let list = call("sessions_list", None);
     let mut keys: Vec<&str> =
         list["sessions"].as_array().expect("rows").iter().filter_map(|r| r["key"].as_str()).collect();
     keys.sort();
-    assert_eq!(keys, ["agent:main:subagent:a", "main"], "{list}");
+    assert_eq!(keys, ["agent:main:subagent:a", "agent:ops:subagent:b", "main"], "{list}");
+    let history = |key: &str| call("sessions_history", json!({"sessionKey": key}).as_object().cloned());
+    assert_eq!(history("agent:ops:subagent:b")["status"], "ok");
+    assert_eq!(history("agent:ops:main")["status"], "forbidden");
 }
