@@ -23,7 +23,8 @@ pub(crate) fn sha(token: &str) -> String {
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
-/// Agent `main` answers tasks (`slow …` after 3 s, `long …` after 8 s, `ask …` with an approval first); two client
+/// Agent `main` answers tasks (`slow …` after 3 s, `long …` after 8 s, `ask …` with an approval first, `leak …` with a
+/// question full of secrets first); two client
 /// tokens (desk, other) and an operator token; sessions see their own tree.
 pub(crate) fn env_with() -> TestEnv {
     env_seeing("tree", None)
@@ -37,7 +38,11 @@ fn env_seeing(visibility: &str, deliver: Option<&str>) -> TestEnv {
         {"match": {"inputRegex": "^long"}, "sleepMs": 8000, "reply": "long done"},
         {"match": {"inputRegex": "^slow"}, "sleepMs": 3000, "reply": "slow done", "usage": {"inputTokens": 700, "outputTokens": 50, "costUsd": 0.02}},
         {"match": {"inputRegex": "^ask"}, "ask": {"kind": "approval", "text": "May I deploy?", "details": {"toolName": "Bash"}},
-         "reply": "decision={decision} answer={answer}"}
+         "reply": "decision={decision} answer={answer}"},
+        {"match": {"inputRegex": "^leak"}, "ask": {"kind": "question", "text": "Use OPENAI_KEY sk-abcdefghijklmnopqrstuvwxyz?",
+         "options": ["yes, sk-0123456789abcdefghij", "no"],
+         "details": {"toolName": "Bash", "input": {"command": "curl -H 'Authorization: Bearer abcdefghijklmnop1234'"}, "password": "hunter2"}},
+         "reply": "answer={answer}"}
     ], "default": {"reply": "RESULT: {input}", "usage": {"inputTokens": 100, "outputTokens": 20, "costUsd": 0.01}}});
     let main = scripted_agent(&env, "main", &script, json!({}));
     let worker = scripted_agent(
@@ -311,6 +316,46 @@ fn a_failed_channel_delivery_is_retried_and_a_second_one_dismissed_from_the_ledg
     assert!(states.1["lastError"].as_str().unwrap().starts_with("dismissed by operator; before: "), "{:?}", states.1);
     let line = std::fs::read_to_string(&delivered).unwrap();
     assert_eq!(line.lines().count(), 1, "only the retried one went out: {line}");
+}
+
+#[test]
+fn a_secret_in_a_childs_ask_is_masked_in_subagents_list_and_wait_and_in_the_dashboard_as_in_its_transcript() {
+    let env = env_with();
+    let server = env.serve_http(&[]);
+    let port = server.port;
+    let mut desk = Mcp::legacy(port, DESK);
+    let child =
+        desk.call("sessions_spawn", json!({"task": "leak it"}))["childSessionKey"].as_str().unwrap().to_string();
+    let w = desk.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let listed = desk.call("subagents", json!({"action": "list"}));
+    let operator = wait_until(Duration::from_secs(30), "the ask in the operator's view", || {
+        view(port, OPERATOR)["asks"].as_array().and_then(|a| a.first().cloned())
+    });
+    let shown = [
+        ("wait", w["requests"][0].clone()),
+        ("list", listed["children"][0]["pendingRequests"][0].clone()),
+        ("client's dashboard", view(port, DESK)["asks"][0].clone()),
+        ("operator's dashboard", operator),
+    ];
+    for (path, ask) in &shown {
+        assert_eq!(ask["text"], "Use OPENAI_KEY sk-abc…wxyz?", "{path}: {ask}");
+        assert_eq!(ask["options"], json!(["yes, sk-012…ghij", "no"]), "{path}: {ask}");
+        assert_eq!(ask["details"]["input"]["command"], "curl -H 'Authorization: Bearer abcdef…1234'", "{path}: {ask}");
+        assert_eq!(ask["details"]["password"], "***", "{path}: {ask}");
+        assert_eq!(ask["details"]["toolName"], "Bash", "{path}: {ask}");
+    }
+    // The child's reply echoes the answer: the outcome `wait` returns is masked as its transcript is.
+    let id = shown[0].1["requestId"].clone();
+    let answer = "ghp_abcdefghijklmnopqrstuvwxyz0123 it is";
+    let ok = desk.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": answer}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let w = desk.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(outcome.contains("answer=ghp_ab…0123 it is") && !outcome.contains("ghp_abcdefghij"), "{outcome}");
+    let (_, t) = get(port, &format!("/ui/api/transcript?session={child}"), Some(DESK));
+    let transcript = t["messages"].to_string();
+    assert!(transcript.contains("sk-abc…wxyz") && !transcript.contains("sk-abcdefghij"), "{transcript}");
 }
 
 /// Reads server-sent events from `/ui/api/events` until `until` accepts one (event, data).
