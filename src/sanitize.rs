@@ -19,6 +19,9 @@ pub struct Flags {
     pub content_redacted: bool,
 }
 
+/// JSON keys whose string value is a secret, whatever it looks like.
+const SECRET_FIELDS: &str = "api_?key|token|secret|password|passwd|access_?token|refresh_?token|client_?secret";
+
 struct Pattern {
     re: Regex,
     /// The capture group holding the secret (0 = whole match).
@@ -31,7 +34,7 @@ fn patterns() -> &'static [Pattern] {
         let p = |re: &str, group: usize| Pattern { re: Regex::new(re).expect("redaction pattern"), group };
         vec![
             p(r"(?s)-----BEGIN [A-Z ]*PRIVATE KEY-----.+?-----END [A-Z ]*PRIVATE KEY-----", 0),
-            p(r#"(?i)"(?:api_?key|token|secret|password|passwd|access_?token|refresh_?token|client_?secret)"\s*:\s*"([^"]+)""#, 1),
+            p(&format!(r#"(?i)"(?:{SECRET_FIELDS})"\s*:\s*"([^"]+)""#), 1),
             p(r#"(?i)--(?:api[-_]?key|token|secret|password|passwd)[ =]+["']?([^\s"']+)"#, 1),
             p(r"(?i)\bBearer\s+([A-Za-z0-9._~+/=-]{8,})", 1),
             p(r#"(?i)\b[A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD)\b\s*[=:]\s*["']?([^\s"',;]+)"#, 1),
@@ -67,6 +70,17 @@ fn mask(secret: &str) -> String {
     }
 }
 
+/// Whether a JSON key names a secret (`"apiKey"`, `"password"`, …).
+fn names_secret(key: &str) -> bool {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| Regex::new(&format!("(?i)^(?:{SECRET_FIELDS})$")).expect("secret field pattern")).is_match(key)
+}
+
+/// Whether `s` is already a mask (redacting twice changes nothing).
+fn is_masked(s: &str) -> bool {
+    s == "***" || s.contains('…')
+}
+
 /// Masks secrets in `text`; returns whether anything was masked.
 pub fn redact(text: &str) -> (String, bool) {
     let mut out = text.to_string();
@@ -79,8 +93,7 @@ pub fn redact(text: &str) -> (String, bool) {
             p.re.replace_all(&out, |c: &Captures| {
                 let whole = c.get(0).expect("match").as_str();
                 let Some(secret) = c.get(p.group) else { return whole.to_string() };
-                if looks_like_session_key(secret.as_str()) || secret.as_str() == "***" || secret.as_str().contains('…')
-                {
+                if looks_like_session_key(secret.as_str()) || is_masked(secret.as_str()) {
                     return whole.to_string();
                 }
                 changed = true;
@@ -99,6 +112,55 @@ pub fn run_text(text: Option<&str>) -> Option<String> {
     text.map(|t| redact(t).0)
 }
 
+/// Masks secrets in every string inside a JSON value (an ask's details and options, a tool
+/// call's arguments), and the whole of a string filed under a key that names a secret
+/// (`{"password": "hunter2"}`, which the text patterns only see in JSON text). Returns whether
+/// anything was masked.
+pub fn redact_value(value: &mut Value) -> bool {
+    let mut changed = false;
+    each_string(value, false, &mut |s, under_secret_key| {
+        if under_secret_key && !s.is_empty() && !looks_like_session_key(s) && !is_masked(s) {
+            *s = mask(s);
+            changed = true;
+        } else if let (masked, true) = redact(s) {
+            *s = masked;
+            changed = true;
+        }
+    });
+    changed
+}
+
+/// Calls `f` on every string inside `value`, with whether its key names a secret.
+fn each_string(value: &mut Value, under_secret_key: bool, f: &mut dyn FnMut(&mut String, bool)) {
+    match value {
+        Value::String(s) => f(s, under_secret_key),
+        Value::Array(items) => items.iter_mut().for_each(|i| each_string(i, under_secret_key, f)),
+        Value::Object(map) => map.iter_mut().for_each(|(k, i)| each_string(i, names_secret(k), f)),
+        _ => {}
+    }
+}
+
+/// An ask's words as anyone is shown them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AskWords {
+    pub text: String,
+    pub options: Option<Value>,
+    pub details: Option<Value>,
+}
+
+/// An ask's words as `subagents` list and wait, the dashboard, an elicitation and the
+/// answerer's prompt show them: masked like the transcript that records the ask, since the
+/// asking agent wrote them.
+pub fn ask_words(text: &str, options: Option<&Value>, details: Option<&Value>) -> AskWords {
+    let masked = |v: Option<&Value>| {
+        v.cloned().map(|mut v| {
+            redact_value(&mut v);
+            v
+        })
+    };
+    AskWords { text: redact(text).0, options: masked(options), details: masked(details) }
+}
+
 /// Redacts and cuts text fields: at `max_chars` for a page of messages, never for a
 /// continuation read (which pages through a message's whole text instead).
 struct Cleaner<'a> {
@@ -109,23 +171,23 @@ struct Cleaner<'a> {
 
 impl Cleaner<'_> {
     fn text(&mut self, text: &str) -> String {
-        let (mut t, redacted) = redact(text);
+        let (t, redacted) = redact(text);
         self.flags.content_redacted |= redacted;
-        if t.chars().count() > self.max_chars {
-            t = t.chars().take(self.max_chars).collect::<String>() + CUT_MARKER;
-            self.cut = true;
-        }
-        t
+        self.cut(t)
     }
 
-    /// Redacts every string inside a JSON value (tool-call arguments, tool results).
-    fn value(&mut self, v: &mut Value) {
-        match v {
-            Value::String(s) => *s = self.text(s),
-            Value::Array(items) => items.iter_mut().for_each(|i| self.value(i)),
-            Value::Object(map) => map.values_mut().for_each(|i| self.value(i)),
-            _ => {}
+    fn cut(&mut self, text: String) -> String {
+        if text.chars().count() <= self.max_chars {
+            return text;
         }
+        self.cut = true;
+        text.chars().take(self.max_chars).collect::<String>() + CUT_MARKER
+    }
+
+    /// Redacts and cuts every string inside a JSON value (tool-call arguments, tool results).
+    fn value(&mut self, v: &mut Value) {
+        self.flags.content_redacted |= redact_value(v);
+        each_string(v, false, &mut |s, _| *s = self.cut(std::mem::take(s)));
     }
 
     fn block(&mut self, block: &mut Map<String, Value>) {
@@ -406,6 +468,28 @@ mod tests {
             assert!(changed, "{text}");
             assert!(out.contains(expect), "{text} -> {out}");
         }
+    }
+
+    #[test]
+    fn an_asks_words_are_masked_in_text_options_and_details() {
+        let details = json!({"toolName": "Bash", "input": {"command": "curl -H 'Authorization: Bearer abcdefghijklmnop1234'"},
+            "password": "hunter2", "session": "agent:main:main", "apiKey": "***"});
+        let words = ask_words(
+            "use sk-abcdefghijklmnopqrstuvwxyz?",
+            Some(&json!(["sk-0123456789abcdefghij", "no"])),
+            Some(&details),
+        );
+        assert_eq!(words.text, "use sk-abc…wxyz?");
+        assert_eq!(words.options, Some(json!(["sk-012…ghij", "no"])));
+        let d = words.details.unwrap();
+        assert_eq!(d["input"]["command"], "curl -H 'Authorization: Bearer abcdef…1234'");
+        assert_eq!(d["password"], "***");
+        assert_eq!(
+            (d["session"].as_str(), d["apiKey"].as_str(), d["toolName"].as_str()),
+            (Some("agent:main:main"), Some("***"), Some("Bash"))
+        );
+        let plain = ask_words("May I run ls?", None, None);
+        assert_eq!((plain.text.as_str(), plain.options, plain.details), ("May I run ls?", None, None));
     }
 
     #[test]

@@ -224,9 +224,10 @@ fn run_json(line: &crate::store::RunLine) -> Value {
 }
 
 fn ask_json(a: &crate::store::AskRow) -> Value {
+    let words = crate::sanitize::ask_words(&a.text, a.options.as_ref(), a.details.as_ref());
     json!({
         "requestId": a.id, "sessionKey": a.child.as_str(), "runId": a.run_id, "kind": a.kind.as_str(),
-        "text": a.text, "options": a.options, "details": a.details, "askedOf": a.target.as_str(),
+        "text": words.text, "options": words.options, "details": words.details, "askedOf": a.target.as_str(),
         "createdAt": a.created_at, "deadlineAt": a.deadline_at,
     })
 }

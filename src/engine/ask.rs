@@ -211,14 +211,15 @@ fn leave_turn(tx: &Tx, ask: &AskRow) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// What the answerer reads.
+/// What the answerer reads: the ask's words masked, as `subagents list` shows them.
 fn question_text(child: &SessionKey, ask: &NewAsk) -> String {
-    let options = ask.options.map(|o| format!("\nOptions: {o}")).unwrap_or_default();
-    let details = ask.details.map(|d| format!("\nDetails: {d}")).unwrap_or_default();
+    let words = crate::sanitize::ask_words(ask.text, ask.options, ask.details);
+    let options = words.options.map(|o| format!("\nOptions: {o}")).unwrap_or_default();
+    let details = words.details.map(|d| format!("\nDetails: {d}")).unwrap_or_default();
     format!(
         "Your sub-agent {child} asks ({kind}): {text}{options}{details}\nAnswer with subagents {{\"action\": \"respond\", \"requestId\": \"{id}\", \"decision\": \"allow\" | \"deny\", \"text\": \"…\"}}.",
         kind = ask.kind.as_str(),
-        text = ask.text,
+        text = words.text,
         id = ask.id,
     )
 }

@@ -10,9 +10,10 @@
 //! and a cross-site JSON POST needs a CORS preflight this server never grants. Host and Origin are
 //! checked as on `/mcp`.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::extract::{Query, State};
@@ -21,9 +22,10 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::http::HttpOptions;
+use super::http::{Credential, Held, HttpOptions, Open};
 use super::subscriptions::Hub;
 use crate::access::{Access, ErrorStatus, ToolError, ViewRequest, Viewer};
 use crate::engine::Engine;
@@ -39,11 +41,26 @@ const ROOTS: usize = 50;
 const MAX_ROOTS: usize = 1_000;
 /// How often the live stream looks for changes nobody announced (another process's writes).
 const POLL: Duration = Duration::from_secs(1);
-/// Live streams open at once on one listener.
+/// Live streams open at once on one listener, and how many of them only operator tokens may
+/// open (so that clients, together, can never lock the operator out).
 const MAX_STREAMS: usize = 64;
+const OPERATOR_STREAMS: usize = 8;
+/// The least time between two looks at one view, however many changes come: with the view
+/// built once per look for all the streams that show it, this bounds what a busy store costs.
+const LOOK_GAP: Duration = Duration::from_millis(250);
 /// The page may load only what it came with.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; \
                    base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// What the dashboard shares with the rest of its listener.
+pub struct Shared {
+    /// The change feed of the resource subscriptions.
+    pub hub: Hub,
+    /// Each credential's places (`server.maxStreamsPerCredential`): a live stream takes one, as
+    /// its `/mcp` requests do.
+    pub open: Open<Credential>,
+    pub cancel: CancellationToken,
+}
 
 #[derive(Clone)]
 struct Ui {
@@ -51,18 +68,16 @@ struct Ui {
     runtime: Option<Arc<Scheduler>>,
     options: HttpOptions,
     hub: Hub,
+    open: Open<Credential>,
     streams: Arc<AtomicUsize>,
+    views: LiveViews,
     cancel: CancellationToken,
 }
 
-pub fn router(
-    access: Access,
-    runtime: Option<Arc<Scheduler>>,
-    options: HttpOptions,
-    hub: Hub,
-    cancel: CancellationToken,
-) -> axum::Router {
-    let ui = Ui { access, runtime, options, hub, streams: Arc::new(AtomicUsize::new(0)), cancel };
+pub fn router(access: Access, runtime: Option<Arc<Scheduler>>, options: HttpOptions, shared: Shared) -> axum::Router {
+    let Shared { hub, open, cancel } = shared;
+    let streams = Arc::new(AtomicUsize::new(0));
+    let ui = Ui { access, runtime, options, hub, open, streams, views: LiveViews::default(), cancel };
     axum::Router::new()
         .route("/ui", axum::routing::get(page))
         .route("/ui/", axum::routing::get(page))
@@ -205,13 +220,137 @@ async fn transcript(State(ui): State<Ui>, headers: HeaderMap, Query(q): Query<Tr
     }
 }
 
-/// One open live stream; dropping it gives the place back.
-struct StreamSlot(Arc<AtomicUsize>);
+/// One open live stream; dropping it gives the listener's slot and the credential's place back.
+struct StreamSlot {
+    streams: Arc<AtomicUsize>,
+    _place: Held<Credential>,
+}
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.streams.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// A slot of the listener's live streams, when one is free for this viewer: a client may take
+/// all but the operators' share.
+fn stream_slot(streams: &Arc<AtomicUsize>, operator: bool, place: Held<Credential>) -> Option<StreamSlot> {
+    let max = if operator { MAX_STREAMS } else { MAX_STREAMS - OPERATOR_STREAMS };
+    streams.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1)).ok()?;
+    Some(StreamSlot { streams: streams.clone(), _place: place })
+}
+
+/// What makes two live streams show the same view: whose scope, and what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ViewKey {
+    /// The viewer's session; None for an operator.
+    session: Option<String>,
+    filter: Option<String>,
+    roots: usize,
+}
+
+impl ViewKey {
+    fn of(viewer: &Viewer, req: &ViewRequest) -> ViewKey {
+        match viewer {
+            Viewer::Operator => ViewKey { session: None, filter: req.filter.clone(), roots: req.roots },
+            // A client's filter changes nothing in its view (`Access::dashboard`).
+            Viewer::Session(c) => ViewKey { session: Some(c.key.to_string()), filter: None, roots: req.roots },
+        }
+    }
+}
+
+/// The views the listener's live streams show, one per distinct key, kept while a stream
+/// shows it.
+#[derive(Clone, Default)]
+struct LiveViews(Arc<std::sync::Mutex<HashMap<ViewKey, Weak<LiveView>>>>);
+
+impl LiveViews {
+    fn view(&self, key: ViewKey) -> Arc<LiveView> {
+        let mut views = self.0.lock().expect("live views");
+        if let Some(view) = views.get(&key).and_then(Weak::upgrade) {
+            return view;
+        }
+        views.retain(|_, v| v.strong_count() > 0);
+        let view = Arc::new(LiveView::default());
+        views.insert(key, Arc::downgrade(&view));
+        view
+    }
+}
+
+/// One view shared by the streams that show it: the streams one change wakes wait on its lock
+/// for a single look, and then all send what it built.
+#[derive(Default)]
+struct LiveView(tokio::sync::Mutex<Looked>);
+
+#[derive(Default)]
+struct Looked {
+    /// When the last look started, and the store's mark it read.
+    at: Option<Instant>,
+    mark: Option<String>,
+    /// The last view built, without `generatedAt` (what tells a change).
+    compared: String,
+    shown: Option<Shown>,
+}
+
+/// A view as its streams send it; `version` grows with each change in what it shows.
+#[derive(Debug, Clone)]
+struct Shown {
+    version: u64,
+    data: Arc<str>,
+}
+
+/// One look at the store for a view: given the mark of the last, the store's mark now and, when
+/// it moved, the view built anew.
+type Look = Box<dyn FnOnce(Option<String>) -> Option<(String, Option<Value>)> + Send>;
+
+impl LiveView {
+    /// The view as of a look that started at or after `woke`: the last one's when it did (a
+    /// stream woken by the same change as another), else a new look, no sooner than
+    /// [`LOOK_GAP`] after the last.
+    async fn since(&self, woke: Instant, look: Look) -> Option<Shown> {
+        let mut looked = self.0.lock().await;
+        if looked.at.is_some_and(|at| at >= woke) {
+            return looked.shown.clone();
+        }
+        if let Some(at) = looked.at {
+            tokio::time::sleep_until(at + LOOK_GAP).await;
+        }
+        let at = Instant::now();
+        let last = looked.mark.clone();
+        let (mark, view) = tokio::task::spawn_blocking(move || look(last)).await.ok()??;
+        looked.at = Some(at);
+        looked.mark = Some(mark);
+        if let Some(view) = view {
+            looked.show(view);
+        }
+        looked.shown.clone()
+    }
+}
+
+impl Looked {
+    fn show(&mut self, mut view: Value) {
+        let generated = view.as_object_mut().and_then(|v| v.remove("generatedAt"));
+        let compared = view.to_string();
+        if self.shown.is_some() && self.compared == compared {
+            return;
+        }
+        self.compared = compared;
+        view["generatedAt"] = generated.unwrap_or(Value::Null);
+        let version = self.shown.as_ref().map_or(0, |s| s.version + 1);
+        self.shown = Some(Shown { version, data: view.to_string().into() });
+    }
+}
+
+/// The real look: the store's mark, and the viewer's view when the mark moved.
+fn look(access: Access, viewer: Viewer, req: ViewRequest) -> Look {
+    Box::new(move |last| {
+        let mark = access.dashboard_mark().ok()?;
+        if last.as_ref() == Some(&mark) {
+            return Some((mark, None));
+        }
+        let view = access.dashboard(&viewer, &req).ok()?;
+        Some((mark, Some(view)))
+    })
 }
 
 /// What a live stream knows between two looks.
@@ -219,39 +358,44 @@ struct Live {
     ui: Ui,
     viewer: Viewer,
     req: ViewRequest,
+    view: Arc<LiveView>,
     /// The open transcript, when the viewer may read it, and its last seq told.
     watched: Option<(SessionKey, i64)>,
     feed: tokio::sync::broadcast::Receiver<super::subscriptions::Batch>,
     changes: tokio::sync::watch::Receiver<u64>,
-    mark: Option<String>,
-    last_view: Option<String>,
+    /// The version of the view last sent.
+    sent: Option<u64>,
     _slot: StreamSlot,
 }
 
 /// `GET /ui/api/events`: server-sent events — `view` (the whole view, whenever what it shows
 /// changed; the first at once) and `transcript` (`{sessionKey, lastSeq}`, when the open one grew).
 /// Woken by the same change feed as the resource subscriptions, plus a one-second look for
-/// writers that announce nothing.
+/// writers that announce nothing. The streams that show the same view share its looks: one
+/// build per change, at most one look per [`LOOK_GAP`]. A stream takes one of its credential's
+/// places (`server.maxStreamsPerCredential`) and one of the listener's [`MAX_STREAMS`].
 async fn events(State(ui): State<Ui>, headers: HeaderMap, Query(q): Query<ViewQuery>) -> Response {
     let viewer = match viewer(&ui, &headers) {
         Ok(v) => v,
         Err(r) => return *r,
     };
-    if ui.streams.fetch_add(1, Ordering::SeqCst) >= MAX_STREAMS {
-        ui.streams.fetch_sub(1, Ordering::SeqCst);
+    let Some(place) = ui.open.take(&Credential::of(&headers)) else { return ui.open.refused() };
+    let Some(slot) = stream_slot(&ui.streams, viewer.is_operator(), place) else {
         return refuse(StatusCode::TOO_MANY_REQUESTS, "too many dashboard streams are open; close one");
-    }
-    let slot = StreamSlot(ui.streams.clone());
+    };
     let feed = ui.hub.receiver();
     let changes = ui.access.changes();
     let watched = q.session.as_deref().and_then(|raw| readable(&ui.access, &viewer, raw));
     let cancel = ui.cancel.clone();
-    let live = Live { req: q.request(), ui, viewer, watched, feed, changes, mark: None, last_view: None, _slot: slot };
+    let req = q.request();
+    let view = ui.views.view(ViewKey::of(&viewer, &req));
+    let live = Live { req, view, ui, viewer, watched, feed, changes, sent: None, _slot: slot };
     let stream = futures::stream::unfold(live, move |mut live| {
         let cancel = cancel.clone();
         async move {
+            let mut woke = Instant::now();
             loop {
-                if let Some(event) = live.next_event().await {
+                if let Some(event) = live.next_event(woke).await {
                     return Some((Ok::<_, Infallible>(event), live));
                 }
                 tokio::select! {
@@ -264,6 +408,7 @@ async fn events(State(ui): State<Ui>, headers: HeaderMap, Query(q): Query<ViewQu
                     _ = live.changes.changed() => {}
                     _ = tokio::time::sleep(POLL) => {}
                 }
+                woke = Instant::now();
             }
         }
     });
@@ -280,24 +425,16 @@ fn readable(access: &Access, viewer: &Viewer, raw: &str) -> Option<(SessionKey, 
 }
 
 impl Live {
-    /// The view, when the store changed since the last look and what the view shows with it.
-    async fn next_event(&mut self) -> Option<Event> {
-        let access = self.ui.access.clone();
-        let mark = tokio::task::spawn_blocking(move || access.dashboard_mark()).await.ok()?.ok()?;
-        if self.mark.as_ref() == Some(&mark) {
+    /// The view, when what it shows changed since this stream last sent it, as of a look at the
+    /// store at or after `woke`.
+    async fn next_event(&mut self, woke: Instant) -> Option<Event> {
+        let look = look(self.ui.access.clone(), self.viewer.clone(), self.req.clone());
+        let shown = self.view.since(woke, look).await?;
+        if self.sent == Some(shown.version) {
             return None;
         }
-        self.mark = Some(mark);
-        let (access, viewer, req) = (self.ui.access.clone(), self.viewer.clone(), self.req.clone());
-        let mut view = tokio::task::spawn_blocking(move || access.dashboard(&viewer, &req)).await.ok()?.ok()?;
-        let generated = view.as_object_mut()?.remove("generatedAt");
-        let text = view.to_string();
-        if self.last_view.as_ref() == Some(&text) {
-            return None;
-        }
-        self.last_view = Some(text);
-        view["generatedAt"] = generated.unwrap_or(Value::Null);
-        Some(Event::default().event("view").data(view.to_string()))
+        self.sent = Some(shown.version);
+        Some(Event::default().event("view").data(&*shown.data))
     }
 
     /// A `transcript` event when the open transcript is in the batch with a newer seq.
@@ -448,5 +585,82 @@ fn ledger_note(id: i64, done: &str, act: LedgerAct, applies_to: &str) -> Result<
         LedgerAct::NotApplicable(status) => {
             Err(ToolError::invalid(format!("delivery {id} is {status}; this applies only to a {applies_to} delivery")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::caller::Caller;
+
+    /// A look that counts its builds, over a store whose mark is `mark`.
+    fn counting(mark: &Arc<std::sync::Mutex<u64>>, builds: &Arc<AtomicUsize>) -> Look {
+        let (mark, builds) = (mark.clone(), builds.clone());
+        Box::new(move |last| {
+            let now = mark.lock().unwrap().to_string();
+            if last.as_ref() == Some(&now) {
+                return Some((now, None));
+            }
+            builds.fetch_add(1, Ordering::SeqCst);
+            Some((now.clone(), Some(json!({"mark": now, "generatedAt": 1}))))
+        })
+    }
+
+    /// What `streams` streams of one view send when all are woken at once.
+    async fn wake_all(view: &Arc<LiveView>, streams: usize, look: impl Fn() -> Look) -> Vec<u64> {
+        let woke = Instant::now();
+        let all = (0..streams).map(|_| view.since(woke, look()));
+        futures::future::join_all(all).await.into_iter().map(|s| s.expect("a view").version).collect()
+    }
+
+    #[tokio::test]
+    async fn the_streams_of_one_view_share_one_build_per_change() {
+        let (mark, builds) = (Arc::new(std::sync::Mutex::new(1)), Arc::new(AtomicUsize::new(0)));
+        let views = LiveViews::default();
+        let key = ViewKey { session: Some("agent:main:desk".into()), filter: None, roots: 50 };
+        let streams: Vec<Arc<LiveView>> = (0..20).map(|_| views.view(key.clone())).collect();
+        assert!(streams.iter().all(|v| Arc::ptr_eq(v, &streams[0])), "one view for one key");
+        assert_eq!(wake_all(&streams[0], 20, || counting(&mark, &builds)).await, vec![0; 20]);
+        assert_eq!(builds.load(Ordering::SeqCst), 1, "20 streams opened: one build");
+        *mark.lock().unwrap() = 2;
+        assert_eq!(wake_all(&streams[0], 20, || counting(&mark, &builds)).await, vec![1; 20]);
+        assert_eq!(builds.load(Ordering::SeqCst), 2, "one change: one build, not 20");
+        assert_eq!(wake_all(&streams[0], 20, || counting(&mark, &builds)).await, vec![1; 20]);
+        assert_eq!(builds.load(Ordering::SeqCst), 2, "no change: no build");
+        // Another viewer's view is its own; a key no stream shows any more is let go.
+        let other = views.view(ViewKey { session: None, ..key.clone() });
+        assert!(!Arc::ptr_eq(&other, &streams[0]));
+        drop(streams);
+        assert_eq!(views.view(key).0.lock().await.shown.as_ref().map(|s| s.version), None);
+    }
+
+    #[tokio::test]
+    async fn a_change_that_leaves_the_view_as_it_was_sends_nothing_new() {
+        let view = LiveView::default();
+        let same = |mark: &str| -> Look {
+            let mark = mark.to_string();
+            Box::new(move |_| Some((mark, Some(json!({"trees": [], "generatedAt": crate::store::now_ms()})))))
+        };
+        let first = view.since(Instant::now(), same("1")).await.unwrap();
+        let second = view.since(Instant::now(), same("2")).await.unwrap();
+        assert_eq!((first.version, second.version), (0, 0));
+        assert_eq!(first.data, second.data, "the first sent view is kept, generatedAt included");
+    }
+
+    #[test]
+    fn a_clients_filter_makes_no_other_view_and_operators_keep_a_share_of_the_streams() {
+        let req = |filter: Option<&str>| ViewRequest { filter: filter.map(String::from), roots: 50 };
+        let key = SessionKey::from_canonical("agent:main:desk");
+        let client = Viewer::Session(Box::new(Caller::top_level(key, crate::keys::AgentId::main(), false, true)));
+        assert_eq!(ViewKey::of(&client, &req(Some("x"))), ViewKey::of(&client, &req(None)));
+        assert_ne!(ViewKey::of(&Viewer::Operator, &req(Some("x"))), ViewKey::of(&Viewer::Operator, &req(None)));
+        let (streams, open) = (Arc::new(AtomicUsize::new(0)), Open::new(MAX_STREAMS * 2, "test"));
+        let place = || open.take(&Credential::of(&HeaderMap::new())).expect("a place");
+        let clients: Vec<_> = std::iter::from_fn(|| stream_slot(&streams, false, place())).collect();
+        assert_eq!(clients.len(), MAX_STREAMS - OPERATOR_STREAMS);
+        let operators: Vec<_> = std::iter::from_fn(|| stream_slot(&streams, true, place())).collect();
+        assert_eq!(operators.len(), OPERATOR_STREAMS);
+        drop(clients);
+        assert_eq!(streams.load(Ordering::SeqCst), OPERATOR_STREAMS, "closed streams give their slots back");
     }
 }

@@ -60,11 +60,19 @@ pub fn route(context: &RequestContext<RoleServer>) -> Option<Route> {
 /// What the person reads, and the form they fill in.
 pub fn request_params(access: &Access, caller: &Caller, ask: &AskRow) -> ElicitRequestParams {
     let child = access.scope(caller).display(&ask.child);
+    let ask = &masked(ask);
     let message = match ask.kind {
         AskKind::Approval => format!("Your sub-agent {child} asks for approval: {}{}", ask.text, details_line(ask)),
         AskKind::Question => format!("Your sub-agent {child} asks: {}{}", ask.text, details_line(ask)),
     };
     ElicitRequestParams::FormElicitationParams { meta: None, message, requested_schema: form(ask) }
+}
+
+/// The ask with its words masked, as every other place that shows an ask has them: the person
+/// reads them in an MCP client's window and logs, no safer than a `subagents list` answer.
+fn masked(ask: &AskRow) -> AskRow {
+    let words = crate::sanitize::ask_words(&ask.text, ask.options.as_ref(), ask.details.as_ref());
+    AskRow { text: words.text, options: words.options, details: words.details, ..ask.clone() }
 }
 
 /// The request's details, cut to a line a person can read.

@@ -3,7 +3,7 @@
 //! serves it on its Unix socket `<stateDir>/run/mcp.sock` (0600) for run callbacks; `serve --http`
 //! reuses the same router. A missing, wrong or expired token is 401 with `WWW-Authenticate` and
 //! nothing else. Each request's credential counts against `server.maxStreamsPerCredential` while
-//! its response is open; the TCP listener also caps connections per peer address
+//! its response is open (a dashboard live stream too); the TCP listener also caps connections per peer address
 //! (`server.maxConnectionsPerPeer`), so no one token or address fills `maxConnections`.
 
 use std::collections::HashMap;
@@ -99,10 +99,13 @@ pub fn router(
     let factory_access = access.clone();
     // One hub per listener: a caller's subscriptions count over all its MCP sessions here.
     let hub = Hub::new(access.clone(), access.config().server.max_subscriptions);
+    // One count per listener: a credential's dashboard streams and MCP requests share its cap.
+    let open = Open::new(options.max_streams_per_credential, "server.maxStreamsPerCredential");
     let outside = options.outside_endpoints.then(|| {
-        super::bridge::router(access.clone(), runtime.clone()).merge(super::metrics::router(access.clone())).merge(
-            super::dashboard::router(access.clone(), runtime.clone(), options.clone(), hub.clone(), cancel.clone()),
-        )
+        let dashboard = super::dashboard::Shared { hub: hub.clone(), open: open.clone(), cancel: cancel.clone() };
+        super::bridge::router(access.clone(), runtime.clone())
+            .merge(super::metrics::router(access.clone()))
+            .merge(super::dashboard::router(access.clone(), runtime.clone(), options.clone(), dashboard))
     });
     let sse = options
         .legacy_sse
@@ -130,7 +133,7 @@ pub fn router(
         access,
         static_callers: Arc::new(std::sync::Mutex::new(HashMap::new())),
         anonymous: options.anonymous.clone(),
-        open: Open::new(options.max_streams_per_credential, "server.maxStreamsPerCredential"),
+        open,
     };
     let mut app = axum::Router::new()
         .nest_service("/mcp", service)
@@ -157,6 +160,13 @@ async fn health() -> axum::Json<serde_json::Value> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Credential(Option<String>);
 
+impl Credential {
+    /// The credential a request's `Authorization` header stands for (None: no bearer token).
+    pub(super) fn of(headers: &axum::http::HeaderMap) -> Credential {
+        Credential(bearer_token(headers).map(crate::store::sha256_hex))
+    }
+}
+
 /// Keeps `guard` alive until the response body has been sent (or dropped): an SSE stream holds
 /// it for as long as it is open.
 pub fn hold_until_sent<G: Send + Sync + 'static>(response: Response, guard: G) -> Response {
@@ -176,25 +186,25 @@ fn too_many(limit: &'static str, max: usize, what: String) -> Response {
 
 /// How many things each key (a credential, a peer address) holds open, capped at `max`.
 #[derive(Clone)]
-struct Open<K> {
+pub(super) struct Open<K> {
     held: Arc<std::sync::Mutex<HashMap<K, usize>>>,
     max: usize,
     limit: &'static str,
 }
 
 /// One held place; dropping it gives the place back.
-struct Held<K: Eq + std::hash::Hash> {
+pub(super) struct Held<K: Eq + std::hash::Hash> {
     open: Open<K>,
     key: K,
 }
 
 impl<K: Eq + std::hash::Hash + Clone> Open<K> {
-    fn new(max: usize, limit: &'static str) -> Self {
+    pub(super) fn new(max: usize, limit: &'static str) -> Self {
         Open { held: Default::default(), max, limit }
     }
 
     /// A place for `key`, or None when it already holds `max`.
-    fn take(&self, key: &K) -> Option<Held<K>> {
+    pub(super) fn take(&self, key: &K) -> Option<Held<K>> {
         let mut held = self.held.lock().expect("open counts");
         let n = held.entry(key.clone()).or_default();
         if *n >= self.max {
@@ -202,6 +212,14 @@ impl<K: Eq + std::hash::Hash + Clone> Open<K> {
         }
         *n += 1;
         Some(Held { open: self.clone(), key: key.clone() })
+    }
+}
+
+impl Open<Credential> {
+    /// The 429 for a credential that holds `max` places already.
+    pub(super) fn refused(&self) -> Response {
+        let what = "this credential already has that many requests and streams open".to_string();
+        too_many(self.limit, self.max, what)
     }
 }
 
@@ -220,10 +238,7 @@ impl<K: Eq + std::hash::Hash> Drop for Held<K> {
 /// Runs the request if its credential has a free place; the place is held until the response
 /// body ends (an SSE stream holds it for as long as it is open).
 async fn within_stream_cap(open: &Open<Credential>, credential: Credential, mut req: Request, next: Next) -> Response {
-    let Some(held) = open.take(&credential) else {
-        let what = "this credential already has that many requests and streams open".to_string();
-        return too_many(open.limit, open.max, what);
-    };
+    let Some(held) = open.take(&credential) else { return open.refused() };
     req.extensions_mut().insert(credential);
     let gone = CancellationToken::new();
     req.extensions_mut().insert(ClientGone(gone.clone()));

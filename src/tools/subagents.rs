@@ -476,17 +476,18 @@ fn child_row(ctx: &Ctx, c: &Child, last: Option<&Value>) -> ChildRow {
 }
 
 fn request(ctx: &Ctx, a: &AskRow) -> Request {
+    let words = crate::sanitize::ask_words(&a.text, a.options.as_ref(), a.details.as_ref());
     Request {
         request_id: a.id.clone(),
         child_session_key: ctx.access.scope(ctx.caller).display(&a.child),
         kind: a.kind.as_str().into(),
-        text: a.text.clone(),
-        options: a
+        text: words.text,
+        options: words
             .options
             .as_ref()
             .and_then(Value::as_array)
             .map(|o| o.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), String::from)).collect()),
-        details: a.details.clone().filter(Value::is_object),
+        details: words.details.filter(Value::is_object),
         expires_at: a.deadline_at,
     }
 }
@@ -614,10 +615,11 @@ fn wait_answer(ctx: &Ctx, until: WaitUntil, outcome: WaitOutcome, waited: Durati
     ok
 }
 
-/// A finished child's outcome: the text its announce carried, or — when it stayed silent, or
-/// the announce predates the stored text — its run state.
+/// A finished child's outcome: the text its announce carried (masked like its transcript, since
+/// it is the child's reply), or — when it stayed silent, or the announce predates the stored
+/// text — its run state.
 fn outcome_text(c: &Child) -> String {
-    if let Some(text) = c.announce_row.as_ref().and_then(|a| a.text.clone()) {
+    if let Some(text) = c.announce_row.as_ref().and_then(|a| crate::sanitize::run_text(a.text.as_deref())) {
         return text;
     }
     let state = serde_json::to_value(c.state).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();

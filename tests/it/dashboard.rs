@@ -23,21 +23,27 @@ pub(crate) fn sha(token: &str) -> String {
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
-/// Agent `main` answers tasks (`slow …` after 3 s, `long …` after 8 s, `ask …` with an approval first); two client
+/// Agent `main` answers tasks (`slow …` after 3 s, `long …` after 8 s, `ask …` with an approval first, `leak …` with a
+/// question full of secrets first); two client
 /// tokens (desk, other) and an operator token; sessions see their own tree.
 pub(crate) fn env_with() -> TestEnv {
-    env_seeing("tree", None)
+    env_seeing("tree", None, 64)
 }
 
-/// [`env_with`] with another visibility, and a deliverer for the discord channel (a shell body).
-fn env_seeing(visibility: &str, deliver: Option<&str>) -> TestEnv {
+/// [`env_with`] with another visibility, a deliverer for the discord channel (a shell body), and
+/// `server.maxStreamsPerCredential`.
+fn env_seeing(visibility: &str, deliver: Option<&str>, streams_per_credential: u32) -> TestEnv {
     let mut env = TestEnv::new();
     let script = json!({"rules": [
         {"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
         {"match": {"inputRegex": "^long"}, "sleepMs": 8000, "reply": "long done"},
         {"match": {"inputRegex": "^slow"}, "sleepMs": 3000, "reply": "slow done", "usage": {"inputTokens": 700, "outputTokens": 50, "costUsd": 0.02}},
         {"match": {"inputRegex": "^ask"}, "ask": {"kind": "approval", "text": "May I deploy?", "details": {"toolName": "Bash"}},
-         "reply": "decision={decision} answer={answer}"}
+         "reply": "decision={decision} answer={answer}"},
+        {"match": {"inputRegex": "^leak"}, "ask": {"kind": "question", "text": "Use OPENAI_KEY sk-abcdefghijklmnopqrstuvwxyz?",
+         "options": ["yes, sk-0123456789abcdefghij", "no"],
+         "details": {"toolName": "Bash", "input": {"command": "curl -H 'Authorization: Bearer abcdefghijklmnop1234'"}, "password": "hunter2"}},
+         "reply": "answer={answer}"}
     ], "default": {"reply": "RESULT: {input}", "usage": {"inputTokens": 100, "outputTokens": 20, "costUsd": 0.01}}});
     let main = scripted_agent(&env, "main", &script, json!({}));
     let worker = scripted_agent(
@@ -48,7 +54,7 @@ fn env_seeing(visibility: &str, deliver: Option<&str>) -> TestEnv {
     );
     let mut extra = json!({
         "server": {
-            "operatorTokens": [{"sha256": sha(OPERATOR)}],
+            "operatorTokens": [{"sha256": sha(OPERATOR)}], "maxStreamsPerCredential": streams_per_credential,
             "tokens": [{"sha256": sha(DESK), "sessionKey": "agent:main:desk"}, {"sha256": sha(OTHER), "sessionKey": "agent:main:other"}],
         },
         "tools": {"sessions": {"visibility": visibility}, "agentToAgent": {"enabled": true}},
@@ -276,7 +282,7 @@ fn a_failed_channel_delivery_is_retried_and_a_second_one_dismissed_from_the_ledg
     // Fails until a file `ok` appears beside it.
     let deliver = "d=$(dirname \"$0\"); if [ -f \"$d/ok\" ]; then cat >> \"$d/delivered.jsonl\"; echo >> \"$d/delivered.jsonl\"; \
                    else echo 'discord is down' >&2; exit 1; fi\n";
-    let env = env_seeing("all", Some(deliver));
+    let env = env_seeing("all", Some(deliver), 64);
     let delivered = env.dir.path().join("delivered.jsonl");
     for target in ["agent:worker:discord:group:ops", "agent:worker:discord:group:dev"] {
         env.seed(json!({"sessions": [{"key": target}]}));
@@ -311,6 +317,46 @@ fn a_failed_channel_delivery_is_retried_and_a_second_one_dismissed_from_the_ledg
     assert!(states.1["lastError"].as_str().unwrap().starts_with("dismissed by operator; before: "), "{:?}", states.1);
     let line = std::fs::read_to_string(&delivered).unwrap();
     assert_eq!(line.lines().count(), 1, "only the retried one went out: {line}");
+}
+
+#[test]
+fn a_secret_in_a_childs_ask_is_masked_in_subagents_list_and_wait_and_in_the_dashboard_as_in_its_transcript() {
+    let env = env_with();
+    let server = env.serve_http(&[]);
+    let port = server.port;
+    let mut desk = Mcp::legacy(port, DESK);
+    let child =
+        desk.call("sessions_spawn", json!({"task": "leak it"}))["childSessionKey"].as_str().unwrap().to_string();
+    let w = desk.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let listed = desk.call("subagents", json!({"action": "list"}));
+    let operator = wait_until(Duration::from_secs(30), "the ask in the operator's view", || {
+        view(port, OPERATOR)["asks"].as_array().and_then(|a| a.first().cloned())
+    });
+    let shown = [
+        ("wait", w["requests"][0].clone()),
+        ("list", listed["children"][0]["pendingRequests"][0].clone()),
+        ("client's dashboard", view(port, DESK)["asks"][0].clone()),
+        ("operator's dashboard", operator),
+    ];
+    for (path, ask) in &shown {
+        assert_eq!(ask["text"], "Use OPENAI_KEY sk-abc…wxyz?", "{path}: {ask}");
+        assert_eq!(ask["options"], json!(["yes, sk-012…ghij", "no"]), "{path}: {ask}");
+        assert_eq!(ask["details"]["input"]["command"], "curl -H 'Authorization: Bearer abcdef…1234'", "{path}: {ask}");
+        assert_eq!(ask["details"]["password"], "***", "{path}: {ask}");
+        assert_eq!(ask["details"]["toolName"], "Bash", "{path}: {ask}");
+    }
+    // The child's reply echoes the answer: the outcome `wait` returns is masked as its transcript is.
+    let id = shown[0].1["requestId"].clone();
+    let answer = "ghp_abcdefghijklmnopqrstuvwxyz0123 it is";
+    let ok = desk.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": answer}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let w = desk.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(outcome.contains("answer=ghp_ab…0123 it is") && !outcome.contains("ghp_abcdefghij"), "{outcome}");
+    let (_, t) = get(port, &format!("/ui/api/transcript?session={child}"), Some(DESK));
+    let transcript = t["messages"].to_string();
+    assert!(transcript.contains("sk-abc…wxyz") && !transcript.contains("sk-abcdefghij"), "{transcript}");
 }
 
 /// Reads server-sent events from `/ui/api/events` until `until` accepts one (event, data).
@@ -359,6 +405,66 @@ fn the_live_stream_sends_the_view_at_once_then_again_when_a_run_moves_and_when_t
         grew && seen.last().is_some_and(|s| s == "completed")
     });
     assert!(seen.iter().any(|s| s == "running" || s == "queued"), "the first view came before the end: {seen:?}");
+}
+
+/// Opens `/ui/api/events` and reads the answer's status line; the stream stays open while the
+/// reader lives.
+fn open_stream(port: u16, token: &str) -> (u16, BufReader<TcpStream>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET /ui/api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, reader)
+}
+
+#[test]
+fn a_client_token_that_opens_live_streams_until_refused_leaves_the_operator_room_for_one() {
+    let env = env_with();
+    let server = env.serve_http(&[]);
+    let port = server.port;
+    let mut held = Vec::new();
+    let refused = loop {
+        let (status, stream) = open_stream(port, DESK);
+        if status != 200 {
+            break status;
+        }
+        held.push(stream);
+        assert!(held.len() <= 64, "a client token kept opening streams past the listener's 64");
+    };
+    assert_eq!(refused, 429);
+    let (status, _operator) = open_stream(port, OPERATOR);
+    assert_eq!(status, 200, "the operator was refused a stream after the client held {}", held.len());
+    assert!(held.len() < 64, "the client took {} of the listener's 64 streams", held.len());
+}
+
+#[test]
+fn live_streams_count_against_max_streams_per_credential_with_the_tokens_other_requests() {
+    let env = env_seeing("tree", None, 3);
+    let server = env.serve_http(&[]);
+    let port = server.port;
+    let held: Vec<_> = (0..3).map(|_| open_stream(port, DESK)).collect();
+    assert!(held.iter().all(|(status, _)| *status == 200));
+    let (status, mut refused) = open_stream(port, DESK);
+    assert_eq!(status, 429, "a fourth stream for one token");
+    let mut answer = String::new();
+    let _ = std::io::Read::read_to_string(&mut refused, &mut answer);
+    assert!(answer.contains("server.maxStreamsPerCredential is 3"), "{answer}");
+    // The same token's MCP requests share the count; another token's do not.
+    let mcp = |token: &str| {
+        let auth = format!("Bearer {token}");
+        let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+        http_to(port, "POST", "/mcp", &headers, "{}").0
+    };
+    assert_eq!(mcp(DESK), 429);
+    assert_ne!(mcp(OTHER), 429);
+    drop(held);
+    wait_until(Duration::from_secs(30), "the closed streams' places given back", || {
+        (open_stream(port, DESK).0 == 200).then_some(())
+    });
 }
 
 #[test]
