@@ -249,6 +249,21 @@ fn inject_with_a_sender_is_a_channel_users_message_for_scripts() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--sender needs a channel session key"), "{refused:?}");
 }
 
+#[test]
+fn a_bridge_post_with_a_foreign_host_or_origin_is_refused_and_creates_nothing() {
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let auth = format!("Bearer {DISCORD}");
+    for foreign in [("Host", "evil.example"), ("Origin", "http://evil.example")] {
+        let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str()), foreign];
+        let (status, _, body) =
+            http_to(server.port, "POST", "/channels/discord/messages", &headers, &message("hi", "m-5"));
+        assert_eq!(status, 403, "{foreign:?}: {body}");
+        assert!(body.contains("server.allowedHosts"), "{body}");
+    }
+    assert!(session_keys(&env).is_empty(), "nothing was created: {:?}", session_keys(&env));
+}
+
 const GROUP_KEY: &str = "agent:main:discord:group:123";
 
 /// Agent `main` spawns a thread-bound `worker` for `thread <task>` (mode `mode`); the worker

@@ -95,3 +95,17 @@ fn public_metrics_need_no_token_on_loopback_and_are_refused_on_another_bind() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("server.metricsPublic"), "{out:?}");
 }
+
+#[test]
+fn metrics_from_a_foreign_host_or_origin_are_refused_as_the_dashboard_is() {
+    let env = env_with(json!({"metricsPublic": true}));
+    let server = env.serve_http(&[]);
+    for foreign in [("Host", "evil.example"), ("Origin", "http://evil.example"), ("Host", "evil.example:80")] {
+        let (status, _, body) = http_to(server.port, "GET", "/metrics", &[foreign], "");
+        assert_eq!(status, 403, "{foreign:?} (DNS rebinding): {body}");
+        assert!(body.contains("server.allowedHosts"), "{body}");
+    }
+    let origin = format!("http://localhost:{}", server.port);
+    let (status, _, body) = http_to(server.port, "GET", "/metrics", &[("Origin", origin.as_str())], "");
+    assert_eq!(status, 200, "an allowed Origin: {body}");
+}
