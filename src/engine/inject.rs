@@ -87,7 +87,7 @@ pub fn start(
         Origin::Operator => (SourceTool::Inject, None, None),
         Origin::Channel(channel) => (SourceTool::ChannelBridge, Some(channel.0.clone()), Some(&channel.1)),
     };
-    let dedupe = user.as_ref().and_then(|u| u.message_id.as_ref()).map(|id| format!("message:{id}"));
+    let message_id = user.as_ref().and_then(|u| u.message_id.clone());
     let provenance = Provenance::ExternalUser { tool, chain: Some(chain.clone()), user }.to_json();
     let scope = key_scope(config, &agent);
     let run_id = uuid::Uuid::new_v4().to_string();
@@ -98,8 +98,8 @@ pub fn start(
     };
     store
         .write(|tx| -> Result<Injected, StoreError> {
-            if let Some(k) = &dedupe
-                && let Some(hit) = tx.idempotency(key, k)?
+            if let Some(message_id) = &message_id
+                && let Some(hit) = tx.bridge_message(key, message_id)?
             {
                 return Ok(Injected::Duplicate(hit.run_id));
             }
@@ -127,8 +127,8 @@ pub fn start(
                 })?;
                 Injected::Queued(run_id.clone())
             };
-            if let Some(k) = &dedupe {
-                tx.remember_key(key, k, "channel_bridge", "", &run_id, &json!({}))?;
+            if let Some(message_id) = &message_id {
+                tx.remember_bridge_message(key, message_id, &run_id)?;
             }
             Ok(injected)
         })

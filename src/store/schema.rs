@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -440,4 +440,12 @@ CREATE INDEX deliveries_status_next ON deliveries (status, next_attempt_at);
 const V10: &str = r#"
 ALTER TABLE attachments ADD COLUMN content BLOB;
 ALTER TABLE attachments ADD COLUMN mime_type TEXT;
+"#;
+
+/// Version 11: a channel bridge's message ids are remembered under a caller of their own
+/// (`channel_bridge:<session key>`, see `ledger::bridge_message_key`) instead of the session's,
+/// where the tools' idempotency keys are: a spawn's key `message:m-1` no longer makes the user's
+/// message m-1 a duplicate, nor the other way round. The rows written before move there.
+const V11: &str = r#"
+UPDATE idempotency SET caller = 'channel_bridge:' || caller WHERE tool = 'channel_bridge';
 "#;

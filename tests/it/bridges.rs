@@ -18,6 +18,8 @@ use serde_json::{Value, json};
 
 const DISCORD: &str = "discord-bridge-token-0123456789";
 const TELEGRAM: &str = "telegram-bridge-token-0123456789";
+/// An MCP client acting as the discord thread's session ([`THREAD_KEY`]).
+const CLIENT: &str = "thread-client-token-0123456789";
 const THREAD_KEY: &str = "agent:main:discord:group:123:thread:456";
 
 fn sha(token: &str) -> String {
@@ -30,7 +32,8 @@ fn fake_channel() -> PathBuf {
 }
 
 /// Agent `main` answers `heard: <input>`; discord and telegram have a bridge and a deliverer
-/// (the fake channel, recording into `<tmp>/<channel>/outbox.jsonl`); `session` is merged in.
+/// (the fake channel, recording into `<tmp>/<channel>/outbox.jsonl`); `session` is merged in;
+/// [`CLIENT`] is an MCP client token of the discord thread's session.
 fn env_with(session: Value) -> TestEnv {
     let mut env = TestEnv::new();
     let script = json!({"rules": [{"match": {"input": "slowly"}, "sleepMs": 5000, "reply": "heard: {input}"}],
@@ -45,7 +48,9 @@ fn env_with(session: Value) -> TestEnv {
             "bridge": {"tokens": [{"sha256": sha(token)}]},
         });
     }
-    env.set_config(&json!({"agents": {"list": [main]}, "channels": channels, "session": session}).to_string());
+    let config = json!({"agents": {"list": [main]}, "channels": channels, "session": session,
+                        "server": {"tokens": [{"sha256": sha(CLIENT), "sessionKey": THREAD_KEY}]}});
+    env.set_config(&config.to_string());
     env
 }
 
@@ -247,6 +252,37 @@ fn inject_with_a_sender_is_a_channel_users_message_for_scripts() {
     let refused = env.run(&["inject", "agent:main:main", "x", "--sender", "u9"]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--sender needs a channel session key"), "{refused:?}");
+}
+
+#[test]
+fn a_bridge_message_id_and_a_tools_idempotency_key_of_the_same_text_are_different_things() {
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let mut thread = common::http_client::Mcp::legacy(server.port, CLIENT);
+    let spawn = |mcp: &mut common::http_client::Mcp, key: &str| {
+        mcp.rpc(
+            "tools/call",
+            json!({"name": "sessions_spawn",
+                                     "arguments": {"task": "look", "idempotencyKey": key}}),
+        )["result"]
+            .clone()
+    };
+    // The session's own spawn first, then a user's message whose id spells the same. (The
+    // session is the MCP client's, so a message is appended to its inbox rather than run.)
+    let spawned = spawn(&mut thread, "message:m-77");
+    assert_eq!(spawned["structuredContent"]["status"], "accepted", "{spawned}");
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("hello", "m-77"));
+    assert_eq!((status, &answer["status"]), (202, &json!("appended")), "the user's message arrives: {answer}");
+    // The other way round: a user's message first, then a spawn with that key.
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("again", "m-78"));
+    assert_eq!((status, &answer["status"]), (202, &json!("appended")), "{answer}");
+    let spawned = spawn(&mut thread, "message:m-78");
+    assert_eq!(spawned["structuredContent"]["status"], "accepted", "the spawn is not refused: {spawned}");
+    // Each still dedupes its own: the spawn repeats, the message is a duplicate.
+    let repeated = spawn(&mut thread, "message:m-78");
+    assert_eq!(repeated["structuredContent"]["runId"], spawned["structuredContent"]["runId"], "{repeated}");
+    let (status, again) = post(server.port, "discord", Some(DISCORD), &message("again", "m-78"));
+    assert_eq!((status, &again["status"]), (202, &json!("duplicate")), "{again}");
 }
 
 #[test]
