@@ -166,6 +166,11 @@ impl Tx<'_> {
         super::ledger::remember_key(self.tx, &caller, &key, "channel_bridge", "", run_id, &serde_json::json!({}))
     }
 
+    /// Runs of a channel's users' messages (posted by its bridge) that wait to start.
+    pub fn queued_channel_runs(&self, channel: &str) -> Result<i64> {
+        super::run_queue::queued_channel_runs(self.tx, channel)
+    }
+
     /// A caller's idempotency key, if used in the last 24 h: read in the transaction that would
     /// use it, so that two posts of one message cannot both pass.
     pub fn idempotency(&self, caller: &SessionKey, key: &str) -> Result<Option<super::IdempotencyHit>> {
