@@ -4,6 +4,7 @@
 //! listeners') — kept in process-wide histograms; and what the store holds, read at each scrape
 //! and handed in as [`StoreCounts`]. It imports nothing of the crate, so every layer may record.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use prometheus_client::encoding::text::encode;
@@ -62,6 +63,42 @@ pub struct StoreCounts {
     pub usage: Vec<(String, i64, i64, f64)>,
     /// (agent, sessions) of sessions that are not deleted.
     pub sessions: Vec<(String, i64)>,
+}
+
+/// The `agent` label of every agent id no config names: all of them are one series, so that ids
+/// a store holds (an agent since removed, a session made before bridges were checked) never
+/// multiply the series. No agent id starts with `_`.
+pub const OTHER_AGENT: &str = "_other";
+
+/// `agent` as a label value: itself when `known`, else [`OTHER_AGENT`].
+pub fn agent_label(agent: &str, known: impl Fn(&str) -> bool) -> String {
+    if known(agent) { agent.to_string() } else { OTHER_AGENT.to_string() }
+}
+
+impl StoreCounts {
+    /// These counts with the agents `known` does not name summed under [`OTHER_AGENT`].
+    pub fn by_known_agents(self, known: impl Fn(&str) -> bool) -> StoreCounts {
+        let label = |agent: &str| agent_label(agent, &known);
+        let mut runs = BTreeMap::<(String, String), i64>::new();
+        for (status, agent, n) in self.runs {
+            *runs.entry((status, label(&agent))).or_default() += n;
+        }
+        let mut usage = BTreeMap::<String, (i64, i64, f64)>::new();
+        for (agent, tokens_in, tokens_out, usd) in self.usage {
+            let sum = usage.entry(label(&agent)).or_default();
+            *sum = (sum.0 + tokens_in, sum.1 + tokens_out, sum.2 + usd);
+        }
+        let mut sessions = BTreeMap::<String, i64>::new();
+        for (agent, n) in self.sessions {
+            *sessions.entry(label(&agent)).or_default() += n;
+        }
+        StoreCounts {
+            runs: runs.into_iter().map(|((status, agent), n)| (status, agent, n)).collect(),
+            deliveries: self.deliveries,
+            usage: usage.into_iter().map(|(agent, (i, o, usd))| (agent, i, o, usd)).collect(),
+            sessions: sessions.into_iter().collect(),
+        }
+    }
 }
 
 fn gauges(registry: &mut Registry, name: &str, help: &str, rows: impl IntoIterator<Item = (Labels, i64)>) {
@@ -133,5 +170,23 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn agents_no_config_names_are_summed_under_one_label() {
+        let counts = StoreCounts {
+            runs: vec![
+                ("ok".into(), "main".into(), 2),
+                ("ok".into(), "ghost-1".into(), 1),
+                ("ok".into(), "ghost-2".into(), 4),
+            ],
+            deliveries: vec![],
+            usage: vec![("ghost-1".into(), 10, 1, 0.5), ("ghost-2".into(), 20, 2, 0.25), ("main".into(), 5, 5, 0.0)],
+            sessions: vec![("ghost-1".into(), 1), ("ghost-2".into(), 3), ("main".into(), 1)],
+        }
+        .by_known_agents(|a| a == "main");
+        assert_eq!(counts.runs, [("ok".into(), "_other".into(), 5), ("ok".into(), "main".into(), 2)]);
+        assert_eq!(counts.usage, [("_other".into(), 30, 3, 0.75), ("main".into(), 5, 5, 0.0)]);
+        assert_eq!(counts.sessions, [("_other".into(), 4), ("main".into(), 1)]);
     }
 }

@@ -48,6 +48,8 @@ pub mod defaults {
     /// Half of `MAX_CONNECTIONS`: one address can never hold the listener alone.
     pub const MAX_CONNECTIONS_PER_PEER: u32 = 128;
     pub const MAX_SUBSCRIPTIONS: u32 = 100;
+    /// `channels.<name>.bridge.maxQueuedRuns`: a chat's burst waits, a flood is refused.
+    pub const BRIDGE_MAX_QUEUED_RUNS: u32 = 10;
     /// Every major host shows an answer this size whole (Codex cuts above ~12,000 bytes).
     pub const MAX_RESULT_BYTES: usize = 10_000;
     /// Below 4 KiB one message and the answer's own fields no longer fit; above 1 MiB an answer
@@ -762,6 +764,13 @@ pub struct ChannelBridge {
     /// The agent whose sessions its messages go to, unless a message names one (default: the
     /// default agent).
     pub agent_id: Option<String>,
+    /// The agents whose sessions its messages may reach, by a message's `agentId` or
+    /// `sessionKey` (default: the one above alone). A bridge token is not an operator's: what
+    /// it reaches is what the operator configured for its channel.
+    pub allow_agents: Option<Vec<String>>,
+    /// Runs its messages may have waiting at once over the channel's sessions (default 10);
+    /// a post past them is refused and queues nothing, so no chat fills the run queue.
+    pub max_queued_runs: Option<u32>,
 }
 
 /// A bearer token, by its hex sha256 (the token itself is never in config).
@@ -993,9 +1002,36 @@ impl Config {
                     "channels.{name}.bridge.tokens[{i}].sha256 must be 64 hex characters (the sha256 of the token)"
                 ));
             }
-            if let Some(agent) = &bridge.agent_id {
-                AgentId::parse(agent).map_err(|e| format!("channels.{name}.bridge.agentId: {e}"))?;
+            self.validate_bridge_agents(name, bridge)?;
+            if bridge.max_queued_runs == Some(0) {
+                return Err(format!("channels.{name}.bridge.maxQueuedRuns must be at least 1, got 0"));
             }
+        }
+        Ok(())
+    }
+
+    /// A bridge's agents are configured agents, and its default agent is one of them.
+    fn validate_bridge_agents(&self, name: &str, bridge: &ChannelBridge) -> Result<(), String> {
+        let configured = || self.configured_agents().iter().map(AgentId::as_str).collect::<Vec<_>>().join(", ");
+        let named = bridge.agent_id.iter().map(|a| ("agentId".to_string(), a));
+        let allowed = bridge.allow_agents.iter().flatten().enumerate().map(|(i, a)| (format!("allowAgents[{i}]"), a));
+        for (key, agent) in named.chain(allowed) {
+            let id = AgentId::parse(agent).map_err(|e| format!("channels.{name}.bridge.{key}: {e}"))?;
+            if !self.is_configured(&id) {
+                return Err(format!(
+                    "channels.{name}.bridge.{key}: {:?} is not a configured agent (agents.list: {})",
+                    id.as_str(),
+                    configured()
+                ));
+            }
+        }
+        let (default, allowed) = self.bridge_agents(name);
+        if !allowed.contains(&default) {
+            return Err(format!(
+                "channels.{name}.bridge.allowAgents does not include {:?}, where messages that name no agent go \
+                 (bridge.agentId, else the default agent): add it, or set bridge.agentId to one of them",
+                default.as_str()
+            ));
         }
         Ok(())
     }
@@ -1121,6 +1157,31 @@ impl Config {
         self.configured_agents().contains(id)
     }
 
+    /// Whether `agent` (as a store or a request spells it) is a configured agent's id.
+    pub fn names_agent(&self, agent: &str) -> bool {
+        AgentId::parse(agent).is_ok_and(|id| id.as_str() == agent && self.is_configured(&id))
+    }
+
+    /// A channel's bridge: the agent a message that names none goes to (`bridge.agentId`, else
+    /// the default agent), and the agents its messages may reach (`bridge.allowAgents`, else
+    /// that one alone).
+    pub fn bridge_agents(&self, channel: &str) -> (AgentId, Vec<AgentId>) {
+        let bridge = self.channels.get(channel).and_then(|c| c.bridge.as_ref());
+        let named = bridge.and_then(|b| b.agent_id.as_deref()).and_then(|a| AgentId::parse(a).ok());
+        let default = named.unwrap_or_else(|| self.default_agent());
+        let allowed = match bridge.and_then(|b| b.allow_agents.as_ref()) {
+            Some(list) => list.iter().filter_map(|a| AgentId::parse(a).ok()).collect(),
+            None => vec![default.clone()],
+        };
+        (default, allowed)
+    }
+
+    /// How many runs the messages of a channel's users may have queued at once.
+    pub fn bridge_max_queued_runs(&self, channel: &str) -> u32 {
+        let bridge = self.channels.get(channel).and_then(|c| c.bridge.as_ref());
+        bridge.and_then(|b| b.max_queued_runs).unwrap_or(defaults::BRIDGE_MAX_QUEUED_RUNS)
+    }
+
     pub fn main_key(&self) -> String {
         self.session.main_key.trim().to_ascii_lowercase()
     }
@@ -1212,6 +1273,34 @@ mod tests {
         let (c, _) = parse("{}").unwrap();
         assert!(c.server.max_streams_per_credential < c.server.max_connections, "one token leaves room for others");
         assert!(c.server.max_connections_per_peer < c.server.max_connections, "one address leaves room for others");
+    }
+
+    #[test]
+    fn a_bridges_agents_are_configured_ones_and_include_where_unnamed_messages_go() {
+        let with = |bridge: &str| {
+            parse(&format!(
+                "{{ agents: {{ list: [{{ id: 'main' }}, {{ id: 'ops' }}] }}, channels: {{ discord: {{ bridge: {bridge} }} }} }}"
+            ))
+        };
+        let (c, _) = with("{}").unwrap();
+        assert_eq!(c.bridge_agents("discord"), (AgentId::main(), vec![AgentId::main()]), "the default agent alone");
+        assert_eq!(c.bridge_max_queued_runs("discord"), defaults::BRIDGE_MAX_QUEUED_RUNS);
+        let (c, _) = with("{ agentId: 'ops', allowAgents: ['main', 'ops'], maxQueuedRuns: 3 }").unwrap();
+        let ops = AgentId::parse("ops").unwrap();
+        assert_eq!(c.bridge_agents("discord"), (ops.clone(), vec![AgentId::main(), ops]));
+        assert_eq!(c.bridge_max_queued_runs("discord"), 3);
+        for (bridge, needle) in [
+            (
+                "{ allowAgents: ['ghost'] }",
+                "channels.discord.bridge.allowAgents[0]: \"ghost\" is not a configured agent (agents.list: main, ops)",
+            ),
+            ("{ agentId: 'ghost' }", "channels.discord.bridge.agentId: \"ghost\" is not a configured agent"),
+            ("{ allowAgents: ['ops'] }", "channels.discord.bridge.allowAgents does not include \"main\""),
+            ("{ maxQueuedRuns: 0 }", "channels.discord.bridge.maxQueuedRuns must be at least 1, got 0"),
+        ] {
+            let err = with(bridge).unwrap_err();
+            assert!(matches!(&err, ParseError::Invalid(m) if m.contains(needle)), "{bridge}: {err:?}");
+        }
     }
 
     #[test]

@@ -36,29 +36,52 @@ pub enum Injected {
 }
 
 /// Why a message from outside was not taken: the send policy, the session's agent has no runner,
-/// or the store failed. Each says what to change.
+/// the channel's users already have their most runs queued, or the store (or the runtime) failed.
+/// Each says what to change.
 #[derive(Debug, Clone)]
 pub enum InjectError {
     Policy(String),
     NoRunner(String),
+    /// `limit` is the config key that sets `max`.
+    QueueFull {
+        message: String,
+        limit: String,
+        max: u32,
+    },
     Store(String),
 }
 
 impl std::fmt::Display for InjectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (InjectError::Policy(m) | InjectError::NoRunner(m) | InjectError::Store(m)) = self;
+        let (InjectError::Policy(m)
+        | InjectError::NoRunner(m)
+        | InjectError::QueueFull { message: m, .. }
+        | InjectError::Store(m)) = self;
         f.write_str(m)
     }
 }
 
-impl From<InjectError> for crate::access::ToolError {
-    fn from(e: InjectError) -> Self {
-        match e {
-            InjectError::Policy(m) => crate::access::ToolError::forbidden(m),
-            InjectError::NoRunner(m) => crate::access::ToolError::invalid(m),
-            InjectError::Store(m) => crate::access::ToolError::error(m),
-        }
+impl From<StoreError> for InjectError {
+    fn from(e: StoreError) -> Self {
+        InjectError::Store(e.to_string())
     }
+}
+
+/// Refuses a channel user's message while the channel's users have
+/// `channels.<name>.bridge.maxQueuedRuns` runs waiting: read in the transaction that would queue
+/// one more, so concurrent posts cannot overshoot it.
+fn check_channel_queue(tx: &crate::store::Tx, config: &Config, channel: &str) -> Result<(), InjectError> {
+    let max = config.bridge_max_queued_runs(channel);
+    let queued = tx.queued_channel_runs(channel)?;
+    if queued < i64::from(max) {
+        return Ok(());
+    }
+    let limit = format!("channels.{channel}.bridge.maxQueuedRuns");
+    let message = format!(
+        "channel {channel:?} already has {queued} runs queued for its users' messages; {limit} is {max}: \
+         retry once they have started"
+    );
+    Err(InjectError::QueueFull { message, limit, max })
 }
 
 /// Appends the message to an external session, or queues an `inject` run. The send policy gates
@@ -87,7 +110,7 @@ pub fn start(
         Origin::Operator => (SourceTool::Inject, None, None),
         Origin::Channel(channel) => (SourceTool::ChannelBridge, Some(channel.0.clone()), Some(&channel.1)),
     };
-    let dedupe = user.as_ref().and_then(|u| u.message_id.as_ref()).map(|id| format!("message:{id}"));
+    let message_id = user.as_ref().and_then(|u| u.message_id.clone());
     let provenance = Provenance::ExternalUser { tool, chain: Some(chain.clone()), user }.to_json();
     let scope = key_scope(config, &agent);
     let run_id = uuid::Uuid::new_v4().to_string();
@@ -96,43 +119,44 @@ pub fn start(
         Some(spawn_run) => store.run(spawn_run).map_err(|e| InjectError::Store(e.to_string()))?.and_then(|r| r.extra),
         None => None,
     };
-    store
-        .write(|tx| -> Result<Injected, StoreError> {
-            if let Some(k) = &dedupe
-                && let Some(hit) = tx.idempotency(key, k)?
-            {
-                return Ok(Injected::Duplicate(hit.run_id));
-            }
-            tx.insert_session(&NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
-            let id: i64 = tx.session_id(key)?;
-            if let Some(route) = route {
-                tx.set_route(id, route)?;
-            }
-            let injected = if external {
-                let m = NewMessage {
-                    role: "user".into(),
-                    content: json!(text),
-                    provenance: Some(provenance.clone()),
-                    chain_id: Some(chain.clone()),
-                    ..Default::default()
-                };
-                tx.append_message(id, &m)?;
-                Injected::Appended
-            } else {
-                tx.enqueue(&NewRun {
-                    provenance: Some(provenance.clone()),
-                    chain_id: Some(chain.clone()),
-                    extra: spawn_flow.clone(),
-                    ..NewRun::new(run_id.clone(), id, RunMode::Inject, json!({"role": "user", "content": text}))
-                })?;
-                Injected::Queued(run_id.clone())
+    store.write(|tx| -> Result<Injected, InjectError> {
+        if let Some(message_id) = &message_id
+            && let Some(hit) = tx.bridge_message(key, message_id)?
+        {
+            return Ok(Injected::Duplicate(hit.run_id));
+        }
+        if let Some(route) = route.filter(|_| !external) {
+            check_channel_queue(tx, config, &route.channel)?;
+        }
+        tx.insert_session(&NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
+        let id: i64 = tx.session_id(key)?;
+        if let Some(route) = route {
+            tx.set_route(id, route)?;
+        }
+        let injected = if external {
+            let m = NewMessage {
+                role: "user".into(),
+                content: json!(text),
+                provenance: Some(provenance.clone()),
+                chain_id: Some(chain.clone()),
+                ..Default::default()
             };
-            if let Some(k) = &dedupe {
-                tx.remember_key(key, k, "channel_bridge", "", &run_id, &json!({}))?;
-            }
-            Ok(injected)
-        })
-        .map_err(|e| InjectError::Store(e.to_string()))
+            tx.append_message(id, &m)?;
+            Injected::Appended
+        } else {
+            tx.enqueue(&NewRun {
+                provenance: Some(provenance.clone()),
+                chain_id: Some(chain.clone()),
+                extra: spawn_flow.clone(),
+                ..NewRun::new(run_id.clone(), id, RunMode::Inject, json!({"role": "user", "content": text}))
+            })?;
+            Injected::Queued(run_id.clone())
+        };
+        if let Some(message_id) = &message_id {
+            tx.remember_bridge_message(key, message_id, &run_id)?;
+        }
+        Ok(injected)
+    })
 }
 
 /// A channel user's message for `key`, checked against the bridge's channel: the key must name
@@ -186,8 +210,8 @@ impl super::Engine<'_> {
     }
 
     /// A message from outside into `key` (see [`start`]), on this runtime; the run starts at once.
-    pub fn inject(&self, key: &SessionKey, text: &str, origin: &Origin) -> Result<Injected, crate::access::ToolError> {
-        let rt = self.runtime("a channel message")?;
+    pub fn inject(&self, key: &SessionKey, text: &str, origin: &Origin) -> Result<Injected, InjectError> {
+        let rt = self.runtime("a channel message").map_err(|e| InjectError::Store(e.message))?;
         let injected = start(&rt.store, &rt.config, &rt.state_dir, key, text, origin)?;
         rt.wake();
         Ok(injected)

@@ -449,8 +449,9 @@ impl Scheduler {
         if let Ok(outcome) = &finished {
             let started = run.started_at.unwrap_or(run.created_at);
             let (ran, waited) = (crate::store::now_ms() - started, started - run.created_at);
-            let (agent, mode) = (run.agent_id.as_str(), run.mode.as_str());
-            crate::metrics::observe_run(agent, outcome.status.as_str(), mode, ran as f64 / 1e3, waited as f64 / 1e3);
+            let agent = crate::metrics::agent_label(run.agent_id.as_str(), |a| self.config.names_agent(a));
+            let mode = run.mode.as_str();
+            crate::metrics::observe_run(&agent, outcome.status.as_str(), mode, ran as f64 / 1e3, waited as f64 / 1e3);
         }
         self.active.lock().expect("active").remove(&run_id);
         self.progress.lock().expect("progress").remove(&run_id);

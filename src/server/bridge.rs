@@ -17,7 +17,7 @@ use crate::access::{Access, ErrorStatus};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::engine::chain::ChannelUser;
-use crate::engine::inject::Injected;
+use crate::engine::inject::{InjectError, Injected};
 use crate::engine::scheduler::Scheduler;
 use crate::keys::{AgentId, SessionKey};
 
@@ -75,22 +75,32 @@ async fn post_message(
         Ok(p) => p,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
     };
+    if let Err(e) = reachable(&config, &channel, &post.key) {
+        return refuse(StatusCode::FORBIDDEN, e);
+    }
     let engine = Engine::new(&b.access, b.runtime.as_ref());
-    let injected = engine
-        .route_bridged(&post.key, post.user, post.account_id)
-        .and_then(|(key, origin)| Ok((engine.inject(&key, &post.text, &origin)?, key)));
-    match injected {
-        Ok((Injected::Queued(run_id), key)) => accepted("accepted", &key, Some(run_id)),
-        Ok((Injected::Appended, key)) => accepted("appended", &key, None),
-        Ok((Injected::Duplicate(run_id), key)) => accepted("duplicate", &key, run_id),
+    let (key, origin) = match engine.route_bridged(&post.key, post.user, post.account_id) {
+        Ok(routed) => routed,
         Err(e) => {
             let status = match e.status {
                 ErrorStatus::Forbidden => StatusCode::FORBIDDEN,
                 ErrorStatus::Invalid | ErrorStatus::NotFound => StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorStatus::Error => StatusCode::SERVICE_UNAVAILABLE,
             };
-            refuse(status, e.message)
+            return refuse(status, e.message);
         }
+    };
+    match engine.inject(&key, &post.text, &origin) {
+        Ok(Injected::Queued(run_id)) => accepted("accepted", &key, Some(run_id)),
+        Ok(Injected::Appended) => accepted("appended", &key, None),
+        Ok(Injected::Duplicate(run_id)) => accepted("duplicate", &key, run_id),
+        Err(InjectError::QueueFull { message, limit, max }) => {
+            let body = json!({"error": message, "limit": limit, "max": max});
+            (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response()
+        }
+        Err(InjectError::Policy(m)) => refuse(StatusCode::FORBIDDEN, m),
+        Err(InjectError::NoRunner(m)) => refuse(StatusCode::UNPROCESSABLE_ENTITY, m),
+        Err(InjectError::Store(m)) => refuse(StatusCode::SERVICE_UNAVAILABLE, m),
     }
 }
 
@@ -147,11 +157,7 @@ fn target(config: &Config, channel: &str, f: &Map<String, Value>, thread: Option
             let id = string(chat, "id", MAX_ID_BYTES).map_err(|e| format!("chat.{e}"))?.ok_or("chat.id is required")?;
             let agent = match string(f, "agentId", 128)? {
                 Some(a) => a,
-                None => config.channels[channel]
-                    .bridge
-                    .as_ref()
-                    .and_then(|b| b.agent_id.clone())
-                    .unwrap_or_else(|| config.default_agent().to_string()),
+                None => config.bridge_agents(channel).0.to_string(),
             };
             AgentId::parse(&agent).map_err(|e| format!("agentId: {e}"))?;
             let thread = thread.map(|t| format!(":thread:{t}")).unwrap_or_default();
@@ -165,6 +171,23 @@ fn target(config: &Config, channel: &str, f: &Map<String, Value>, thread: Option
         Ok(_) => Err(format!("{raw:?} is not a session key")),
         Err(e) => Err(format!("the session key {raw:?} {e}")),
     }
+}
+
+/// Whether the session a post names belongs to an agent its channel's bridge reaches
+/// (`channels.<name>.bridge.allowAgents`): checked before anything is created, so an invented id
+/// makes no session, workspace or run.
+fn reachable(config: &Config, channel: &str, key: &SessionKey) -> Result<(), String> {
+    let (default, allowed) = config.bridge_agents(channel);
+    let agent = key.agent_id(&default);
+    if allowed.contains(&agent) {
+        return Ok(());
+    }
+    let names = allowed.iter().map(AgentId::as_str).collect::<Vec<_>>().join(", ");
+    Err(format!(
+        "the post names agent {:?} (by agentId or sessionKey), which channel {channel:?} is not configured for: \
+         its bridge reaches only {names} (channels.{channel}.bridge.allowAgents)",
+        agent.as_str()
+    ))
 }
 
 /// An optional string field of at most `max` bytes, without control characters.

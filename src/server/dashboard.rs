@@ -88,15 +88,13 @@ pub fn router(access: Access, runtime: Option<Arc<Scheduler>>, options: HttpOpti
         .route("/ui/api/transcript", axum::routing::get(transcript))
         .route("/ui/api/events", axum::routing::get(events))
         .route("/ui/api/act", axum::routing::post(act))
-        .layer(axum::middleware::from_fn_with_state(ui.clone(), checks))
+        .layer(axum::middleware::from_fn(security_headers))
         .with_state(ui)
 }
 
-/// Host and Origin first, for every route; the headers every answer carries.
-async fn checks(State(ui): State<Ui>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    if !super::http::host_and_origin_ok(&ui.options, request.headers()) {
-        return refuse(StatusCode::FORBIDDEN, "Host or Origin not allowed (server.allowedHosts)");
-    }
+/// The headers every answer carries (Host and Origin were checked before, for every route
+/// outside `/mcp`: `http::same_host_only`).
+async fn security_headers(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let mut response = next.run(request).await;
     let h = response.headers_mut();
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));

@@ -106,6 +106,7 @@ pub fn router(
         super::bridge::router(access.clone(), runtime.clone())
             .merge(super::metrics::router(access.clone()))
             .merge(super::dashboard::router(access.clone(), runtime.clone(), options.clone(), dashboard))
+            .layer(axum::middleware::from_fn_with_state(options.clone(), same_host_only))
     });
     let sse = options
         .legacy_sse
@@ -289,7 +290,8 @@ pub(super) fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
 }
 
 /// The same DNS-rebinding protection as `/mcp`, for the routes rmcp does not serve (legacy SSE,
-/// the dashboard): Host must be allowed; an Origin, if sent, too.
+/// and the routes outside `/mcp`, see [`same_host_only`]): Host must be allowed; an Origin, if
+/// sent, too.
 pub(super) fn host_and_origin_ok(options: &HttpOptions, headers: &axum::http::HeaderMap) -> bool {
     let Some(hosts) = &options.allowed_hosts else { return true };
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -313,6 +315,18 @@ pub(super) fn host_and_origin_ok(options: &HttpOptions, headers: &axum::http::He
             hosts.iter().any(|h| h.eq_ignore_ascii_case(origin_name))
         }
     }
+}
+
+/// [`host_and_origin_ok`] before every route outside `/mcp` that a browser could be pointed at
+/// (the dashboard, `/metrics`, the bridges' posts): a DNS-rebinding page reaches none of them,
+/// not even `/metrics` with `server.metricsPublic`.
+async fn same_host_only(State(options): State<HttpOptions>, request: Request, next: Next) -> Response {
+    if !host_and_origin_ok(&options, request.headers()) {
+        let why = "Host or Origin not allowed (server.allowedHosts)";
+        return (StatusCode::FORBIDDEN, axum::Json(serde_json::json!({"status": "error", "error": why})))
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// Whether the request's bearer token is one of these (by their hex sha256s).

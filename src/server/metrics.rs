@@ -1,6 +1,7 @@
 //! `GET /metrics` (README, Metrics): the Prometheus exposition of [`crate::metrics`], for operator
 //! tokens (`server.operatorTokens`), or for anyone on a loopback bind with
-//! `server.metricsPublic` (serve refuses that flag on any other bind).
+//! `server.metricsPublic` (serve refuses that flag on any other bind). An `agent` label is a
+//! configured agent's id, or `_other` for all the rest.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -21,6 +22,7 @@ async fn scrape(State(access): State<Access>, headers: HeaderMap) -> Response {
     }
     match access.metric_counts() {
         Ok(counts) => {
+            let counts = counts.by_known_agents(|agent| access.config().names_agent(agent));
             let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             ([(header::CONTENT_TYPE, content_type)], crate::metrics::render(&counts)).into_response()
         }

@@ -105,6 +105,14 @@ pub struct IdempotencyHit {
 /// Idempotency keys are kept 24 h.
 pub const IDEMPOTENCY_TTL_MS: i64 = 24 * 3600 * 1000;
 
+/// Where a bridge's message id posted into `session` is remembered, as (caller, key): under a
+/// caller that is no session key (those are `agent:…` or `global`), so that the tools' keys,
+/// remembered under their caller's session key, are another namespace whatever their text.
+/// Schema 11 moved the rows written before into it.
+pub(super) fn bridge_message_key(session: &crate::keys::SessionKey, message_id: &str) -> (String, String) {
+    (format!("channel_bridge:{session}"), format!("message:{message_id}"))
+}
+
 pub(super) fn remember_key(
     tx: &dyn Sql,
     caller: &str,

@@ -682,7 +682,7 @@ mod tests {
         conn.execute_batch(
             "UPDATE sessions SET tokens_in = 9223372036854775807, tokens_out = -5,
                  tokens_total = 9223372036854775807 + 2;
-             DELETE FROM schema_version WHERE version = 11;",
+             DELETE FROM schema_version WHERE version >= 11;",
         )
         .unwrap();
         let kind: String = conn.query_row("SELECT typeof(tokens_total) FROM sessions", [], |r| r.get(0)).unwrap();
@@ -726,6 +726,44 @@ mod tests {
         assert_eq!(pending, 1, "only the queued run still has its steps ahead");
         assert_eq!(links, 1, "the child written before its parent is linked");
         assert!(dir.path().read_dir().unwrap().flatten().any(|e| e.file_name().to_string_lossy().contains("bak")));
+    }
+
+    /// A version 10 store's idempotency rows, as a bridge and a spawn left them in one session.
+    pub(crate) const V10_IDEMPOTENCY_ROWS: &str =
+        "INSERT INTO idempotency (caller, key, tool, args_hash, run_id, result, created_at) VALUES
+             ('agent:main:discord:group:1', 'message:m-1', 'channel_bridge', '', 'bridged', '{}', {now}),
+             ('agent:main:discord:group:1', 'message:m-2', 'sessions_spawn', 'h', 'spawned', '{}', {now})";
+
+    /// What each namespace answers for `message:m-1` and `message:m-2` after the migration: the
+    /// bridge's row is still the bridge's, the spawn's still the spawn's, neither the other's.
+    pub(crate) fn assert_idempotency_namespaces_apart(store: &Store) {
+        let session = crate::keys::SessionKey::from_canonical("agent:main:discord:group:1");
+        let runs = store
+            .write(|tx| -> Result<_> {
+                let run = |hit: Option<IdempotencyHit>| hit.and_then(|h| h.run_id);
+                Ok([
+                    run(tx.bridge_message(&session, "m-1")?),
+                    run(tx.idempotency(&session, "message:m-1")?),
+                    run(tx.idempotency(&session, "message:m-2")?),
+                    run(tx.bridge_message(&session, "m-2")?),
+                ])
+            })
+            .unwrap();
+        assert_eq!(runs, [Some("bridged".into()), None, Some("spawned".into()), None]);
+    }
+
+    #[test]
+    fn a_version_10_stores_bridge_message_ids_move_apart_from_the_tools_idempotency_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let conn = Connection::open(&path).unwrap();
+        for sql in &schema::MIGRATIONS[..10] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch("INSERT INTO schema_version VALUES (10, 0)").unwrap();
+        conn.execute_batch(&V10_IDEMPOTENCY_ROWS.replace("{now}", &now_ms().to_string())).unwrap();
+        drop(conn);
+        assert_idempotency_namespaces_apart(&Store::open(&path).unwrap());
     }
 
     #[test]

@@ -314,6 +314,20 @@ pub struct Finished {
 
 /// Queues a run, once: a flow step that is taken again after a crash derives the same run id
 /// (`flows::step_id`) and adds nothing. Returns false when the run was already there.
+/// Queued runs of messages a channel's bridge posted (`sourceTool` `channel_bridge` in their
+/// provenance, as `engine::chain` writes it), over all the channel's sessions.
+pub(super) fn queued_channel_runs(tx: &dyn Sql, channel: &str) -> Result<i64> {
+    let (tool, source) =
+        (tx.dialect().json_text("provenance", "sourceTool"), tx.dialect().json_text("provenance", "sourceChannel"));
+    tx.query_row(
+        &format!(
+            "SELECT count(*) FROM runs WHERE status = 'queued' AND mode = 'inject' AND {tool} = 'channel_bridge' AND {source} = ?1"
+        ),
+        args![channel],
+        |r| r.get(0),
+    )
+}
+
 pub(super) fn enqueue(tx: &dyn Sql, run: &NewRun) -> Result<bool> {
     let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
     let added = tx.execute(

@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -453,4 +453,12 @@ UPDATE sessions SET tokens_total = max(CAST(tokens_total AS INTEGER), 0) WHERE t
 UPDATE budgets SET spent_tokens = max(CAST(spent_tokens AS INTEGER), 0) WHERE typeof(spent_tokens) <> 'integer' OR spent_tokens < 0;
 UPDATE budgets SET spent_cost_micros = max(CAST(spent_cost_micros AS INTEGER), 0) WHERE typeof(spent_cost_micros) <> 'integer' OR spent_cost_micros < 0;
 UPDATE budget_live SET tokens = max(CAST(tokens AS INTEGER), 0) WHERE typeof(tokens) <> 'integer' OR tokens < 0;
+"#;
+
+/// Version 12: a channel bridge's message ids are remembered under a caller of their own
+/// (`channel_bridge:<session key>`, see `ledger::bridge_message_key`) instead of the session's,
+/// where the tools' idempotency keys are: a spawn's key `message:m-1` no longer makes the user's
+/// message m-1 a duplicate, nor the other way round. The rows written before move there.
+const V12: &str = r#"
+UPDATE idempotency SET caller = 'channel_bridge:' || caller WHERE tool = 'channel_bridge';
 "#;

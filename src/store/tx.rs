@@ -184,6 +184,24 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// A message id a channel's bridge posted into `session` in the last 24 h: remembered apart
+    /// from the tools' idempotency keys, so that neither answers for the other.
+    pub fn bridge_message(&self, session: &SessionKey, message_id: &str) -> Result<Option<super::IdempotencyHit>> {
+        let (caller, key) = super::ledger::bridge_message_key(session, message_id);
+        super::ledger::idempotency_hit(self.tx, &caller, &key)
+    }
+
+    /// Remembers a bridge's message id for the run it started (see [`Tx::bridge_message`]).
+    pub fn remember_bridge_message(&self, session: &SessionKey, message_id: &str, run_id: &str) -> Result<()> {
+        let (caller, key) = super::ledger::bridge_message_key(session, message_id);
+        super::ledger::remember_key(self.tx, &caller, &key, "channel_bridge", "", run_id, &serde_json::json!({}))
+    }
+
+    /// Runs of a channel's users' messages (posted by its bridge) that wait to start.
+    pub fn queued_channel_runs(&self, channel: &str) -> Result<i64> {
+        super::run_queue::queued_channel_runs(self.tx, channel)
+    }
+
     /// A caller's idempotency key, if used in the last 24 h: read in the transaction that would
     /// use it, so that two posts of one message cannot both pass.
     pub fn idempotency(&self, caller: &SessionKey, key: &str) -> Result<Option<super::IdempotencyHit>> {

@@ -18,6 +18,8 @@ use serde_json::{Value, json};
 
 const DISCORD: &str = "discord-bridge-token-0123456789";
 const TELEGRAM: &str = "telegram-bridge-token-0123456789";
+/// An MCP client acting as the discord thread's session ([`THREAD_KEY`]).
+const CLIENT: &str = "thread-client-token-0123456789";
 const THREAD_KEY: &str = "agent:main:discord:group:123:thread:456";
 
 fn sha(token: &str) -> String {
@@ -29,13 +31,22 @@ fn fake_channel() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/bridge/fake-channel.sh")
 }
 
-/// Agent `main` answers `heard: <input>`; discord and telegram have a bridge and a deliverer
-/// (the fake channel, recording into `<tmp>/<channel>/outbox.jsonl`); `session` is merged in.
+/// Agents `main` and `ops` answer `heard: <input>` (`hold` keeps a run busy for 30 s); discord
+/// and telegram have a bridge and a deliverer (the fake channel, recording into
+/// `<tmp>/<channel>/outbox.jsonl`); discord's bridge reaches `main` only (its default), telegram's
+/// `main` and `ops`; `session` is merged in.
 fn env_with(session: Value) -> TestEnv {
+    env_with_discord_bridge(session, json!({}))
+}
+
+/// [`env_with`], with `discord_bridge`'s keys added to discord's `bridge`.
+fn env_with_discord_bridge(session: Value, discord_bridge: Value) -> TestEnv {
     let mut env = TestEnv::new();
-    let script = json!({"rules": [{"match": {"input": "slowly"}, "sleepMs": 5000, "reply": "heard: {input}"}],
+    let script = json!({"rules": [{"match": {"input": "slowly"}, "sleepMs": 5000, "reply": "heard: {input}"},
+                                  {"match": {"input": "hold"}, "sleepMs": 30000, "reply": "heard: {input}"}],
                         "default": {"reply": "heard: {input}"}});
     let main = scripted_agent(&env, "main", &script, json!({}));
+    let ops = scripted_agent(&env, "ops", &script, json!({}));
     let mut channels = json!({});
     for (name, token) in [("discord", DISCORD), ("telegram", TELEGRAM)] {
         let dir = env.state_dir().parent().unwrap().join(name);
@@ -45,7 +56,17 @@ fn env_with(session: Value) -> TestEnv {
             "bridge": {"tokens": [{"sha256": sha(token)}]},
         });
     }
-    env.set_config(&json!({"agents": {"list": [main]}, "channels": channels, "session": session}).to_string());
+    channels["telegram"]["bridge"]["allowAgents"] = json!(["main", "ops"]);
+    if let Value::Object(extra) = discord_bridge {
+        for (k, v) in extra {
+            channels["discord"]["bridge"][k] = v;
+        }
+    }
+    // Every agent id would run (the default runner), as on a server whose agents share one.
+    let defaults = json!({"runner": main["runner"]});
+    let config = json!({"agents": {"list": [main, ops], "defaults": defaults}, "channels": channels, "session": session,
+                        "server": {"tokens": [{"sha256": sha(CLIENT), "sessionKey": THREAD_KEY}]}});
+    env.set_config(&config.to_string());
     env
 }
 
@@ -247,6 +268,112 @@ fn inject_with_a_sender_is_a_channel_users_message_for_scripts() {
     let refused = env.run(&["inject", "agent:main:main", "x", "--sender", "u9"]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--sender needs a channel session key"), "{refused:?}");
+}
+
+#[test]
+fn a_bridge_reaches_only_the_agents_of_its_channel_and_an_unknown_agent_id_creates_nothing() {
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let chat = |agent: &str| {
+        json!({"chat": {"type": "group", "id": "1"}, "agentId": agent, "sender": {"id": "u"}, "text": "x"}).to_string()
+    };
+    let key = |key: &str| json!({"sessionKey": key, "sender": {"id": "u"}, "text": "x"}).to_string();
+    // Invented ids, a configured agent the channel is not for, and the same through a key.
+    let mut bodies: Vec<(String, &str)> = (0..40).map(|i| (chat(&format!("ghost-{i}")), "\"ghost-")).collect();
+    bodies.push((chat("ops"), "\"ops\""));
+    bodies.push((key("agent:ops:discord:group:1"), "\"ops\""));
+    bodies.push((key("agent:ghost-x:discord:group:1"), "\"ghost-x\""));
+    for (body, named) in &bodies {
+        let (status, answer) = post(server.port, "discord", Some(DISCORD), body);
+        assert_eq!(status, 403, "{body}: {answer}");
+        let err = answer["error"].as_str().unwrap_or_else(|| panic!("{answer}"));
+        assert!(err.contains(named), "{err}");
+        assert!(err.contains("reaches only main (channels.discord.bridge.allowAgents)"), "{err}");
+    }
+    assert!(session_keys(&env).is_empty(), "nothing was created: {:?}", session_keys(&env));
+    let workspaces = env.state_dir().join("workspaces");
+    let made: Vec<_> =
+        std::fs::read_dir(&workspaces).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(made.is_empty(), "no workspace was made: {made:?}");
+    // A channel configured for `ops` reaches it.
+    let (status, answer) = post(server.port, "telegram", Some(TELEGRAM), &chat("ops"));
+    assert_eq!((status, &answer["sessionKey"]), (202, &json!("agent:ops:telegram:group:1")), "{answer}");
+}
+
+#[test]
+fn a_channel_queues_at_most_max_queued_runs_and_a_post_past_them_queues_nothing() {
+    let env = env_with_discord_bridge(json!({}), json!({"maxQueuedRuns": 2}));
+    let server = env.serve_http(&[]);
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("hold 1", "m-1"));
+    assert_eq!(status, 202, "{answer}");
+    wait_until(Duration::from_secs(20), "the first run to start", || {
+        common::runs_of(&env.try_show(THREAD_KEY).ok()?, None)
+            .first()
+            .is_some_and(|r| r["status"] == "running")
+            .then_some(())
+    });
+    // Two more wait behind it: the channel's queue is full.
+    for id in ["m-2", "m-3"] {
+        let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("hold", id));
+        assert_eq!((status, &answer["status"]), (202, &json!("accepted")), "{id}: {answer}");
+    }
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("hold", "m-4"));
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!((&answer["limit"], &answer["max"]), (&json!("channels.discord.bridge.maxQueuedRuns"), &json!(2)));
+    let err = answer["error"].as_str().unwrap();
+    assert!(err.contains("channel \"discord\" already has 2 runs queued"), "{err}");
+    assert_eq!(common::runs_of(&env.show(THREAD_KEY), None).len(), 3, "the refused post queued nothing");
+    // A retry of a queued message is still its duplicate, and another channel has its own queue.
+    let (status, again) = post(server.port, "discord", Some(DISCORD), &message("hold", "m-2"));
+    assert_eq!((status, &again["status"]), (202, &json!("duplicate")), "{again}");
+    let (status, other) = post(server.port, "telegram", Some(TELEGRAM), &message("hi", "m-4"));
+    assert_eq!((status, &other["status"]), (202, &json!("accepted")), "{other}");
+}
+
+#[test]
+fn a_bridge_message_id_and_a_tools_idempotency_key_of_the_same_text_are_different_things() {
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let mut thread = common::http_client::Mcp::legacy(server.port, CLIENT);
+    let spawn = |mcp: &mut common::http_client::Mcp, key: &str| {
+        mcp.rpc(
+            "tools/call",
+            json!({"name": "sessions_spawn",
+                                     "arguments": {"task": "look", "idempotencyKey": key}}),
+        )["result"]
+            .clone()
+    };
+    // The session's own spawn first, then a user's message whose id spells the same. (The
+    // session is the MCP client's, so a message is appended to its inbox rather than run.)
+    let spawned = spawn(&mut thread, "message:m-77");
+    assert_eq!(spawned["structuredContent"]["status"], "accepted", "{spawned}");
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("hello", "m-77"));
+    assert_eq!((status, &answer["status"]), (202, &json!("appended")), "the user's message arrives: {answer}");
+    // The other way round: a user's message first, then a spawn with that key.
+    let (status, answer) = post(server.port, "discord", Some(DISCORD), &message("again", "m-78"));
+    assert_eq!((status, &answer["status"]), (202, &json!("appended")), "{answer}");
+    let spawned = spawn(&mut thread, "message:m-78");
+    assert_eq!(spawned["structuredContent"]["status"], "accepted", "the spawn is not refused: {spawned}");
+    // Each still dedupes its own: the spawn repeats, the message is a duplicate.
+    let repeated = spawn(&mut thread, "message:m-78");
+    assert_eq!(repeated["structuredContent"]["runId"], spawned["structuredContent"]["runId"], "{repeated}");
+    let (status, again) = post(server.port, "discord", Some(DISCORD), &message("again", "m-78"));
+    assert_eq!((status, &again["status"]), (202, &json!("duplicate")), "{again}");
+}
+
+#[test]
+fn a_bridge_post_with_a_foreign_host_or_origin_is_refused_and_creates_nothing() {
+    let env = env_with(json!({}));
+    let server = env.serve_http(&[]);
+    let auth = format!("Bearer {DISCORD}");
+    for foreign in [("Host", "evil.example"), ("Origin", "http://evil.example")] {
+        let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str()), foreign];
+        let (status, _, body) =
+            http_to(server.port, "POST", "/channels/discord/messages", &headers, &message("hi", "m-5"));
+        assert_eq!(status, 403, "{foreign:?}: {body}");
+        assert!(body.contains("server.allowedHosts"), "{body}");
+    }
+    assert!(session_keys(&env).is_empty(), "nothing was created: {:?}", session_keys(&env));
 }
 
 const GROUP_KEY: &str = "agent:main:discord:group:123";

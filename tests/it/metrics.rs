@@ -95,3 +95,39 @@ fn public_metrics_need_no_token_on_loopback_and_are_refused_on_another_bind() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("server.metricsPublic"), "{out:?}");
 }
+
+#[test]
+fn an_agent_label_is_a_configured_agent_and_every_other_agent_id_is_counted_as_other() {
+    let env = env_with(json!({"operatorTokens": [{"sha256": sha(OPERATOR)}]}));
+    // Sessions and runs of ids no config names (a store from before the bridges were checked, or
+    // agents removed since): each would otherwise be a label value, and series, of its own.
+    let ghosts: Vec<String> = (0..30).map(|i| format!("agent:ghost-{i}:discord:group:{i}")).collect();
+    let sessions: Vec<_> = ghosts.iter().map(|k| json!({"key": k})).collect();
+    let runs: Vec<_> = ghosts
+        .iter()
+        .enumerate()
+        .map(|(i, k)| json!({"runId": format!("r-{i}"), "sessionKey": k, "status": "ok"}))
+        .collect();
+    env.seed(json!({"sessions": sessions, "runs": runs}));
+    let server = env.serve_http(&[]);
+    let (status, text) = scrape(server.port, Some(OPERATOR));
+    assert_eq!(status, 200, "{text}");
+    assert!(!text.contains("ghost"), "no label value from an unconfigured agent id:\n{text}");
+    let samples = parse(&text);
+    assert_eq!(samples.get("sessions_mcp_sessions{agent=\"_other\"}"), Some(&30.0), "{text}");
+    assert_eq!(samples.get("sessions_mcp_runs{status=\"ok\",agent=\"_other\"}"), Some(&30.0), "{text}");
+}
+
+#[test]
+fn metrics_from_a_foreign_host_or_origin_are_refused_as_the_dashboard_is() {
+    let env = env_with(json!({"metricsPublic": true}));
+    let server = env.serve_http(&[]);
+    for foreign in [("Host", "evil.example"), ("Origin", "http://evil.example"), ("Host", "evil.example:80")] {
+        let (status, _, body) = http_to(server.port, "GET", "/metrics", &[foreign], "");
+        assert_eq!(status, 403, "{foreign:?} (DNS rebinding): {body}");
+        assert!(body.contains("server.allowedHosts"), "{body}");
+    }
+    let origin = format!("http://localhost:{}", server.port);
+    let (status, _, body) = http_to(server.port, "GET", "/metrics", &[("Origin", origin.as_str())], "");
+    assert_eq!(status, 200, "an allowed Origin: {body}");
+}

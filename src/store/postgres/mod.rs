@@ -612,6 +612,23 @@ mod tests {
         .await;
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_version_3_databases_bridge_message_ids_move_apart_from_the_tools_idempotency_keys() {
+        with_test_database(async |target| {
+            let pool = open(&target).await.unwrap();
+            let client = target.client(&pool).await.unwrap();
+            // Back to version 3 (version 4 changed rows, not the schema), with the rows a bridge
+            // and a spawn left there.
+            let rows = crate::store::tests::V10_IDEMPOTENCY_ROWS.replace("{now}", &crate::store::now_ms().to_string());
+            client.batch_execute(&format!("DELETE FROM schema_version WHERE version > 3; {rows}")).await.unwrap();
+            drop((client, pool));
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::Store::open_postgres(target, dir.path()).unwrap();
+            crate::store::tests::assert_idempotency_namespaces_apart(&store);
+        })
+        .await;
+    }
+
     #[tokio::test]
     async fn postgres_facts_see_an_empty_database_and_a_small_skew() {
         with_test_database(async |target| {

@@ -15,14 +15,14 @@
 
 /// The SQLite schema version whose semantics these migrations reproduce. A test fails when the
 /// SQLite store moves on without a PostgreSQL migration that follows it.
-pub const MIRRORS_SQLITE_VERSION: i64 = 10;
+pub const MIRRORS_SQLITE_VERSION: i64 = 12;
 
 /// The marker table: its one row says that sessions-mcp created this database's schema.
 pub const MARKER_TABLE: &str = "sessions_mcp";
 /// The version table, one row per applied migration.
 pub const VERSION_TABLE: &str = "schema_version";
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The tables a copy fills, parents before the tables that reference them (every foreign key
 /// points at `sessions`). The version and marker tables are not data.
@@ -391,4 +391,22 @@ CREATE INDEX runs_running_lease ON runs (lease_until) WHERE status = 'running';
 const V3: &str = r#"
 ALTER TABLE attachments ADD COLUMN content BYTEA;
 ALTER TABLE attachments ADD COLUMN mime_type TEXT;
+"#;
+
+/// Version 4: the SQLite store's version 12 — a channel bridge's message ids under a caller of
+/// their own, apart from the tools' idempotency keys; the rows written before move there.
+const V4: &str = r#"
+UPDATE idempotency SET caller = 'channel_bridge:' || caller WHERE tool = 'channel_bridge';
+"#;
+
+/// Version 5: the SQLite store's version 11 — token totals and spends a hostile usage report left
+/// negative become 0 (PostgreSQL refused the overflow itself: no total became anything but a
+/// bigint).
+const V5: &str = r#"
+UPDATE sessions SET tokens_in = 0 WHERE tokens_in < 0;
+UPDATE sessions SET tokens_out = 0 WHERE tokens_out < 0;
+UPDATE sessions SET tokens_total = 0 WHERE tokens_total < 0;
+UPDATE budgets SET spent_tokens = 0 WHERE spent_tokens < 0;
+UPDATE budgets SET spent_cost_micros = 0 WHERE spent_cost_micros < 0;
+UPDATE budget_live SET tokens = 0 WHERE tokens < 0;
 "#;
