@@ -334,7 +334,7 @@ fn a_newer_schema_is_refused_in_migrate_and_doctor() {
     assert_eq!(
         line,
         format!(
-            "sessions-mcp: {} has schema version 99, newer than this sessions-mcp writes (4); upgrade sessions-mcp",
+            "sessions-mcp: {} has schema version 99, newer than this sessions-mcp writes (5); upgrade sessions-mcp",
             db.shown()
         )
     );
