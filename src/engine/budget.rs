@@ -450,18 +450,20 @@ mod tests {
 
     fn report() -> impl Strategy<Value = Value> {
         let field = |f: &'static str| proptest::option::of(amount()).prop_map(move |v| (f, v));
-        (field("inputTokens"), field("outputTokens"), field("costUsd"), any::<bool>()).prop_map(|(a, b, c, cumulative)| {
-            let mut r = json!({"type": "usage"});
-            for (f, v) in [a, b, c] {
-                if let Some(v) = v {
-                    r[f] = v;
+        (field("inputTokens"), field("outputTokens"), field("costUsd"), any::<bool>()).prop_map(
+            |(a, b, c, cumulative)| {
+                let mut r = json!({"type": "usage"});
+                for (f, v) in [a, b, c] {
+                    if let Some(v) = v {
+                        r[f] = v;
+                    }
                 }
-            }
-            if cumulative {
-                r["cumulative"] = json!(true);
-            }
-            r
-        })
+                if cumulative {
+                    r["cumulative"] = json!(true);
+                }
+                r
+            },
+        )
     }
 
     /// One run of `session` that reports `reports` through the checks a real run's reports go

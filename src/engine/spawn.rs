@@ -63,6 +63,8 @@ pub struct SpawnAccepted {
     pub attachments: Option<Value>,
     /// An idempotency key named an earlier spawn: this is its answer, nothing new was made.
     pub replayed: bool,
+    /// The child runs the built-in echo agent ([`crate::runner::ECHO_WARNING`]).
+    pub echo: bool,
 }
 
 impl Engine<'_> {
@@ -107,7 +109,8 @@ impl Engine<'_> {
                 thread: result.and_then(|r| r.get("thread")).filter(|t| t.is_object()).cloned(),
             };
             let inbox_after = access.last_seq_of(&caller.key)?;
-            return Ok(SpawnAccepted { spawned, inbox_after, attachments: None, replayed: true });
+            let echo = crate::runner::is_echo(config, &req.agent);
+            return Ok(SpawnAccepted { spawned, inbox_after, attachments: None, replayed: true, echo });
         }
         let hop = chain::next_hop(access, caller, chain::Limits::Hops)?;
         let rt = self.runtime("sessions_spawn")?;
@@ -168,7 +171,7 @@ impl Engine<'_> {
             s.keep();
         }
         rt.wake();
-        Ok(SpawnAccepted { spawned, inbox_after, attachments, replayed: false })
+        Ok(SpawnAccepted { spawned, inbox_after, attachments, replayed: false, echo: spec.echo })
     }
 }
 
@@ -509,6 +512,9 @@ pub fn announce_text(
         crate::access::transcript(child, Some(&crate::config::export_dir(&rt.state_dir)));
     stats.push(format!("transcript {at}"));
     let mut text = format!("Status: {}\nResult: {result}\n", status_text(spawn_run));
+    if crate::runner::is_echo(&rt.config, &child.agent_id) {
+        text.push_str(&format!("Warning: {}\n", crate::runner::ECHO_WARNING));
+    }
     if rt.config.agents.defaults.subagents.announce_step
         && let Some(n) = notes.filter(|n| !n.trim().is_empty())
     {

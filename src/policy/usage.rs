@@ -106,8 +106,11 @@ mod tests {
     #[test]
     fn a_count_past_the_ceiling_or_negative_or_fractional_is_ignored_and_named() {
         let (usage, why) = run(&[json!({"type": "usage", "inputTokens": i64::MAX, "outputTokens": 2})]);
-        assert_eq!(usage, Some(json!({"type": "usage", "outputTokens": 2,
-            "rejected": "inputTokens: 9223372036854775807 is not a whole number from 0 to 1000000000000; it was ignored"})));
+        assert_eq!(
+            usage,
+            Some(json!({"type": "usage", "outputTokens": 2,
+            "rejected": "inputTokens: 9223372036854775807 is not a whole number from 0 to 1000000000000; it was ignored"}))
+        );
         assert!(why.unwrap().starts_with("inputTokens: 9223372036854775807"));
         for bad in [json!(-1), json!(1.5), json!("12"), json!(1e300), json!(null), json!([1])] {
             let (usage, why) = run(&[json!({"inputTokens": bad})]);
@@ -118,11 +121,19 @@ mod tests {
 
     #[test]
     fn a_lower_running_total_keeps_the_higher_one() {
-        let reports = [json!({"inputTokens": 1000}), json!({"inputTokens": 2000}), json!({"inputTokens": -1_000_000}),
-            json!({"inputTokens": 1500, "costUsd": 0.5}), json!({"costUsd": 0.25})];
+        let reports = [
+            json!({"inputTokens": 1000}),
+            json!({"inputTokens": 2000}),
+            json!({"inputTokens": -1_000_000}),
+            json!({"inputTokens": 1500, "costUsd": 0.5}),
+            json!({"costUsd": 0.25}),
+        ];
         let (usage, why) = run(&reports);
-        assert_eq!(usage.unwrap(), json!({"type": "usage", "inputTokens": 2000, "costUsd": 0.5,
-            "rejected": "inputTokens: -1000000 is not a whole number from 0 to 1000000000000; it was ignored"}));
+        assert_eq!(
+            usage.unwrap(),
+            json!({"type": "usage", "inputTokens": 2000, "costUsd": 0.5,
+            "rejected": "inputTokens: -1000000 is not a whole number from 0 to 1000000000000; it was ignored"})
+        );
         assert!(why.is_some());
     }
 
@@ -136,7 +147,10 @@ mod tests {
         let (usage, why) = run(&[json!({"inputTokens": 3, "outputTokens": 4, "cacheReadTokens": 5,
             "cacheWriteTokens": 6, "costUsd": 0.01})]);
         assert_eq!(why, None);
-        assert_eq!(usage.unwrap(), json!({"type": "usage", "inputTokens": 3, "outputTokens": 4, "cacheReadTokens": 5,
-            "cacheWriteTokens": 6, "costUsd": 0.01}));
+        assert_eq!(
+            usage.unwrap(),
+            json!({"type": "usage", "inputTokens": 3, "outputTokens": 4, "cacheReadTokens": 5,
+            "cacheWriteTokens": 6, "costUsd": 0.01})
+        );
     }
 }

@@ -141,6 +141,10 @@ pub struct SpawnOk {
     pub queued: bool,
     /// How the completion reaches you.
     pub note: String,
+    /// Said when the child's work will not be real: no real agent is configured, so it runs the
+    /// built-in echo agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub inbox: Option<Value>,
@@ -375,6 +379,7 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
     }
     let mut ok = accepted(ctx, accepted_spawn.spawned, accepted_spawn.inbox_after);
     ok.attachments = accepted_spawn.attachments;
+    ok.warning = accepted_spawn.echo.then(|| crate::engine::ECHO_WARNING.to_string());
     Ok(ok)
 }
 
@@ -406,6 +411,7 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
         mode,
         queued: spawned.queued,
         note,
+        warning: None,
         inbox: caller.external.then(|| json!({"sessionKey": me, "afterSeq": inbox_after})),
         attachments: None,
         thread,
@@ -433,6 +439,8 @@ pub fn task_result(access: &Access, run: &RunRow, budget: usize) -> SpawnOk {
         mode: "run".into(),
         queued: false,
         note: "The child's run has ended; its announce (Status/Result/Notes) also reaches your session.".into(),
+        warning: crate::engine::is_echo(access.config(), &run.session_key.agent_id(&access.config().default_agent()))
+            .then(|| crate::engine::ECHO_WARNING.to_string()),
         inbox: None,
         attachments: None,
         thread: None,

@@ -433,7 +433,11 @@ fn list(ctx: &Ctx, mut a: ArgReader) -> Result<ListOk, ToolError> {
         totals: Totals {
             children: t.sessions,
             unfinished: t.unfinished,
-            tokens: Tokens { input: t.tokens_in, output: t.tokens_out, total: t.tokens_in.saturating_add(t.tokens_out) },
+            tokens: Tokens {
+                input: t.tokens_in,
+                output: t.tokens_out,
+                total: t.tokens_in.saturating_add(t.tokens_out),
+            },
             cost: t.cost,
         },
         budget: access.own_budget(ctx.caller)?.map(|a| a.to_json()),
@@ -467,7 +471,11 @@ fn child_row(ctx: &Ctx, c: &Child, last: Option<&Value>) -> ChildRow {
         started_at: c.started_at(),
         ended_at: c.ended_at(),
         runtime_ms: c.runtime_ms(),
-        tokens: Tokens { input: row.tokens_in, output: row.tokens_out, total: row.tokens_in.saturating_add(row.tokens_out) },
+        tokens: Tokens {
+            input: row.tokens_in,
+            output: row.tokens_out,
+            total: row.tokens_in.saturating_add(row.tokens_out),
+        },
         cost: row.cost,
         last_activity: last.map(|m| crate::sanitize::redact(&crate::sanitize::preview(m, ACTIVITY_CHARS)).0),
         pending_requests: c.open_asks.iter().map(|a| request(ctx, a)).collect(),

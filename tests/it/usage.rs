@@ -76,7 +76,8 @@ fn a_usage_report_at_the_largest_integer_corrupts_nothing_and_the_children_still
     }
     assert_every_read_answers(&env, &mut c, &children);
     let stderr = c.close();
-    let said = "a usage report of the agent was ignored: inputTokens: 9223372036854775807 is not a whole number from 0 to";
+    let said =
+        "a usage report of the agent was ignored: inputTokens: 9223372036854775807 is not a whole number from 0 to";
     assert_eq!(stderr.matches(said).count(), 2, "said once per run: {stderr}");
     let mut again = env.serve(None);
     assert_every_read_answers(&env, &mut again, &children);

@@ -95,6 +95,9 @@ impl TestEnv {
             c.env("SESSIONS_MCP_STORE_URL", url);
         }
         c.env("RUST_LOG", "warn");
+        // The agent CLIs installed where the tests run must not change what a zero-config server
+        // runs; tests/it/first_use.rs turns discovery on with a PATH of fakes.
+        c.env("SESSIONS_MCP_DISCOVERY", "off");
         c
     }
 
