@@ -116,6 +116,19 @@ pub struct AgentsConfig {
     pub discovered: Vec<AgentEntry>,
 }
 
+/// Where a spawned child works (docs/AGENTS.md, Workspaces).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceMode {
+    /// `project` for an agent whose runner is a CLI preset, `isolated` for others.
+    #[default]
+    Auto,
+    /// The requester's project: the directory the serving process was started in.
+    Project,
+    /// The agent's own workspace (`agents.list[].workspace`, else `<stateDir>/workspaces/<agent>`).
+    Isolated,
+}
+
 /// A preset whose CLI discovery found: where, and the version it gave ("" for none).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Discovered {
@@ -161,6 +174,9 @@ pub struct SubagentDefaults {
     pub sweep_interval_seconds: u64,
     /// Run one more turn in the child to write the announce's Notes.
     pub announce_step: bool,
+    /// Where a child works: `auto` (the requester's project for the agent CLIs of presets, the
+    /// agent's own workspace for others), `project` or `isolated`.
+    pub workspace: WorkspaceMode,
     pub model: Option<String>,
     pub thinking: Option<String>,
     /// Questions and approvals a run asks (`input_request`): how long they wait, and rules that
@@ -273,6 +289,7 @@ impl Default for SubagentDefaults {
             archive_after_minutes: defaults::ARCHIVE_AFTER_MINUTES,
             sweep_interval_seconds: defaults::SWEEP_INTERVAL_SECONDS,
             announce_step: defaults::ANNOUNCE_STEP,
+            workspace: WorkspaceMode::Auto,
             model: None,
             thinking: None,
             approvals: Approvals::default(),

@@ -21,7 +21,12 @@ pub struct RunnerSpec {
     pub context: ContextMode,
     pub command: String,
     pub args: Vec<String>,
+    /// Where the agent works (its current directory): the agent's workspace, a sandboxed
+    /// session's own directory, or the requester's project.
     pub workdir: PathBuf,
+    /// Where the server keeps the run's own files (TMPDIR, the isolated HOME, Claude Code's MCP
+    /// config): the agent's workspace, never the user's project.
+    pub files_dir: PathBuf,
     pub timeout: Duration,
     pub idle_timeout: Option<Duration>,
     pub cancel_grace: Duration,
@@ -170,6 +175,7 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         context: r.context.unwrap_or(ContextMode::Auto),
         command,
         args,
+        files_dir: workspace.clone(),
         workdir: workspace,
         timeout: Duration::from_secs(r.timeout_seconds()),
         idle_timeout: (idle > 0).then(|| Duration::from_secs(idle)),

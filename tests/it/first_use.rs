@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 /// A fake `claude`: `--version` prints a version; otherwise it appends its arguments and working
 /// directory to `starts.log` beside it, reads the stream-json user message and answers with the
 /// first line of the README.md of its working directory (as `result`, `usage`, a session id).
+/// It calls tools by absolute path: the server's PATH in these tests holds the fakes only.
 /// `answer` replaces the `result` line (a not-logged-in error, say).
 fn fake_claude(dir: &Path, answer: Option<&str>) -> PathBuf {
     let log = dir.join("starts.log");
@@ -25,9 +26,9 @@ fn fake_claude(dir: &Path, answer: Option<&str>) -> PathBuf {
     let body = format!(
         r#"#!/bin/sh
 if [ "$1" = "--version" ]; then echo "2.1.999 (Claude Code)"; exit 0; fi
-printf '%s\n' "cwd=$(pwd) args=$*" >> '{log}'
+{{ printf 'cwd=%s args=' "$(pwd)"; printf '%s' "$*" | /usr/bin/tr '\n' ' '; echo; }} >> '{log}'
 read -r message
-first=$(head -n 1 README.md 2>/dev/null | tr -d '"\\')
+first=$(/usr/bin/head -n 1 README.md 2>/dev/null | /usr/bin/tr -d '"\\')
 echo '{{"type":"system","subtype":"init","session_id":"fake-1","model":"fake-model"}}'
 echo "{result}"
 "#,
@@ -43,6 +44,19 @@ echo "{result}"
 /// A `serve` that discovers the agents on `path` (and nothing else).
 fn serve_discovering(env: &TestEnv, path: &Path) -> Client {
     env.serve_with(None, &[("PATH", path.to_str().unwrap()), ("SESSIONS_MCP_DISCOVERY", "path")])
+}
+
+/// [`serve_discovering`], started in `project` as a host starts it in the user's project.
+fn serve_in(env: &TestEnv, path: &Path, project: &Path) -> Client {
+    let mut cmd = env.serve_command(None, &[("PATH", path.to_str().unwrap()), ("SESSIONS_MCP_DISCOVERY", "path")]);
+    cmd.current_dir(project);
+    Client::start(cmd)
+}
+
+/// The working directories the fake CLI's starts were in, in order.
+fn start_dirs(bin: &Path) -> Vec<String> {
+    let log = std::fs::read_to_string(bin.join("starts.log")).unwrap_or_default();
+    log.lines().map(|l| l.strip_prefix("cwd=").unwrap_or(l).split(" args=").next().unwrap().to_string()).collect()
 }
 
 fn outcome(c: &mut Client, key: &str) -> String {
@@ -107,6 +121,37 @@ fn a_claude_on_path_becomes_an_agent_and_an_unconfigured_main_runs_it_with_the_p
 
     let by_id = spawn(&mut c, json!({"task": "again", "agentId": "claude"}));
     assert!(outcome(&mut c, by_id["childSessionKey"].as_str().unwrap()).contains("Result: CLAUDE read: "));
+    c.close();
+}
+
+#[test]
+fn a_discovered_cli_child_works_in_the_users_project_and_leaves_nothing_of_ours_there() {
+    let env = TestEnv::new();
+    let (bin, project) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    fake_claude(bin.path(), None);
+    std::fs::write(project.path().join("README.md"), "# The user's project\nmore\n").unwrap();
+    let project_dir = std::fs::canonicalize(project.path()).unwrap().display().to_string();
+    let mut c = serve_in(&env, bin.path(), project.path());
+    let r = spawn(&mut c, json!({"task": "Read README.md and summarise it"}));
+    assert_eq!(r["workspace"], json!({"mode": "project", "path": project_dir}), "{r}");
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(text.contains("Result: CLAUDE read: # The user's project\n"), "it read the project's file: {text}");
+    assert!(start_dirs(bin.path()).iter().all(|d| *d == project_dir), "{:?}", start_dirs(bin.path()));
+    let left: Vec<String> = std::fs::read_dir(project.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["README.md"], "no file of ours in the project");
+
+    let isolated = spawn(&mut c, json!({"task": "again", "workspace": "isolated"}));
+    assert_eq!(isolated["workspace"], json!({"mode": "isolated"}), "{isolated}");
+    let text = outcome(&mut c, isolated["childSessionKey"].as_str().unwrap());
+    assert!(
+        text.contains("Result: CLAUDE read: \n") || text.contains("Result: CLAUDE read:\n"),
+        "no README there: {text}"
+    );
+    let last = start_dirs(bin.path()).pop().unwrap();
+    assert!(last.ends_with("/workspaces/main"), "the agent's own workspace: {last}");
     c.close();
 }
 

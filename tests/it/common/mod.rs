@@ -146,7 +146,7 @@ impl TestEnv {
         panic!("serve died before initialize ten times");
     }
 
-    fn serve_command(&self, as_key: Option<&str>, envs: &[(&str, &str)]) -> Command {
+    pub fn serve_command(&self, as_key: Option<&str>, envs: &[(&str, &str)]) -> Command {
         let mut cmd = self.command(&["serve"]);
         if let Some(k) = as_key {
             cmd.arg("--as").arg(k);
