@@ -22,7 +22,7 @@ pub enum Flow {
 #[serde(tag = "flow", rename_all = "lowercase")]
 pub enum Tagged {
     /// A child's spawn run (and its Notes step, which carries the same state).
-    Spawn(SpawnFlow),
+    Spawn(Box<SpawnFlow>),
     /// A completion run in a driven requester.
     Completion { child: String },
 }

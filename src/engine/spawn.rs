@@ -493,7 +493,7 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
             model: plan.model.clone(),
             thinking: plan.thinking.clone(),
             timeout_ms: plan.timeout_ms,
-            extra: Some(Flow::Tagged(Tagged::Spawn(flow)).to_json()),
+            extra: Some(Flow::Tagged(Tagged::Spawn(Box::new(flow))).to_json()),
         })?;
         let thread = plan
             .thread
@@ -847,6 +847,7 @@ mod tests {
             child_runner: crate::config::RunnerKind::Jsonl,
             thread: None,
             attach_as: None,
+            project: None,
         }
     }
 
