@@ -293,7 +293,8 @@ impl Paths {
     pub fn resolve(&self) -> Result<Env, config::ConfigError> {
         let state_dir = self.state_dir();
         let (path, explicit) = self.config_path(&state_dir);
-        let loaded = config::load(&path, explicit)?;
+        let mut loaded = config::load(&path, explicit)?;
+        crate::runner::discover::apply(&mut loaded.config, &state_dir);
         for path in &loaded.ignored_reference_paths {
             tracing::warn!(path, "config: reference key accepted but not implemented by sessions-mcp");
         }

@@ -304,24 +304,55 @@ fn check_runners(env: &Env) -> usize {
         problems += 1;
     }
     for agent in agents {
-        match crate::runner::resolve_runner(&env.loaded.config, &agent, &env.state_dir, &exe) {
-            Ok(spec) if spec.command == exe.display().to_string() => {
-                println!(
-                    "runner {agent}: the built-in agent (sessions-mcp agent {})",
-                    spec.args.iter().skip(1).cloned().collect::<Vec<_>>().join(" ")
-                );
-            }
-            Ok(spec) => match find_program(&spec.command) {
-                Some(path) => println!("runner {agent}: {} ({})", spec.command, path.display()),
-                None => {
-                    println!("runner problem: {agent}: command {:?} not found or not executable", spec.command);
-                    problems += 1;
-                }
-            },
-            Err(e) => println!("runner {agent}: none ({e})"),
-        }
+        problems += check_runner(env, &agent, &exe);
     }
     problems
+}
+
+/// One agent's runner as it applies (its preset expanded under its own keys), the version of its
+/// CLI, and what keeps it from working. Returns the number of problems.
+fn check_runner(env: &Env, agent: &crate::keys::AgentId, exe: &Path) -> usize {
+    let config = &env.loaded.config;
+    let spec = match crate::runner::resolve_runner(config, agent, &env.state_dir, exe) {
+        Ok(spec) => spec,
+        Err(e) => {
+            println!("runner {agent}: none ({e})");
+            return 0;
+        }
+    };
+    if spec.echo {
+        println!("runner {agent}: the built-in echo agent (preset echo): {}", crate::runner::ECHO_WARNING);
+        return 0;
+    }
+    if spec.command == exe.display().to_string() {
+        let args = spec.args.iter().skip(1).cloned().collect::<Vec<_>>().join(" ");
+        println!("runner {agent}: the built-in agent (sessions-mcp agent {args})");
+        return 0;
+    }
+    let Ok(path) = which::which(&spec.command) else {
+        println!("runner problem: {agent}: command {:?} not found or not executable", spec.command);
+        return 1;
+    };
+    let shown = crate::runner::agent_runner(config, agent);
+    let origin =
+        if config.agent(agent).is_some_and(|a| a.discovered.is_some()) { "discovered on PATH" } else { "configured" };
+    let version = crate::runner::discover::version(&path, &env.state_dir);
+    let version = if version.is_empty() { "no version given".to_string() } else { version };
+    println!("runner {agent}: preset {} ({origin}), {} ({}; {version})", shown.runner, spec.command, path.display());
+    println!(
+        "runner {agent} expanded: kind {}, args {:?}, home {}, passthrough {:?}",
+        serde_json::to_value(spec.kind).unwrap_or_default().as_str().unwrap_or_default(),
+        spec.args,
+        if spec.home_inherit { "inherit" } else { "isolated" },
+        spec.passthrough
+    );
+    match crate::runner::missing_adapter_flags(&spec) {
+        Some(why) => {
+            println!("runner problem: {agent}: {why}");
+            1
+        }
+        None => 0,
+    }
 }
 
 /// When some agent's sessions run sandboxed, bubblewrap must be able to start a jail.
@@ -343,17 +374,6 @@ fn check_sandbox(env: &Env) -> usize {
             0
         }
     }
-}
-
-/// The executable a command names: a path, or a name looked up in PATH.
-fn find_program(command: &str) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if command.contains('/') {
-        let p = Path::new(command).to_path_buf();
-        return executable(&p).then_some(p);
-    }
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(command)).find(|p| executable(p))
 }
 
 /// Reports what other local users may read in the state dir (one line each, the first 20);

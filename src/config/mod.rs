@@ -6,6 +6,9 @@
 //! deserialises what is ours. `schemas/config.json` is generated from these types.
 
 mod paths;
+mod presets;
+
+pub use presets::RunnerPreset;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -107,6 +110,44 @@ impl StoreConfig {
 pub struct AgentsConfig {
     pub defaults: AgentDefaults,
     pub list: Vec<AgentEntry>,
+    /// Whether the agent CLIs found on PATH at start become agents (docs/AGENTS.md, Discovery).
+    pub discovery: Discovery,
+    /// The agents discovery found (never read from the file): one per preset whose CLI is on
+    /// PATH and whose id `list` does not configure.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub discovered: Vec<AgentEntry>,
+}
+
+/// Where a spawned child works (docs/AGENTS.md, Workspaces).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceMode {
+    /// `project` for an agent whose runner is a CLI preset, `isolated` for others.
+    #[default]
+    Auto,
+    /// The requester's project: the directory the serving process was started in.
+    Project,
+    /// The agent's own workspace (`agents.list[].workspace`, else `<stateDir>/workspaces/<agent>`).
+    Isolated,
+}
+
+/// A preset whose CLI discovery found: where, and the version it gave ("" for none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovered {
+    pub preset: RunnerPreset,
+    pub path: PathBuf,
+    pub version: String,
+}
+
+/// `agents.discovery`: `path` (default) looks for the presets' CLIs on PATH at start; `off` makes
+/// only the configured agents exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Discovery {
+    #[default]
+    Path,
+    Off,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
@@ -136,6 +177,9 @@ pub struct SubagentDefaults {
     pub sweep_interval_seconds: u64,
     /// Run one more turn in the child to write the announce's Notes.
     pub announce_step: bool,
+    /// Where a child works: `auto` (the requester's project for the agent CLIs of presets, the
+    /// agent's own workspace for others), `project` or `isolated`.
+    pub workspace: WorkspaceMode,
     pub model: Option<String>,
     pub thinking: Option<String>,
     /// Questions and approvals a run asks (`input_request`): how long they wait, and rules that
@@ -252,6 +296,7 @@ impl Default for SubagentDefaults {
             archive_after_minutes: defaults::ARCHIVE_AFTER_MINUTES,
             sweep_interval_seconds: defaults::SWEEP_INTERVAL_SECONDS,
             announce_step: defaults::ANNOUNCE_STEP,
+            workspace: WorkspaceMode::Auto,
             model: None,
             thinking: None,
             approvals: Approvals::default(),
@@ -315,6 +360,28 @@ pub struct AgentEntry {
     pub sandbox: Option<AgentSandbox>,
     #[serde(default)]
     pub subagents: Option<AgentSubagents>,
+    /// Set on an agent discovery made: the CLI's `--version` line (empty when it gave none).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub discovered: Option<String>,
+}
+
+impl AgentEntry {
+    /// An entry with only its id.
+    pub fn bare(id: &str) -> AgentEntry {
+        AgentEntry {
+            id: id.to_string(),
+            name: None,
+            default: false,
+            workspace: None,
+            model: None,
+            models: None,
+            runner: None,
+            sandbox: None,
+            subagents: None,
+            discovered: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
@@ -340,6 +407,9 @@ pub struct AgentSubagents {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct RunnerConfig {
+    /// The settings of an agent CLI people use (`claude`, `codex`, `echo`), under this block's
+    /// own keys: every key set here overrides the preset's (docs/AGENTS.md, Presets).
+    pub preset: Option<RunnerPreset>,
     pub kind: Option<RunnerKind>,
     pub command: Option<String>,
     pub args: Option<Vec<String>>,
@@ -1141,16 +1211,39 @@ impl Config {
         entry.and_then(|a| AgentId::parse(&a.id).ok()).unwrap_or_else(AgentId::main)
     }
 
+    /// The agent `id`: configured, else discovered.
     pub fn agent(&self, id: &AgentId) -> Option<&AgentEntry> {
-        self.agents.list.iter().find(|a| a.id.eq_ignore_ascii_case(id.as_str()))
+        let same = |a: &&AgentEntry| a.id.eq_ignore_ascii_case(id.as_str());
+        self.agents.list.iter().find(same).or_else(|| self.agents.discovered.iter().find(same))
     }
 
-    /// Configured agent ids; with no list, the default agent `main` is implied.
+    /// Configured agent ids (with no list, the default agent `main` is implied), then the
+    /// discovered ones.
     pub fn configured_agents(&self) -> Vec<AgentId> {
+        let listed = self.agents.list.iter().chain(&self.agents.discovered).filter_map(|a| AgentId::parse(&a.id).ok());
+        let mut ids: Vec<AgentId> = listed.collect();
         if self.agents.list.is_empty() {
-            return vec![AgentId::main()];
+            ids.insert(0, AgentId::main());
         }
-        self.agents.list.iter().filter_map(|a| AgentId::parse(&a.id).ok()).collect()
+        ids
+    }
+
+    /// Adds an agent per preset whose CLI was found, under the preset's name, unless `agents.list`
+    /// configures that id; `main` with no runner of its own runs the first of them. Called once at
+    /// start, before the config is shared.
+    pub fn add_discovered(&mut self, found: &[Discovered]) {
+        for Discovered { preset, path, version } in found {
+            let id = preset.as_str();
+            if self.agents.list.iter().any(|a| a.id.eq_ignore_ascii_case(id)) {
+                continue;
+            }
+            let command = Some(path.display().to_string());
+            let runner = RunnerConfig { preset: Some(*preset), command, ..RunnerConfig::default() };
+            let mut entry = AgentEntry::bare(id);
+            entry.runner = Some(runner);
+            entry.discovered = Some(version.clone());
+            self.agents.discovered.push(entry);
+        }
     }
 
     pub fn is_configured(&self, id: &AgentId) -> bool {

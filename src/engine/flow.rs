@@ -22,7 +22,7 @@ pub enum Flow {
 #[serde(tag = "flow", rename_all = "lowercase")]
 pub enum Tagged {
     /// A child's spawn run (and its Notes step, which carries the same state).
-    Spawn(SpawnFlow),
+    Spawn(Box<SpawnFlow>),
     /// A completion run in a driven requester.
     Completion { child: String },
 }
@@ -75,6 +75,10 @@ pub struct SpawnFlow {
     /// The spawn's `attachAs` hint, as given (reserved: recorded, not acted on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach_as: Option<Value>,
+    /// The requester's project the child works in (`workspace: "project"`); none: the agent's
+    /// own workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 /// What happens to a child session after its announce.

@@ -20,6 +20,8 @@ pub mod subagents;
 mod threads;
 mod turn;
 
+/// What an answer showing the built-in echo agent's work says (the tools name it through the engine).
+pub use crate::runner::{AgentRunner, ECHO_WARNING, agent_runner, is_echo};
 pub use deliver::{deliver_due, settle_run};
 pub use steps::{catch_up, step_id, take_steps};
 pub use turn::{TurnResult, channel_of_row, run_turn};

@@ -4,6 +4,8 @@
 //! run in a driven requester), then cleanup (delete) or a later archive (keep). A child that still
 //! has unfinished children announces only after its last child completed.
 
+use std::path::PathBuf;
+
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -40,6 +42,8 @@ pub struct SpawnRequest {
     pub run_timeout: Option<u64>,
     pub cleanup_delete: bool,
     pub require_sandbox: bool,
+    /// `workspace` as asked; none: `agents.defaults.subagents.workspace`.
+    pub workspace: Option<crate::config::WorkspaceMode>,
     pub attachments: Vec<super::attachments::Incoming>,
     pub idempotency_key: Option<String>,
     /// The budget asked for (validated); none: the configured default, else a share of the requester's.
@@ -63,6 +67,10 @@ pub struct SpawnAccepted {
     pub attachments: Option<Value>,
     /// An idempotency key named an earlier spawn: this is its answer, nothing new was made.
     pub replayed: bool,
+    /// The child runs the built-in echo agent ([`crate::runner::ECHO_WARNING`]).
+    pub echo: bool,
+    /// Where it works: `{mode: "project", path}` or `{mode: "isolated"}` (none on a replay).
+    pub workspace: Option<Value>,
 }
 
 impl Engine<'_> {
@@ -107,7 +115,15 @@ impl Engine<'_> {
                 thread: result.and_then(|r| r.get("thread")).filter(|t| t.is_object()).cloned(),
             };
             let inbox_after = access.last_seq_of(&caller.key)?;
-            return Ok(SpawnAccepted { spawned, inbox_after, attachments: None, replayed: true });
+            let echo = crate::runner::is_echo(config, &req.agent);
+            return Ok(SpawnAccepted {
+                spawned,
+                inbox_after,
+                attachments: None,
+                replayed: true,
+                echo,
+                workspace: None,
+            });
         }
         let hop = chain::next_hop(access, caller, chain::Limits::Hops)?;
         let rt = self.runtime("sessions_spawn")?;
@@ -161,6 +177,11 @@ impl Engine<'_> {
             child_runner: spec.kind,
             thread: req.thread.as_ref(),
             attach_as: req.attach_as.as_ref(),
+            project: project_for(config, &req, child_sandboxed)?,
+        };
+        let workspace = match &plan.project {
+            Some(dir) => json!({"mode": "project", "path": dir.display().to_string()}),
+            None => json!({"mode": "isolated"}),
         };
         let spawned = start(&rt.store, &rt.config, &plan).map_err(|r| self.refusal(caller, &rt.store, r))?;
         let attachments = staged.as_ref().map(super::attachments::Staged::summary);
@@ -168,7 +189,14 @@ impl Engine<'_> {
             s.keep();
         }
         rt.wake();
-        Ok(SpawnAccepted { spawned, inbox_after, attachments, replayed: false })
+        Ok(SpawnAccepted {
+            spawned,
+            inbox_after,
+            attachments,
+            replayed: false,
+            echo: spec.echo,
+            workspace: Some(workspace),
+        })
     }
 }
 
@@ -309,6 +337,42 @@ struct SpawnPlan<'a> {
     child_runner: crate::config::RunnerKind,
     thread: Option<&'a ThreadBinding>,
     attach_as: Option<&'a Value>,
+    /// The requester's project the child works in; none: the agent's own workspace.
+    project: Option<PathBuf>,
+}
+
+/// Where a child works: the requester's project (the directory this serving process was started
+/// in), or None for the agent's own workspace. `auto` means the project for an agent that runs a
+/// CLI preset without a workspace of its own. A sandboxed child works in its own directory in the
+/// jail, and attachments are written into the agent's workspace: `project` asked outright is then
+/// refused, `auto` falls back.
+fn project_for(config: &Config, req: &SpawnRequest, sandboxed: bool) -> Result<Option<PathBuf>, ToolError> {
+    use crate::config::{RunnerPreset, WorkspaceMode};
+    let asked = req.workspace.unwrap_or(config.agents.defaults.subagents.workspace);
+    let own_workspace = config.agent(&req.agent).is_some_and(|a| a.workspace.is_some());
+    let preset = crate::runner::effective_runner(config, &req.agent).preset;
+    let wanted = match asked {
+        WorkspaceMode::Project => true,
+        WorkspaceMode::Isolated => false,
+        WorkspaceMode::Auto => !own_workspace && preset.is_some_and(|p| p != RunnerPreset::Echo),
+    };
+    let blocker = if sandboxed {
+        Some("a sandboxed child works in its own directory inside the jail")
+    } else if !req.attachments.is_empty() {
+        Some("attachments are written into the agent's own workspace")
+    } else {
+        None
+    };
+    match (wanted, blocker) {
+        (false, _) => Ok(None),
+        (true, Some(why)) if asked == WorkspaceMode::Project => Err(ToolError::invalid(format!(
+            "workspace \"project\" cannot apply: {why}; leave workspace out or ask \"isolated\""
+        ))),
+        (true, Some(_)) => Ok(None),
+        (true, None) => std::env::current_dir()
+            .map(Some)
+            .map_err(|e| ToolError::error(format!("workspace: the server's own directory cannot be read: {e}"))),
+    }
 }
 
 /// What the spawn created.
@@ -429,6 +493,7 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
             attachments: plan.attachments.map(|staged| staged.for_request()),
             attachments_path: plan.attachments.map(|staged| staged.path().display().to_string()),
             attach_as: plan.attach_as.cloned(),
+            project: plan.project.as_ref().map(|p| p.display().to_string()),
         };
         if let Some(staged) = plan.attachments {
             for r in &staged.receipts {
@@ -465,7 +530,7 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
             model: plan.model.clone(),
             thinking: plan.thinking.clone(),
             timeout_ms: plan.timeout_ms,
-            extra: Some(Flow::Tagged(Tagged::Spawn(flow)).to_json()),
+            extra: Some(Flow::Tagged(Tagged::Spawn(Box::new(flow))).to_json()),
         })?;
         let thread = plan
             .thread
@@ -546,6 +611,9 @@ pub fn announce_text(
         crate::access::transcript(child, Some(&crate::config::export_dir(&rt.state_dir)));
     stats.push(format!("transcript {at}"));
     let mut text = format!("Status: {}\nResult: {result}\n", status_text(spawn_run));
+    if crate::runner::is_echo(&rt.config, &child.agent_id) {
+        text.push_str(&format!("Warning: {}\n", crate::runner::ECHO_WARNING));
+    }
     if rt.config.agents.defaults.subagents.announce_step
         && let Some(n) = notes.filter(|n| !n.trim().is_empty())
     {
@@ -816,6 +884,7 @@ mod tests {
             child_runner: crate::config::RunnerKind::Jsonl,
             thread: None,
             attach_as: None,
+            project: None,
         }
     }
 

@@ -2,6 +2,7 @@
 //! and the run's flow, the runner's launch, the streamed output) and commits its outcome; the
 //! steps after it are `steps`.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -53,11 +54,11 @@ pub fn channel_of_row(key: &SessionKey, row: Option<&SessionRow>, rt: &Scheduler
 }
 
 fn env_for(run: &RunRow, spec: &crate::runner::RunnerSpec, token: &str, socket: &str) -> Vec<(String, String)> {
-    let workdir = spec.workdir.display().to_string();
+    let files = spec.files_dir.display().to_string();
     let home = if spec.home_inherit {
-        std::env::var("HOME").unwrap_or_else(|_| workdir.clone())
+        std::env::var("HOME").unwrap_or_else(|_| files.clone())
     } else {
-        format!("{workdir}/.sessions-home")
+        format!("{files}/.sessions-home")
     };
     let mut env = vec![
         ("PATH".to_string(), std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into())),
@@ -65,7 +66,7 @@ fn env_for(run: &RunRow, spec: &crate::runner::RunnerSpec, token: &str, socket: 
         ("LC_ALL".into(), "C.UTF-8".into()),
         ("TZ".into(), "UTC".into()),
         ("HOME".into(), home),
-        ("TMPDIR".into(), format!("{workdir}/.tmp")),
+        ("TMPDIR".into(), format!("{files}/.tmp")),
         ("SESSIONS_MCP_RUN_ID".into(), run.run_id.clone()),
         ("SESSIONS_MCP_SESSION_KEY".into(), run.session_key.to_string()),
         ("SESSIONS_MCP_TOKEN".into(), token.to_string()),
@@ -81,6 +82,16 @@ fn env_for(run: &RunRow, spec: &crate::runner::RunnerSpec, token: &str, socket: 
         }
     }
     env
+}
+
+/// The requester's project a spawned child works in, as its spawn recorded it (every run of the
+/// child works there: its steers, completions and Notes too); None for an isolated workspace.
+fn project_of(rt: &Scheduler, session: &SessionRow, run: &RunRow) -> Result<Option<PathBuf>, StoreError> {
+    let Some(spawn_run) = session.spawn_run.as_deref() else { return Ok(None) };
+    let extra =
+        if spawn_run == run.run_id { run.extra.clone() } else { rt.store.run(spawn_run)?.and_then(|r| r.extra) };
+    let flow = Flow::of(extra.as_ref());
+    Ok(flow.as_ref().and_then(Flow::spawn).and_then(|s| s.project.as_deref()).map(PathBuf::from))
 }
 
 /// The `system` text of a run, from its mode and flow state: a send's exchange tells each side
@@ -135,7 +146,7 @@ fn agent_input(
     ];
     let Some(cli) = &spec.cli else { return Ok((spec.argv(&vars), Input::Request(request), None)) };
     let mcp_config = (spec.kind == RunnerKind::ClaudeStreamJson)
-        .then(|| McpConfigFile::write(&spec.workdir.join(".tmp"), &run.run_id, exe, env))
+        .then(|| McpConfigFile::write(&spec.files_dir.join(".tmp"), &run.run_id, exe, env))
         .transpose()
         .map_err(|e| format!("cannot write the MCP config file for Claude Code: {e}"))?;
     let extra = mcp_config.iter().flat_map(|f| ["--mcp-config".to_string(), f.path().display().to_string()]).collect();
@@ -204,14 +215,22 @@ pub async fn run_turn(
             return fail(format!("sandbox unavailable: {why}"));
         }
         spec.workdir = sandbox::session_workdir(&workspace, &session.session_id);
+        spec.files_dir = spec.workdir.clone();
         if let Err(e) = sandbox::prepare_workdir(&workspace, &spec.workdir) {
             return fail(format!("sandbox unavailable: cannot prepare {}: {e}", spec.workdir.display()));
         }
     } else {
-        for dir in [spec.workdir.clone(), spec.workdir.join(".tmp"), spec.workdir.join(".sessions-home")] {
+        for dir in [spec.files_dir.clone(), spec.files_dir.join(".tmp"), spec.files_dir.join(".sessions-home")] {
             if let Err(e) = std::fs::create_dir_all(&dir) {
                 return fail(format!("cannot create the workdir {}: {e}", dir.display()));
             }
+        }
+        match project_of(rt, &session, run)? {
+            Some(project) if project.is_dir() => spec.workdir = project,
+            Some(project) => {
+                return fail(format!("the requester's project {} is no longer a directory", project.display()));
+            }
+            None => {}
         }
     }
     if store.is_shared() && session.spawn_run.is_some() {

@@ -83,10 +83,12 @@ pub fn tools_for(role: CallerRole, config: &Config) -> Vec<ToolName> {
     }
 }
 
-/// The agent ids `requester` may spawn, itself included: `agents.list[].subagents.allowAgents`.
+/// The agent ids `requester` may spawn, itself included: `agents.list[].subagents.allowAgents`;
+/// without one, the agents discovery found (the CLIs the user has are there to be used; an
+/// explicit allowlist keeps its meaning).
 pub fn spawnable(config: &Config, requester: &AgentId) -> (bool, Vec<AgentId>) {
     let allow = config.agent(requester).and_then(|a| a.subagents.as_ref()).and_then(|s| s.allow_agents.clone());
-    let allow = allow.unwrap_or_default();
+    let allow = allow.unwrap_or_else(|| config.agents.discovered.iter().map(|a| a.id.clone()).collect());
     let allow_any = allow.iter().any(|a| a.trim() == "*");
     let mut ids: Vec<AgentId> = if allow_any {
         config.configured_agents()

@@ -10,6 +10,7 @@
 
 pub mod adapters;
 mod asking;
+pub mod discover;
 pub mod mcp_config;
 pub mod orphans;
 pub mod protocol;
@@ -31,7 +32,10 @@ use tokio_util::sync::CancellationToken;
 use crate::store::NewMessage;
 pub use crate::store::RunStatus;
 
-pub use spec::{RunnerSpec, resolve_runner};
+pub use spec::{
+    AgentRunner, ECHO_WARNING, RunnerSpec, agent_runner, effective_runner, is_echo, missing_adapter_flags,
+    resolve_runner,
+};
 
 use adapters::Decoder;
 use asking::Asking;
@@ -626,7 +630,8 @@ impl Reading<'_, '_> {
                 )));
             }
             let Ok(events) = decoder.line(&text) else {
-                return Some(Stop::Protocol(format!("protocol: line {line_no} is not JSON")));
+                let hint = missing_adapter_flags(self.spec).map(|fix| format!(" ({fix})")).unwrap_or_default();
+                return Some(Stop::Protocol(format!("protocol: line {line_no} is not JSON{hint}")));
             };
             self.stdin.observe(&events);
             for request in events.iter().filter(|e| e.get("type").and_then(Value::as_str) == Some("input_request")) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::template::{CliTemplate, Thinking};
 use crate::config::{
-    Config, ContextMode, HomeMode, PromptInput, RunnerConfig, RunnerKind, SandboxNetwork, SessionMode,
+    Config, ContextMode, HomeMode, PromptInput, RunnerConfig, RunnerKind, RunnerPreset, SandboxNetwork, SessionMode,
     SystemPromptWhen, WorkspaceAccess, defaults,
 };
 use crate::keys::AgentId;
@@ -21,7 +21,12 @@ pub struct RunnerSpec {
     pub context: ContextMode,
     pub command: String,
     pub args: Vec<String>,
+    /// Where the agent works (its current directory): the agent's workspace, a sandboxed
+    /// session's own directory, or the requester's project.
     pub workdir: PathBuf,
+    /// Where the server keeps the run's own files (TMPDIR, the isolated HOME, Claude Code's MCP
+    /// config): the agent's workspace, never the user's project.
+    pub files_dir: PathBuf,
     pub timeout: Duration,
     pub idle_timeout: Option<Duration>,
     pub cancel_grace: Duration,
@@ -35,20 +40,121 @@ pub struct RunnerSpec {
     pub network_host: bool,
     /// The workspace is writable inside the jail (`runner.sandbox.workspace: "rw"`).
     pub workspace_rw: bool,
+    /// The built-in echo agent runs: it answers `ECHO: <input>` and does no work, which every
+    /// answer that shows its replies says.
+    pub echo: bool,
 }
 
-/// Resolves the runner of `agent`. The default agent `main` with no command configured runs the
-/// built-in echo agent (`sessions-mcp agent`), so a zero-config server answers sends.
-pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &Path) -> Result<RunnerSpec, String> {
+/// The runner settings of `agent` as they apply: its own `runner` over `agents.defaults.runner`
+/// over its preset. The default agent `main` with neither a command nor a preset runs the first
+/// discovered CLI's preset, else the built-in echo agent.
+pub fn effective_runner(config: &Config, agent: &AgentId) -> RunnerConfig {
     let base = &config.agents.defaults.runner;
-    let r = match config.agent(agent).and_then(|a| a.runner.as_ref()) {
+    let mut r = match config.agent(agent).and_then(|a| a.runner.as_ref()) {
         Some(own) => own.merged(base),
         None => base.clone(),
     };
-    let (command, args) = match (&r.command, agent.as_str()) {
-        (Some(c), _) => (c.clone(), r.args.clone().unwrap_or_default()),
-        (None, "main") => (exe.display().to_string(), vec!["agent".to_string()]),
-        (None, id) => return Err(format!("agent \"{id}\" has no runner configured (agents.list[].runner)")),
+    if r.command.is_none() && r.preset.is_none() && *agent == AgentId::main() {
+        // An unconfigured main runs the first CLI discovery found, else the echo agent.
+        match config.agents.discovered.first().and_then(|a| a.runner.as_ref()) {
+            Some(found) => r = r.merged(found),
+            None => r.preset = Some(RunnerPreset::Echo),
+        }
+    }
+    match r.preset {
+        Some(preset) => r.merged(&preset.runner()),
+        None => r,
+    }
+}
+
+/// Whether `agent` runs the built-in echo agent (no real agent configured or found for it).
+pub fn is_echo(config: &Config, agent: &AgentId) -> bool {
+    let r = effective_runner(config, agent);
+    r.command.is_none() && r.preset == Some(RunnerPreset::Echo)
+}
+
+/// What every answer that shows an echo agent's work says about it.
+pub const ECHO_WARNING: &str = "no real agent is configured: this child ran the built-in echo agent, which answers \"ECHO: <task>\" and does no work. Install Claude Code or Codex (the server finds them on PATH when it starts) or set agents.list[].runner.preset; agents_list says what is available.";
+
+/// What `agents_list` says of an agent's runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRunner {
+    /// The preset it runs (`claude`, `codex`, `echo`), `command` for a runner of its own, or
+    /// `none`.
+    pub runner: String,
+    /// Whether it can start: its program is found (the echo agent always can).
+    pub available: bool,
+    /// The version its CLI gave when discovery found it.
+    pub version: Option<String>,
+    /// Why it is not available, or that it is the echo agent.
+    pub note: Option<String>,
+}
+
+/// What `agent` runs and whether it can (a PATH lookup, no process started).
+pub fn agent_runner(config: &Config, agent: &AgentId) -> AgentRunner {
+    let r = effective_runner(config, agent);
+    let version = config.agent(agent).and_then(|a| a.discovered.clone()).filter(|v| !v.is_empty());
+    let runner = r.preset.filter(|_| r.command.is_none() || r.preset != Some(RunnerPreset::Echo));
+    let runner = runner.map_or("command", RunnerPreset::as_str).to_string();
+    if is_echo(config, agent) {
+        let note =
+            "the built-in echo agent: it answers \"ECHO: <input>\" and does no work (no real agent is configured)";
+        return AgentRunner { runner, available: true, version, note: Some(note.into()) };
+    }
+    let Some(command) = r.command else {
+        let note = "no runner is configured: set agents.list[].runner.preset (claude, codex, echo) or runner.command";
+        return AgentRunner { runner: "none".into(), available: false, version, note: Some(note.into()) };
+    };
+    let available = which::which(&command).is_ok();
+    let note = (!available).then(|| {
+        format!("\"{command}\" is not installed or not on PATH: install it, or set agents.list[].runner.command")
+    });
+    AgentRunner { runner, available, version, note }
+}
+
+/// What an adapter needs in `args` that a runner block lacks, said as the fix (doctor's check):
+/// without them the CLI prints text where the adapter reads JSON and every run fails.
+pub fn missing_adapter_flags(spec: &RunnerSpec) -> Option<String> {
+    let has = |flag: &str| spec.args.iter().any(|a| a == flag);
+    let has_value = |flag: &str, value: &str| {
+        spec.args.windows(2).any(|w| w[0] == flag && w[1] == value) || has(&format!("{flag}={value}"))
+    };
+    let missing: Vec<&str> = match spec.kind {
+        RunnerKind::ClaudeStreamJson => [
+            (!(has("-p") || has("--print"))).then_some("-p"),
+            (!has_value("--output-format", "stream-json")).then_some("--output-format stream-json"),
+            (!has("--verbose")).then_some("--verbose"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        RunnerKind::CodexExecJson => {
+            [(!has("exec")).then_some("exec"), (!has("--json")).then_some("--json")].into_iter().flatten().collect()
+        }
+        RunnerKind::Jsonl | RunnerKind::Text => Vec::new(),
+    };
+    (!missing.is_empty()).then(|| {
+        let kind = serde_json::to_value(spec.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+        let preset = if spec.kind == RunnerKind::ClaudeStreamJson { "claude" } else { "codex" };
+        format!(
+            "kind \"{kind}\" reads JSON lines, but runner.args lack {}: the CLI would print text and every run fail \"protocol: line 1 is not JSON\"; add them, or set runner.preset \"{preset}\" (it sets them)",
+            missing.join(", ")
+        )
+    })
+}
+
+/// Resolves the runner of `agent` ([`effective_runner`]).
+pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &Path) -> Result<RunnerSpec, String> {
+    let r = effective_runner(config, agent);
+    let echo = is_echo(config, agent);
+    let (command, args) = match &r.command {
+        Some(c) => (c.clone(), r.args.clone().unwrap_or_default()),
+        None if echo => (exe.display().to_string(), vec!["agent".to_string()]),
+        None => {
+            return Err(format!(
+                "agent \"{agent}\" has no runner configured: set agents.list[].runner.preset (claude, codex, echo) or runner.command"
+            ));
+        }
     };
     let kind = r.kind.unwrap_or(RunnerKind::Jsonl);
     let cli = (kind != RunnerKind::Jsonl)
@@ -69,6 +175,7 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         context: r.context.unwrap_or(ContextMode::Auto),
         command,
         args,
+        files_dir: workspace.clone(),
         workdir: workspace,
         timeout: Duration::from_secs(r.timeout_seconds()),
         idle_timeout: (idle > 0).then(|| Duration::from_secs(idle)),
@@ -81,6 +188,7 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         home_inherit: r.home == Some(HomeMode::Inherit),
         network_host: r.sandbox.as_ref().and_then(|s| s.network) == Some(SandboxNetwork::Host),
         workspace_rw: r.sandbox.as_ref().and_then(|s| s.workspace) == Some(WorkspaceAccess::Rw),
+        echo,
     })
 }
 

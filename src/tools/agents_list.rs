@@ -21,6 +21,9 @@ pub struct AgentsListOk {
     pub allow_any: bool,
     /// The caller's agent first, then the others it may spawn, sorted.
     pub agents: Vec<AgentInfo>,
+    /// Said when no agent here does real work: only the built-in echo agent exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -28,8 +31,20 @@ pub struct AgentInfo {
     pub id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Whether the id is in agents.list (an allowlist may name unconfigured ids).
+    /// Whether the id is in agents.list or was discovered (an allowlist may name unconfigured ids).
     pub configured: bool,
+    /// Found on PATH when the server started (no agents.list entry of its own).
+    pub discovered: bool,
+    /// What it runs: a preset (claude, codex, echo) or `command` (a runner block of its own).
+    pub runner: String,
+    /// Whether it can start now (its program is installed).
+    pub available: bool,
+    /// Its CLI's version, as discovery read it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Why it is not available, or that it is the echo agent, which does no work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 pub fn spec() -> ToolSpec {
@@ -54,12 +69,20 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<AgentsListOk, Too
         .into_iter()
         .map(|id| {
             let entry = config.agent(&id);
+            let runner = crate::engine::agent_runner(config, &id);
             AgentInfo {
                 name: entry.and_then(|e| e.name.as_deref()).map(str::trim).filter(|n| !n.is_empty()).map(String::from),
                 configured: config.is_configured(&id),
+                discovered: entry.is_some_and(|e| e.discovered.is_some()),
                 id: id.as_str().to_string(),
+                runner: runner.runner,
+                available: runner.available,
+                version: runner.version,
+                note: runner.note,
             }
         })
-        .collect();
-    Ok(AgentsListOk { status: OkStatus::Ok, requester: ctx.caller.agent.as_str().to_string(), allow_any, agents })
+        .collect::<Vec<_>>();
+    let only_echo = agents.iter().all(|a| a.runner == "echo");
+    let note = only_echo.then(|| format!("Only the built-in echo agent exists here: {}", crate::engine::ECHO_WARNING));
+    Ok(AgentsListOk { status: OkStatus::Ok, requester: ctx.caller.agent.as_str().to_string(), allow_any, agents, note })
 }

@@ -52,6 +52,10 @@ pub struct Params {
     cleanup: Option<Cleanup>,
     /// inherit (default) | require: require a sandboxed child.
     sandbox: Option<SandboxReq>,
+    /// project | isolated: work in your project (the directory the server was started in) or in
+    /// the agent's own directory. Default: project for the agent CLIs of presets (claude, codex),
+    /// isolated for other agents (agents.defaults.subagents.workspace).
+    workspace: Option<WorkspaceReq>,
     /// Files for the child (off unless tools.sessions_spawn.attachments.enabled).
     attachments: Option<Vec<Attachment>>,
     /// Where the child should look for attachments (a hint only).
@@ -91,6 +95,14 @@ pub enum SpawnMode {
 pub enum Cleanup {
     Delete,
     Keep,
+}
+
+#[derive(JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum WorkspaceReq {
+    Project,
+    Isolated,
 }
 
 #[derive(JsonSchema)]
@@ -141,6 +153,14 @@ pub struct SpawnOk {
     pub queued: bool,
     /// How the completion reaches you.
     pub note: String,
+    /// Where the child works: {mode: "project", path} (your project) or {mode: "isolated"}.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
+    pub workspace: Option<Value>,
+    /// Said when the child's work will not be real: no real agent is configured, so it runs the
+    /// built-in echo agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub inbox: Option<Value>,
@@ -283,6 +303,11 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
     };
     let cleanup_delete = one_of(&mut a, "cleanup", &["delete", "keep"])?.as_deref() == Some("delete");
     let require_sandbox = one_of(&mut a, "sandbox", &["inherit", "require"])?.as_deref() == Some("require");
+    let workspace = match one_of(&mut a, "workspace", &["project", "isolated"])?.as_deref() {
+        Some("project") => Some(crate::config::WorkspaceMode::Project),
+        Some(_) => Some(crate::config::WorkspaceMode::Isolated),
+        None => None,
+    };
     let limits = &ctx.access.config().tools.sessions_spawn.attachments;
     let attachments = match a.opt_value("attachments") {
         None => Vec::new(),
@@ -310,6 +335,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
         run_timeout,
         cleanup_delete,
         require_sandbox,
+        workspace,
         attachments,
         idempotency_key,
         budget,
@@ -375,6 +401,8 @@ async fn spawn(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SpawnO
     }
     let mut ok = accepted(ctx, accepted_spawn.spawned, accepted_spawn.inbox_after);
     ok.attachments = accepted_spawn.attachments;
+    ok.warning = accepted_spawn.echo.then(|| crate::engine::ECHO_WARNING.to_string());
+    ok.workspace = accepted_spawn.workspace;
     Ok(ok)
 }
 
@@ -406,6 +434,8 @@ fn accepted(ctx: &Ctx, spawned: Spawned, inbox_after: i64) -> SpawnOk {
         mode,
         queued: spawned.queued,
         note,
+        workspace: None,
+        warning: None,
         inbox: caller.external.then(|| json!({"sessionKey": me, "afterSeq": inbox_after})),
         attachments: None,
         thread,
@@ -433,6 +463,9 @@ pub fn task_result(access: &Access, run: &RunRow, budget: usize) -> SpawnOk {
         mode: "run".into(),
         queued: false,
         note: "The child's run has ended; its announce (Status/Result/Notes) also reaches your session.".into(),
+        workspace: None,
+        warning: crate::engine::is_echo(access.config(), &run.session_key.agent_id(&access.config().default_agent()))
+            .then(|| crate::engine::ECHO_WARNING.to_string()),
         inbox: None,
         attachments: None,
         thread: None,

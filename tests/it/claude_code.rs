@@ -404,6 +404,49 @@ fn spawn_and_wait(c: &mut common::Client, task: &str) -> (String, String) {
     (child, announce)
 }
 
+/// Issue 35: with no config at all, Claude Code on PATH is discovered, and a spawn with no
+/// `agentId` (an unconfigured `main`) runs it through the `claude` preset, with the user's HOME.
+#[test]
+fn with_no_config_claude_on_path_is_discovered_and_an_unconfigured_main_runs_it_as_a_child() {
+    let Some(claude) = cli_or_skip() else { return };
+    let claude = std::fs::canonicalize(&claude).unwrap();
+    let (bin, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::os::unix::fs::symlink(&claude, bin.path().join("claude")).unwrap();
+    let node_dir = which_dir("node");
+    let path = format!("{}:{node_dir}:/usr/bin:/bin", bin.path().display());
+    let env = TestEnv::new();
+    let port = fake_api();
+    let vars = [
+        ("PATH", path),
+        ("HOME", home.path().display().to_string()),
+        ("SESSIONS_MCP_DISCOVERY", "path".to_string()),
+        ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}")),
+        ("ANTHROPIC_API_KEY", "sk-fake".to_string()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
+        ("DISABLE_AUTOUPDATER", "1".to_string()),
+        ("DISABLE_TELEMETRY", "1".to_string()),
+    ];
+    let mut c = serve(&env, &vars);
+    let agents = c.call("agents_list", json!({}));
+    assert_eq!(agents["agents"][0]["runner"], "claude", "{agents}");
+    assert!(agents["agents"][1]["version"].as_str().is_some_and(|v| v.contains("Claude Code")), "{agents}");
+    let r = c.call("sessions_spawn", json!({"task": "Say hello"}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    assert!(r.get("warning").is_none(), "{r}");
+    let key = r["childSessionKey"].as_str().unwrap();
+    let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [key], "timeoutSeconds": 150}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(outcome.starts_with("Status: completed successfully\nResult: Hello from the fake API"), "{outcome}");
+    assert!(!outcome.contains("Warning:"), "{outcome}");
+}
+
+/// The directory of `program` on PATH (the Claude Code script needs `node` beside it).
+fn which_dir(program: &str) -> String {
+    let out = std::process::Command::new("sh").args(["-c", &format!("command -v {program}")]).output().unwrap();
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.parent().map(|p| p.display().to_string()).unwrap_or_default()
+}
+
 #[test]
 fn claude_code_as_a_spawned_child_replies_with_usage_and_cost_and_is_announced() {
     let Some(claude) = cli_or_skip() else { return };

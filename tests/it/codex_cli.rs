@@ -240,6 +240,47 @@ fn thread_of(request: &Value) -> String {
     request["prompt_cache_key"].as_str().unwrap_or_else(|| panic!("no prompt_cache_key: {request}")).to_string()
 }
 
+/// Issue 35: with no config of ours, Codex on PATH is discovered, and a spawn of agent `codex` runs
+/// it through the `codex` preset with the user's own Codex home (here its config.toml names the
+/// fake provider, as a user's would name theirs).
+#[test]
+fn with_no_config_codex_on_path_is_discovered_and_a_spawn_runs_it_with_the_users_codex_home() {
+    let Some(codex) = cli_or_skip() else { return };
+    let codex = std::fs::canonicalize(&codex).unwrap();
+    let (bin, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::os::unix::fs::symlink(&codex, bin.path().join("codex")).unwrap();
+    let (port, _seen) = fake_api();
+    let codex_home = home.path().join(".codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    let config = format!(
+        "model = \"gpt-5\"\nmodel_provider = \"fake\"\n[model_providers.fake]\nname = \"fake\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\n"
+    );
+    std::fs::write(codex_home.join("config.toml"), config).unwrap();
+    let node = std::process::Command::new("sh").args(["-c", "command -v node"]).output().unwrap();
+    let node_dir = PathBuf::from(String::from_utf8_lossy(&node.stdout).trim()).parent().unwrap().to_path_buf();
+    let path = format!("{}:{}:/usr/bin:/bin", bin.path().display(), node_dir.display());
+    let env = TestEnv::new();
+    let home = home.path().display().to_string();
+    let vars = [
+        ("PATH", path.as_str()),
+        ("HOME", home.as_str()),
+        ("SESSIONS_MCP_DISCOVERY", "path"),
+        ("CODEX_API_KEY", "sk-fake"),
+    ];
+    let mut c = env.serve_with(None, &vars);
+    let agents = c.call("agents_list", json!({}));
+    assert_eq!(agents["agents"][0]["runner"], "codex", "main runs the one CLI found: {agents}");
+    let r = c.call("sessions_spawn", json!({"task": "Say hello", "agentId": "codex"}));
+    assert_eq!(r["status"], "accepted", "{r}");
+    let key = r["childSessionKey"].as_str().unwrap();
+    let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [key], "timeoutSeconds": 150}));
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(
+        outcome.starts_with("Status: completed successfully\nResult: Hello from the fake Responses API"),
+        "{outcome}"
+    );
+}
+
 #[test]
 fn codex_replies_with_usage_and_its_second_turn_resumes_its_own_thread() {
     let Some(codex) = cli_or_skip() else { return };

@@ -22,6 +22,7 @@ mod dashboard;
 mod dashboard_browser;
 mod degraded;
 mod faults;
+mod first_use;
 mod fuzz_regressions;
 mod http;
 mod import_export;

@@ -26,6 +26,51 @@ fn tool_examples(text: &str) -> Vec<(String, Value)> {
     out
 }
 
+/// Code blocks whose info string is `json5`: config examples.
+fn config_examples(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.trim_end() == "```json5" {
+            out.push(lines.by_ref().take_while(|l| !l.starts_with("```")).collect::<Vec<_>>().join("\n"));
+        }
+    }
+    out
+}
+
+/// Every config example loads as it is written, and every agent one of them lets an agent spawn
+/// is an agent it configures (the allowAgents omission of an earlier README), with its preset's or
+/// its own runner.
+#[test]
+fn readme_config_examples_load_and_their_spawnable_agents_exist() {
+    let examples = config_examples(&readme());
+    assert!(examples.len() >= 8, "{} json5 blocks", examples.len());
+    // A placeholder (`"<hex sha256 of the token>"`) stands for a value of its kind.
+    let placeholder = regex::Regex::new(r#""<[^">]*>""#).unwrap();
+    for text in examples {
+        let text = placeholder.replace_all(&text, |m: &regex::Captures| {
+            if m[0].contains("sha256") { format!("\"{}\"", "a".repeat(64)) } else { "\"x\"".to_string() }
+        });
+        let (config, _) = sessions_mcp::config::parse(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+        for agent in config.configured_agents() {
+            let (_, allowed) = sessions_mcp::policy::spawnable(&config, &agent);
+            for id in allowed {
+                assert!(
+                    config.is_configured(&id),
+                    "{agent} may spawn {id}, which the example does not configure:\n{text}"
+                );
+            }
+        }
+        // An agent given a runner is there to be run: the default agent (the one a host's
+        // session is) may spawn it.
+        let (_, reachable) = sessions_mcp::policy::spawnable(&config, &config.default_agent());
+        for entry in config.agents.list.iter().filter(|a| a.runner.is_some()) {
+            let id = sessions_mcp::keys::AgentId::parse(&entry.id).unwrap();
+            assert!(reachable.contains(&id), "agent {id} has a runner but the default agent may not spawn it:\n{text}");
+        }
+    }
+}
+
 #[test]
 fn readme_examples_conform_to_the_input_schemas_and_run() {
     let examples = tool_examples(&readme());

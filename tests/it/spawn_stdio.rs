@@ -403,8 +403,9 @@ fn max_queued_refuses_beyond_the_queue_and_leaves_nothing_behind() {
 
 // ---- the announce ------------------------------------------------------------------------------
 
-/// With no config the child runs the built-in echo agent: its Result is the echoed task, and its
-/// Notes step adds nothing (it used to echo the Notes prompt into every announce).
+/// With no config (and no agent CLI found) the child runs the built-in echo agent: its Result is
+/// the echoed task, a Warning line says no real agent did the work, and its Notes step adds
+/// nothing (it used to echo the Notes prompt into every announce).
 #[test]
 fn a_zero_config_spawn_announces_the_echoed_task_without_notes() {
     let env = TestEnv::new();
@@ -412,9 +413,9 @@ fn a_zero_config_spawn_announces_the_echoed_task_without_notes() {
     let r = spawn(&mut c, json!({"task": "say hi"}));
     let child = child_of(&r);
     let text = text_of(&wait_announce(&mut c, after_seq(&r), &child, 20)["content"]);
-    assert!(text.starts_with("Status: completed successfully\nResult: ECHO: say hi\nStats: runtime "), "{text}");
+    assert!(text.starts_with("Status: completed successfully\nResult: ECHO: say hi\nWarning: no real agent is configured: this child ran the built-in echo agent"), "{text}");
     assert!(line(&text, "Notes:").is_none() && !text.contains("Write short notes"), "{text}");
-    assert_eq!(text.lines().count(), 3, "Status, Result, Stats: {text}");
+    assert_eq!(text.lines().count(), 4, "Status, Result, Warning, Stats: {text}");
     let show = env.show(&child);
     assert_eq!(runs_of(&show, Some("announce")).len(), 1, "the Notes step still ran: {show}");
 }

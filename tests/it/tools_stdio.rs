@@ -465,7 +465,12 @@ fn agents_list_follows_the_allowlist() {
     assert_eq!(
         a,
         json!({"status": "ok", "requester": "main", "allowAny": false, "agents": [
-            {"id": "main", "configured": true}, {"id": "ops", "name": "Ops", "configured": true}, {"id": "zeta", "configured": false}
+            {"id": "main", "configured": true, "discovered": false, "runner": "echo", "available": true,
+             "note": "the built-in echo agent: it answers \"ECHO: <input>\" and does no work (no real agent is configured)"},
+            {"id": "ops", "name": "Ops", "configured": true, "discovered": false, "runner": "none", "available": false,
+             "note": "no runner is configured: set agents.list[].runner.preset (claude, codex, echo) or runner.command"},
+            {"id": "zeta", "configured": false, "discovered": false, "runner": "none", "available": false,
+             "note": "no runner is configured: set agents.list[].runner.preset (claude, codex, echo) or runner.command"}
         ]})
     );
     let env =
@@ -477,7 +482,10 @@ fn agents_list_follows_the_allowlist() {
     assert_eq!(ids, ["main", "a", "b"]);
     let env = TestEnv::new();
     let mut c = env.serve(None);
-    assert_eq!(c.call("agents_list", json!({}))["agents"], json!([{"id": "main", "configured": true}]));
+    let a = c.call("agents_list", json!({}));
+    assert_eq!(a["agents"].as_array().map(Vec::len), Some(1), "{a}");
+    assert_eq!(a["agents"][0]["runner"], "echo", "{a}");
+    assert!(a["note"].as_str().unwrap().starts_with("Only the built-in echo agent exists here"), "{a}");
 }
 
 #[test]

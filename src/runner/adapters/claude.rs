@@ -234,18 +234,25 @@ fn elicitation_request(id: &str, request: &Value) -> Value {
     event::input_request(id, "question", &text, json!({"elicitation": asked}))
 }
 
+/// What a run of a Claude Code that is not logged in fails with: what to do, in one line.
+const NOT_LOGGED_IN: &str = "Claude Code is not logged in for this agent: run `claude` and /login (a subscription login needs runner.home \"inherit\", which preset \"claude\" sets), or pass ANTHROPIC_API_KEY (runner.env.passthrough; preset \"claude\" passes it)";
+
 /// The reply a `result` ends its turn with, or the error it reports.
 fn ending(v: &Value) -> Value {
     let session = v.get("session_id").and_then(Value::as_str);
     if v.get("is_error").and_then(Value::as_bool).unwrap_or(false) {
-        let code = v.get("api_error_type").and_then(Value::as_str).unwrap_or(text_of(v, "subtype"));
+        // An error `result` keeps the subtype "success" when the turn itself ran (a login
+        // failure, say): that is no code to show anyone.
+        let subtype = Some(text_of(v, "subtype")).filter(|s| !s.is_empty() && *s != "success");
+        let code = v.get("api_error_type").and_then(Value::as_str).or(subtype).unwrap_or("error");
         let message = match v.get("result").and_then(Value::as_str) {
+            Some(r) if r.contains("Not logged in") => NOT_LOGGED_IN.to_string(),
             Some(r) => r.to_string(),
             None => {
                 format!("Claude Code ended the turn with {} ({})", text_of(v, "subtype"), text_of(v, "terminal_reason"))
             }
         };
-        event::error(code, &message)
+        event::error(if message == NOT_LOGGED_IN { "not_logged_in" } else { code }, &message)
     } else {
         let stop = v.get("stop_reason").and_then(Value::as_str).unwrap_or("end_turn");
         event::final_(text_of(v, "result"), stop, session)

@@ -95,6 +95,9 @@ impl TestEnv {
             c.env("SESSIONS_MCP_STORE_URL", url);
         }
         c.env("RUST_LOG", "warn");
+        // The agent CLIs installed where the tests run must not change what a zero-config server
+        // runs; tests/it/first_use.rs turns discovery on with a PATH of fakes.
+        c.env("SESSIONS_MCP_DISCOVERY", "off");
         c
     }
 
@@ -143,7 +146,7 @@ impl TestEnv {
         panic!("serve died before initialize ten times");
     }
 
-    fn serve_command(&self, as_key: Option<&str>, envs: &[(&str, &str)]) -> Command {
+    pub fn serve_command(&self, as_key: Option<&str>, envs: &[(&str, &str)]) -> Command {
         let mut cmd = self.command(&["serve"]);
         if let Some(k) = as_key {
             cmd.arg("--as").arg(k);

@@ -1,0 +1,223 @@
+//! Real agents on first use (issue 35), black-box with fake agent CLIs on PATH: discovery makes the
+//! CLIs a user has into agents with their presets' flags, an unconfigured `main` runs the first one,
+//! and with none found every answer says that only the built-in echo agent exists. A runner block
+//! that cannot work, and a CLI that is not logged in, fail in one line that says what to do; doctor
+//! shows each runner expanded and flags the first.
+
+use crate::common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use common::{Client, TestEnv};
+use serde_json::{Value, json};
+
+/// A fake `claude`: `--version` prints a version; otherwise it appends its arguments and working
+/// directory to `starts.log` beside it, reads the stream-json user message and answers with the
+/// first line of the README.md of its working directory (as `result`, `usage`, a session id).
+/// It calls tools by absolute path: the server's PATH in these tests holds the fakes only.
+/// `answer` replaces the `result` line (a not-logged-in error, say).
+fn fake_claude(dir: &Path, answer: Option<&str>) -> PathBuf {
+    let log = dir.join("starts.log");
+    let result = answer.map(String::from).unwrap_or_else(|| {
+        r#"{"type":"result","subtype":"success","is_error":false,"result":"CLAUDE read: $first","session_id":"fake-1","total_cost_usd":0.001,"usage":{"input_tokens":5,"output_tokens":3}}"#
+            .to_string()
+    });
+    let body = format!(
+        r#"#!/bin/sh
+if [ "$1" = "--version" ]; then echo "2.1.999 (Claude Code)"; exit 0; fi
+{{ printf 'cwd=%s args=' "$(pwd)"; printf '%s' "$*" | /usr/bin/tr '\n' ' '; echo; }} >> '{log}'
+read -r message
+first=$(/usr/bin/head -n 1 README.md 2>/dev/null | /usr/bin/tr -d '"\\')
+echo '{{"type":"system","subtype":"init","session_id":"fake-1","model":"fake-model"}}'
+echo "{result}"
+"#,
+        log = log.display(),
+        result = result.replace('"', "\\\""),
+    );
+    let path = dir.join("claude");
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A `serve` that discovers the agents on `path` (and nothing else).
+fn serve_discovering(env: &TestEnv, path: &Path) -> Client {
+    env.serve_with(None, &[("PATH", path.to_str().unwrap()), ("SESSIONS_MCP_DISCOVERY", "path")])
+}
+
+/// [`serve_discovering`], started in `project` as a host starts it in the user's project.
+fn serve_in(env: &TestEnv, path: &Path, project: &Path) -> Client {
+    let mut cmd = env.serve_command(None, &[("PATH", path.to_str().unwrap()), ("SESSIONS_MCP_DISCOVERY", "path")]);
+    cmd.current_dir(project);
+    Client::start(cmd)
+}
+
+/// The working directories the fake CLI's starts were in, in order.
+fn start_dirs(bin: &Path) -> Vec<String> {
+    let log = std::fs::read_to_string(bin.join("starts.log")).unwrap_or_default();
+    log.lines().map(|l| l.strip_prefix("cwd=").unwrap_or(l).split(" args=").next().unwrap().to_string()).collect()
+}
+
+fn outcome(c: &mut Client, key: &str) -> String {
+    let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [key], "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "ok", "{w}");
+    w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("the child reported: {w}")).to_string()
+}
+
+fn spawn(c: &mut Client, args: Value) -> Value {
+    let r = c.call("sessions_spawn", args);
+    assert_eq!(r["status"], "accepted", "{r}");
+    r
+}
+
+#[test]
+fn with_no_agent_cli_on_path_every_answer_says_only_the_echo_agent_exists() {
+    let env = TestEnv::new();
+    let empty = tempfile::tempdir().unwrap();
+    let mut c = serve_discovering(&env, empty.path());
+    let agents = c.call("agents_list", json!({}));
+    assert_eq!(agents["agents"].as_array().map(Vec::len), Some(1), "{agents}");
+    assert_eq!(agents["agents"][0]["runner"], "echo", "{agents}");
+    assert!(agents["note"].as_str().unwrap().contains("no real agent is configured"), "{agents}");
+    let r = spawn(&mut c, json!({"task": "Read README.md and summarise it"}));
+    assert!(r["warning"].as_str().unwrap().starts_with("no real agent is configured"), "{r}");
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(text.contains("\nWarning: no real agent is configured: this child ran the built-in echo agent"), "{text}");
+    c.close();
+}
+
+#[test]
+fn a_claude_on_path_becomes_an_agent_and_an_unconfigured_main_runs_it_with_the_presets_flags() {
+    let env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    fake_claude(bin.path(), None);
+    let mut c = serve_discovering(&env, bin.path());
+    let agents = c.call("agents_list", json!({}));
+    let ids: Vec<&str> = agents["agents"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["main", "claude"], "the discovered CLI may be spawned with no allowAgents: {agents}");
+    assert_eq!(agents["agents"][0]["runner"], "claude", "main runs it: {agents}");
+    let claude = &agents["agents"][1];
+    assert_eq!(
+        (&claude["discovered"], &claude["available"], &claude["version"]),
+        (&json!(true), &json!(true), &json!("2.1.999 (Claude Code)")),
+        "{agents}"
+    );
+    assert!(agents.get("note").is_none(), "a real agent exists: {agents}");
+
+    let r = spawn(&mut c, json!({"task": "Read README.md and summarise it"}));
+    assert!(r.get("warning").is_none(), "{r}");
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(text.starts_with("Status: completed successfully\nResult: CLAUDE read: "), "{text}");
+    assert!(!text.contains("Warning:"), "{text}");
+    let starts = std::fs::read_to_string(bin.path().join("starts.log")).unwrap();
+    let first = starts.lines().next().unwrap();
+    for flag in
+        ["-p --input-format stream-json --output-format stream-json --verbose", "--permission-prompt-tool stdio"]
+    {
+        assert!(first.contains(flag), "{flag}: {first}");
+    }
+    assert!(!first.contains("dangerously") && !first.contains("bypassPermissions"), "no bypass: {first}");
+
+    let by_id = spawn(&mut c, json!({"task": "again", "agentId": "claude"}));
+    assert!(outcome(&mut c, by_id["childSessionKey"].as_str().unwrap()).contains("Result: CLAUDE read: "));
+    c.close();
+}
+
+#[test]
+fn a_discovered_cli_child_works_in_the_users_project_and_leaves_nothing_of_ours_there() {
+    let env = TestEnv::new();
+    let (bin, project) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    fake_claude(bin.path(), None);
+    std::fs::write(project.path().join("README.md"), "# The user's project\nmore\n").unwrap();
+    let project_dir = std::fs::canonicalize(project.path()).unwrap().display().to_string();
+    let mut c = serve_in(&env, bin.path(), project.path());
+    let r = spawn(&mut c, json!({"task": "Read README.md and summarise it"}));
+    assert_eq!(r["workspace"], json!({"mode": "project", "path": project_dir}), "{r}");
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(text.contains("Result: CLAUDE read: # The user's project\n"), "it read the project's file: {text}");
+    assert!(start_dirs(bin.path()).iter().all(|d| *d == project_dir), "{:?}", start_dirs(bin.path()));
+    let left: Vec<String> = std::fs::read_dir(project.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["README.md"], "no file of ours in the project");
+
+    let isolated = spawn(&mut c, json!({"task": "again", "workspace": "isolated"}));
+    assert_eq!(isolated["workspace"], json!({"mode": "isolated"}), "{isolated}");
+    let text = outcome(&mut c, isolated["childSessionKey"].as_str().unwrap());
+    assert!(
+        text.contains("Result: CLAUDE read: \n") || text.contains("Result: CLAUDE read:\n"),
+        "no README there: {text}"
+    );
+    let last = start_dirs(bin.path()).pop().unwrap();
+    assert!(last.ends_with("/workspaces/main"), "the agent's own workspace: {last}");
+    c.close();
+}
+
+#[test]
+fn a_claude_that_is_not_logged_in_fails_in_one_line_that_says_what_to_do() {
+    let env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    let not_logged_in = r#"{"type":"result","subtype":"success","is_error":true,"result":"Not logged in · Please run /login","session_id":"fake-1"}"#;
+    fake_claude(bin.path(), Some(not_logged_in));
+    let mut c = serve_discovering(&env, bin.path());
+    let r = spawn(&mut c, json!({"task": "anything"}));
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    let status = text.lines().next().unwrap();
+    assert!(
+        status.starts_with(
+            "Status: failed: not_logged_in: Claude Code is not logged in for this agent: run `claude` and /login"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("failed: success:"), "{text}");
+    c.close();
+}
+
+#[test]
+fn a_stream_json_runner_without_its_flags_is_flagged_by_doctor_and_fails_each_run_saying_the_fix() {
+    let mut env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    let plain = bin.path().join("plain-claude");
+    std::fs::write(&plain, "#!/bin/sh\ncat >/dev/null\necho 'Here is my answer in plain text'\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).unwrap();
+    env.set_config(
+        &json!({"agents": {"list": [{"id": "main", "runner":
+            {"kind": "claude-stream-json", "command": plain.to_str().unwrap(), "args": ["-p"]}}]}})
+        .to_string(),
+    );
+    let doctor = env.run(&["doctor"]);
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(!doctor.status.success(), "{said}");
+    assert!(
+        said.contains("runner problem: main: kind \"claude-stream-json\" reads JSON lines, but runner.args lack --output-format stream-json, --verbose"),
+        "{said}"
+    );
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, json!({"task": "anything"}));
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(text.contains("protocol: line 1 is not JSON (kind \"claude-stream-json\" reads JSON lines"), "{text}");
+    assert!(text.contains("set runner.preset \"claude\""), "{text}");
+    c.close();
+}
+
+#[test]
+fn doctor_shows_a_preset_expanded_under_the_agents_own_keys() {
+    let mut env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    let claude = fake_claude(bin.path(), None);
+    env.set_config(
+        &json!({"agents": {"list": [{"id": "main", "runner":
+            {"preset": "claude", "command": claude.to_str().unwrap(), "timeoutSeconds": 60,
+             "env": {"passthrough": ["MY_KEY"]}}}]}})
+        .to_string(),
+    );
+    let doctor = env.run(&["doctor"]);
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(said.contains("runner main: preset claude (configured), "), "{said}");
+    assert!(said.contains("2.1.999 (Claude Code)"), "the CLI's version: {said}");
+    assert!(said.contains("runner main expanded: kind claude-stream-json, args [\"-p\", \"--input-format\""), "{said}");
+    assert!(said.contains("home inherit, passthrough [\"MY_KEY\"]"), "the agent's own key wins: {said}");
+    assert!(!said.contains("runner problem"), "{said}");
+}
