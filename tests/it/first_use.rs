@@ -29,7 +29,7 @@ printf '%s\n' "cwd=$(pwd) args=$*" >> '{log}'
 read -r message
 first=$(head -n 1 README.md 2>/dev/null | tr -d '"\\')
 echo '{{"type":"system","subtype":"init","session_id":"fake-1","model":"fake-model"}}'
-echo "{result}"
+printf '%s\n' "{result}"
 "#,
         log = log.display(),
         result = result.replace('"', "\\\""),
@@ -107,6 +107,40 @@ fn a_claude_on_path_becomes_an_agent_and_an_unconfigured_main_runs_it_with_the_p
 
     let by_id = spawn(&mut c, json!({"task": "again", "agentId": "claude"}));
     assert!(outcome(&mut c, by_id["childSessionKey"].as_str().unwrap()).contains("Result: CLAUDE read: "));
+    c.close();
+}
+
+/// Issue 35, point 4: a CLI child is started once for its task; its notes come from the Notes
+/// section its sub-agent context asked it to end its answer with, not from a second start for a
+/// Notes step (before: two starts, the Result kept the section, and the Notes line was the whole
+/// answer again).
+#[test]
+fn a_cli_child_is_started_once_and_its_notes_are_the_notes_section_of_its_answer() {
+    let mut env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    let answer = r#"{"type":"result","subtype":"success","is_error":false,"result":"Summary: the README has 3 lines\n\n**Notes:** read README.md; nothing is left; results are in this answer","session_id":"fake-1","usage":{"input_tokens":5,"output_tokens":3}}"#;
+    let claude = fake_claude(bin.path(), Some(answer));
+    env.set_config(
+        &json!({"agents": {"list": [{"id": "main", "runner": {"preset": "claude", "command": claude.to_str().unwrap()}}]}})
+            .to_string(),
+    );
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, json!({"task": "Read README.md and summarise it"}));
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    let starts = std::fs::read_to_string(bin.path().join("starts.log")).unwrap();
+    // One line per start (the system prompt in its arguments adds lines of its own).
+    assert_eq!(
+        starts.lines().filter(|l| l.starts_with("cwd=")).count(),
+        1,
+        "one start of the CLI for the child: {starts}"
+    );
+    assert!(starts.contains("End your final answer with a last section that starts on its own line with"), "{starts}");
+    assert!(
+        text.starts_with(
+            "Status: completed successfully\nResult: Summary: the README has 3 lines\nNotes: read README.md; nothing is left; results are in this answer\nStats: "
+        ),
+        "{text}"
+    );
     c.close();
 }
 
