@@ -10,10 +10,12 @@
 //! update through a daemon owning the runtime, against the serve owning it), [`subagents`] (how
 //! soon a `subagents` wait answers after the announce, both ways), [`fanout`] (N children spawned at
 //! once: spawn rate, last announce, the server's memory, fds and threads, supervision per run),
-//! [`nodes`] (PostgreSQL: tool latency next to SQLite, runs per second with 1, 2 and 3 nodes). `--quick` takes small
+//! [`nodes`] (PostgreSQL: tool latency next to SQLite, runs per second with 1, 2 and 3 nodes),
+//! [`cli_child`] (one spawned CLI child, spawn to announce: wall time and the CLI's starts). `--quick` takes small
 //! sizes so that a debug build finishes within a minute on two cores (CI); figures come from the
 //! full mode in a release build.
 
+mod cli_child;
 mod client;
 mod daemon;
 mod fanout;
@@ -45,10 +47,11 @@ pub enum Group {
     Subagents,
     Fanout,
     Nodes,
+    CliChild,
 }
 
 impl Group {
-    const ALL: [Group; 10] = [
+    const ALL: [Group; 11] = [
         Group::InProcess,
         Group::Stdio,
         Group::Send,
@@ -59,6 +62,7 @@ impl Group {
         Group::Subagents,
         Group::Fanout,
         Group::Nodes,
+        Group::CliChild,
     ];
 
     fn name(self) -> &'static str {
@@ -73,6 +77,7 @@ impl Group {
             Group::Subagents => "subagents",
             Group::Fanout => "fanout",
             Group::Nodes => "nodes",
+            Group::CliChild => "cli-child",
         }
     }
 }
@@ -254,6 +259,7 @@ pub async fn run(quick: bool, only: Option<Group>) -> ExitCode {
             Group::Subagents => subagents::run(&mut bench).await,
             Group::Fanout => fanout::run(&mut bench).await,
             Group::Nodes => nodes::run(&mut bench).await,
+            Group::CliChild => cli_child::run(&mut bench).await,
         };
         if let Err(e) = result {
             print_table(&bench);

@@ -79,6 +79,11 @@ pub struct SpawnFlow {
     /// own workspace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
+    /// The child runs a CLI started per turn: its notes are the `Notes:` section of its final
+    /// reply (asked for in [`SpawnFlow::system`] while announceStep is on), never a Notes step,
+    /// which would start the CLI, and call its model, a second time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notes_in_reply: bool,
 }
 
 /// What happens to a child session after its announce.

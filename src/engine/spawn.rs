@@ -30,6 +30,9 @@ use crate::store::{Route, ThreadBinding};
 /// Longest Result in an announce, in bytes.
 const RESULT_BYTES: usize = 8 * 1024;
 pub const NOTES_PROMPT: &str = "Your task has ended (Status: completed successfully). Write short notes for the agent that spawned you: what you did, what is left, where the results are. Reply exactly ANNOUNCE_SKIP to add nothing.";
+/// What a CLI child's sub-agent context asks instead of a Notes step (no line of it starts with
+/// the label, so a CLI that echoes its prompt does not write notes by accident).
+pub const NOTES_IN_REPLY: &str = "End your final answer with a last section that starts on its own line with \"Notes:\", followed by short notes for the agent that spawned you: what you did, what is left, where the results are. It is passed on apart from your answer.";
 pub const COMPLETION_PREFIX: &str = "A sub-agent you spawned has finished:";
 
 /// What a caller asks to spawn (its arguments validated by the tool).
@@ -404,8 +407,9 @@ impl From<StoreError> for Refused {
     }
 }
 
-/// The sub-agent context, in `system` of the child's runs.
-fn subagent_context(plan: &SpawnPlan, child: &SessionKey) -> String {
+/// The sub-agent context, in `system` of the child's runs; `ask_notes`: it asks for the notes in
+/// the final answer ([`NOTES_IN_REPLY`]).
+fn subagent_context(plan: &SpawnPlan, child: &SessionKey, ask_notes: bool) -> String {
     let spawning = if plan.depth < plan.max_depth {
         "You may spawn sub-agents of your own with sessions_spawn; their completions arrive as your next messages."
     } else {
@@ -419,11 +423,12 @@ fn subagent_context(plan: &SpawnPlan, child: &SessionKey) -> String {
         Some(b) => format!("\nYour replies are posted in thread {} of channel {}.", b.thread_id, b.channel),
         None => String::new(),
     };
+    let notes = if ask_notes { format!("\n{NOTES_IN_REPLY}") } else { String::new() };
     format!(
         "Sub-agent context. You are a sub-agent spawned for one task (depth {depth} of {max}).\n\
          Rules: stay on the task; finish it; do not start unrelated work; your session is ephemeral; \
          your final reply is announced to the session that spawned you automatically — do not poll or \
-         message it.\n{spawning}{thread}\nLabel: {label}.\nRequester session: {req}.\nRequester channel: {ch}.\nYour session: {child}.",
+         message it.{notes}\n{spawning}{thread}\nLabel: {label}.\nRequester session: {req}.\nRequester channel: {ch}.\nYour session: {child}.",
         depth = plan.depth,
         max = plan.max_depth,
         label = plan.label.as_deref().unwrap_or("(none)"),
@@ -486,10 +491,13 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
             };
             tx.set_route(child_id, &route)?;
         }
+        // Every kind but jsonl starts its CLI per turn: a Notes step would be a second start.
+        let notes_in_reply = plan.child_runner != crate::config::RunnerKind::Jsonl;
         let flow = SpawnFlow {
             requester: plan.caller.key.to_string(),
             cleanup: if plan.cleanup_delete { Cleanup::Delete } else { Cleanup::Keep },
-            system: subagent_context(plan, &child_key),
+            system: subagent_context(plan, &child_key, notes_in_reply && sub.announce_step),
+            notes_in_reply,
             attachments: plan.attachments.map(|staged| staged.for_request()),
             attachments_path: plan.attachments.map(|staged| staged.path().display().to_string()),
             attach_as: plan.attach_as.cloned(),
@@ -655,6 +663,55 @@ fn task_reply(spawn_run: &RunRow, last_work: &RunRow) -> Option<String> {
     last_work.reply.as_ref().filter(said).or(spawn_run.reply.as_ref()).cloned()
 }
 
+/// The task reply and the notes in it: while announceStep is on, a CLI child
+/// ([`SpawnFlow::notes_in_reply`]) ends its answer with a `Notes:` section, which is cut off the
+/// Result; any other child's notes come from its Notes step, so none are taken here.
+fn reply_and_notes(rt: &Scheduler, spawn_run: &RunRow, last_work: &RunRow) -> (Option<String>, Option<String>) {
+    let reply = task_reply(spawn_run, last_work);
+    if !rt.config.agents.defaults.subagents.announce_step || !spawned_cli(spawn_run) {
+        return (reply, None);
+    }
+    match reply.as_deref().and_then(split_notes) {
+        Some((result, notes)) => {
+            let notes = Some(notes).filter(|n| !n.is_empty() && !is_skip(n)).map(String::from);
+            (Some(result.to_string()), notes)
+        }
+        None => (reply, None),
+    }
+}
+
+/// The child runs a CLI started per turn: its notes are in its reply ([`SpawnFlow::notes_in_reply`]).
+fn spawned_cli(spawn_run: &RunRow) -> bool {
+    Flow::of(spawn_run.extra.as_ref()).as_ref().and_then(Flow::spawn).is_some_and(|s| s.notes_in_reply)
+}
+
+/// A reply split at its last line labelled `Notes:` (also `**Notes:**`, `## Notes:`): the text
+/// before that line, and the notes after the label (to the end). None: no such line.
+fn split_notes(reply: &str) -> Option<(&str, &str)> {
+    let mut line_start = 0;
+    let mut found = None;
+    for line in reply.split_inclusive('\n') {
+        if let Some(rest) = after_notes_label(line) {
+            found = Some((line_start, line_start + line.len() - rest.len()));
+        }
+        line_start += line.len();
+    }
+    let (line, notes) = found?;
+    Some((reply[..line].trim_end(), reply[notes..].trim()))
+}
+
+/// The rest of a line that starts with the `Notes:` label, markdown emphasis or heading marks
+/// around it allowed, in any case.
+fn after_notes_label(line: &str) -> Option<&str> {
+    let marks = ['#', '*', '_', '>', ' ', '\t'];
+    let label = line.trim_start_matches(marks);
+    if !label.get(..5)?.eq_ignore_ascii_case("notes") {
+        return None;
+    }
+    let rest = label[5..].trim_start_matches(['*', '_']).strip_prefix(':')?;
+    Some(rest.trim_start_matches(['*', '_']))
+}
+
 /// After any run in a sub-agent session (its own work, a message sent to it, an exchange's
 /// announce, its Notes step): a thread-bound child's reply goes to its thread; the announce goes
 /// once no run of the child is left and its own children have announced — exactly once,
@@ -674,10 +731,11 @@ pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
         return Ok(()); // the child's next run (a steer, a completion, a message) announces when it ends
     }
     let last_work = store.last_work_run(child.id)?.unwrap_or_else(|| spawn_run.clone());
+    let (reply, reply_notes) = reply_and_notes(rt, &spawn_run, &last_work);
     if run.mode == RunMode::Announce && run.announce_kind == Some(AnnounceKind::Subagent) {
         // The Notes step ended: announce with its reply (ANNOUNCE_SKIP adds nothing).
         let notes = result.reply.as_deref().filter(|r| !is_skip(r));
-        let result_text = child_result(rt, &child, task_reply(&spawn_run, &last_work).as_deref(), RunStatus::Ok)?;
+        let result_text = child_result(rt, &child, reply.as_deref(), RunStatus::Ok)?;
         return announce(rt, &child, &spawn_run, &result_text, notes);
     }
     if last_work.reply.as_deref().is_some_and(|r| matches!(r.trim(), ANNOUNCE_SKIP | NO_REPLY)) {
@@ -687,12 +745,14 @@ pub fn after_child_run(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Res
     if store.unannounced_children(child.key.as_str())? > 0 {
         return Ok(()); // the last child's completion wakes this session again
     }
-    if last_work.status == RunStatus::Ok && rt.config.agents.defaults.subagents.announce_step {
+    let ok = last_work.status == RunStatus::Ok;
+    if ok && rt.config.agents.defaults.subagents.announce_step && !spawned_cli(&spawn_run) {
         return queue_notes(rt, &child, run);
     }
     let status_run = RunRow { status: last_work.status, ..spawn_run.clone() };
-    let result_text = child_result(rt, &child, task_reply(&spawn_run, &last_work).as_deref(), status_run.status)?;
-    announce(rt, &child, &status_run, &result_text, None)
+    let result_text = child_result(rt, &child, reply.as_deref(), status_run.status)?;
+    // Notes only after success, as with a Notes step.
+    announce(rt, &child, &status_run, &result_text, reply_notes.as_deref().filter(|_| ok))
 }
 
 /// A child whose work an ancestor cancelled announces `Status: cancelled` once none of its runs
@@ -703,7 +763,8 @@ pub fn announce_cancelled(rt: &Scheduler, child: &SessionRow, spawn_run: &RunRow
         return Ok(()); // announced already, or the run still stopping announces when it ends
     }
     let last_work = rt.store.last_work_run(child.id)?.unwrap_or_else(|| spawn_run.clone());
-    let result_text = child_result(rt, child, task_reply(spawn_run, &last_work).as_deref(), RunStatus::Cancelled)?;
+    let (reply, _) = reply_and_notes(rt, spawn_run, &last_work);
+    let result_text = child_result(rt, child, reply.as_deref(), RunStatus::Cancelled)?;
     let status_run = RunRow { status: RunStatus::Cancelled, ..spawn_run.clone() };
     announce(rt, child, &status_run, &result_text, None)
 }
@@ -932,6 +993,19 @@ mod tests {
             assert_eq!(account.reserved.tokens, total, "round {round}");
             assert_eq!(store.all_sessions().unwrap().len(), 1 + granted.iter().flatten().count(), "round {round}");
         }
+    }
+
+    /// Issue 35 point 4: a CLI child's notes are the section after its answer's last `Notes:`
+    /// line; nothing else is taken for one (nor the context that asks for it).
+    #[test]
+    fn a_reply_splits_at_its_last_notes_label() {
+        assert_eq!(split_notes("Summary\n\nNotes: did a\nleft b"), Some(("Summary", "did a\nleft b")));
+        assert_eq!(split_notes("done\n**Notes:** in out.txt\n"), Some(("done", "in out.txt")));
+        assert_eq!(split_notes("done\n## notes: x"), Some(("done", "x")));
+        assert_eq!(split_notes("a\nNotes: first\nb\nNotes: second"), Some(("a\nNotes: first\nb", "second")));
+        assert_eq!(split_notes("Notes: only notes"), Some(("", "only notes")));
+        assert_eq!(split_notes("the notes: are in a.txt\nnotesy: no\nNotes without a colon"), None);
+        assert_eq!(split_notes(NOTES_IN_REPLY), None);
     }
 
     /// Issue 14 point 3: the files move inside the transaction, so a move that fails leaves

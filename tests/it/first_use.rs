@@ -30,7 +30,7 @@ if [ "$1" = "--version" ]; then echo "2.1.999 (Claude Code)"; exit 0; fi
 read -r message
 first=$(/usr/bin/head -n 1 README.md 2>/dev/null | /usr/bin/tr -d '"\\')
 echo '{{"type":"system","subtype":"init","session_id":"fake-1","model":"fake-model"}}'
-echo "{result}"
+printf '%s\n' "{result}"
 "#,
         log = log.display(),
         result = result.replace('"', "\\\""),
@@ -122,6 +122,63 @@ fn a_claude_on_path_becomes_an_agent_and_an_unconfigured_main_runs_it_with_the_p
     let by_id = spawn(&mut c, json!({"task": "again", "agentId": "claude"}));
     assert!(outcome(&mut c, by_id["childSessionKey"].as_str().unwrap()).contains("Result: CLAUDE read: "));
     c.close();
+}
+
+/// A child of a fake Claude Code whose answer ends with a Notes section, spawned and waited for
+/// with `agents.defaults.subagents.announceStep` as given: its announce and the CLI's start log.
+fn cli_child_with_notes(announce_step: bool) -> (String, String) {
+    let mut env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    let answer = r#"{"type":"result","subtype":"success","is_error":false,"result":"Summary: the README has 3 lines\n\n**Notes:** read README.md; nothing is left; results are in this answer","session_id":"fake-1","usage":{"input_tokens":5,"output_tokens":3}}"#;
+    let claude = fake_claude(bin.path(), Some(answer));
+    let runner = json!({"preset": "claude", "command": claude.to_str().unwrap()});
+    let subagents = json!({"announceStep": announce_step});
+    env.set_config(
+        &json!({"agents": {"defaults": {"subagents": subagents}, "list": [{"id": "main", "runner": runner}]}})
+            .to_string(),
+    );
+    let mut c = env.serve(None);
+    let r = spawn(&mut c, json!({"task": "Read README.md and summarise it"}));
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    c.close();
+    (text, std::fs::read_to_string(bin.path().join("starts.log")).unwrap())
+}
+
+/// One line per start in the fake CLI's log (the system prompt in its arguments adds lines).
+fn starts_in(log: &str) -> usize {
+    log.lines().filter(|l| l.starts_with("cwd=")).count()
+}
+
+/// Issue 35, point 4: a CLI child is started once for its task; its notes come from the Notes
+/// section its sub-agent context asked it to end its answer with, not from a second start for a
+/// Notes step (before: two starts, the Result kept the section, and the Notes line was the whole
+/// answer again).
+#[test]
+fn a_cli_child_is_started_once_and_its_notes_are_the_notes_section_of_its_answer() {
+    let (text, starts) = cli_child_with_notes(true);
+    assert_eq!(starts_in(&starts), 1, "one start of the CLI for the child: {starts}");
+    assert!(starts.contains("End your final answer with a last section that starts on its own line with"), "{starts}");
+    assert!(
+        text.starts_with(
+            "Status: completed successfully\nResult: Summary: the README has 3 lines\nNotes: read README.md; nothing is left; results are in this answer\nStats: "
+        ),
+        "{text}"
+    );
+}
+
+/// With `announceStep: false` a CLI child is not asked for notes and its announce has none: its
+/// answer is the Result whole.
+#[test]
+fn a_cli_child_without_the_announce_step_gives_no_notes_and_its_whole_answer() {
+    let (text, starts) = cli_child_with_notes(false);
+    assert_eq!(starts_in(&starts), 1, "{starts}");
+    assert!(!starts.contains("End your final answer with"), "not asked for notes: {starts}");
+    assert!(
+        text.starts_with(
+            "Status: completed successfully\nResult: Summary: the README has 3 lines\n\n**Notes:** read README.md; nothing is left; results are in this answer\nStats: "
+        ),
+        "{text}"
+    );
 }
 
 #[test]
