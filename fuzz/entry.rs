@@ -57,14 +57,20 @@ pub fn attachments(data: &[u8]) {
     }
 }
 
-/// The agent output decoders (`jsonl/1` and the three CLI adapters, picked by the first byte) and
+/// The agent output decoders (`jsonl/1` and the four CLI adapters, picked by the first byte) and
 /// the run's event rules: any stdout is read without panicking, and a sessions_spawn tool call
 /// never keeps attachment content in the transcript.
 pub fn runner_events(data: &[u8]) {
     use sessions_mcp::config::RunnerKind;
     let Some((pick, rest)) = data.split_first() else { return };
-    let kind = [RunnerKind::Jsonl, RunnerKind::ClaudeStreamJson, RunnerKind::CodexExecJson, RunnerKind::Text]
-        [usize::from(*pick) % 4];
+    let kinds = [
+        RunnerKind::Jsonl,
+        RunnerKind::ClaudeStreamJson,
+        RunnerKind::CodexExecJson,
+        RunnerKind::Text,
+        RunnerKind::GeminiStreamJson,
+    ];
+    let kind = kinds[usize::from(*pick) % kinds.len()];
     let (messages, _reply) = sessions_mcp::runner::decode_stdout(kind, "run-fuzz", &String::from_utf8_lossy(rest));
     for m in messages {
         for block in m.content.as_array().into_iter().flatten() {

@@ -407,7 +407,7 @@ pub struct AgentSubagents {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct RunnerConfig {
-    /// The settings of an agent CLI people use (`claude`, `codex`, `echo`), under this block's
+    /// The settings of an agent CLI people use (`claude`, `codex`, `gemini`, `echo`), under this block's
     /// own keys: every key set here overrides the preset's (docs/AGENTS.md, Presets).
     pub preset: Option<RunnerPreset>,
     pub kind: Option<RunnerKind>,
@@ -472,6 +472,7 @@ pub enum RunnerKind {
     Jsonl,
     ClaudeStreamJson,
     CodexExecJson,
+    GeminiStreamJson,
     Text,
 }
 

@@ -19,18 +19,21 @@ pub enum RunnerPreset {
     Claude,
     /// OpenAI Codex (`codex exec --json`).
     Codex,
+    /// Google's Gemini CLI (`gemini --output-format stream-json`, headless).
+    Gemini,
     /// The built-in echo agent: answers `ECHO: <input>` and does no work (demos and tests).
     Echo,
 }
 
 impl RunnerPreset {
     /// The presets discovery looks for on PATH, in the order `main` picks the first of.
-    pub const DISCOVERABLE: [RunnerPreset; 2] = [RunnerPreset::Claude, RunnerPreset::Codex];
+    pub const DISCOVERABLE: [RunnerPreset; 3] = [RunnerPreset::Claude, RunnerPreset::Codex, RunnerPreset::Gemini];
 
     pub fn as_str(self) -> &'static str {
         match self {
             RunnerPreset::Claude => "claude",
             RunnerPreset::Codex => "codex",
+            RunnerPreset::Gemini => "gemini",
             RunnerPreset::Echo => "echo",
         }
     }
@@ -40,6 +43,7 @@ impl RunnerPreset {
         match self {
             RunnerPreset::Claude => Some("claude"),
             RunnerPreset::Codex => Some("codex"),
+            RunnerPreset::Gemini => Some("gemini"),
             RunnerPreset::Echo => None,
         }
     }
@@ -49,6 +53,7 @@ impl RunnerPreset {
         match self {
             RunnerPreset::Claude => Some("run `claude` once and log in with /login, or pass ANTHROPIC_API_KEY"),
             RunnerPreset::Codex => Some("run `codex login`, or pass CODEX_API_KEY"),
+            RunnerPreset::Gemini => Some("run `gemini` once and pick a sign-in, or pass GEMINI_API_KEY"),
             RunnerPreset::Echo => None,
         }
     }
@@ -85,6 +90,21 @@ impl RunnerPreset {
                 "env": {"passthrough": ["CODEX_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME",
                     "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"]},
             }),
+            RunnerPreset::Gemini => json!({
+                "kind": "gemini-stream-json", "command": "gemini",
+                // Headless because stdin is not a terminal: the prompt is read from stdin.
+                // `--skip-trust` trusts the agent's workspace for the run (headless Gemini refuses
+                // to start in an untrusted folder). The approval mode stays Gemini's default: in
+                // headless mode the tools that would ask (edits, shell) are not offered at all.
+                "args": ["--output-format", "stream-json", "--skip-trust"],
+                "sessionArgs": ["--resume", "{externalSessionId}"],
+                "modelArg": "--model",
+                "home": "inherit",
+                "env": {"passthrough": ["GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_CLOUD_PROJECT",
+                    "GOOGLE_CLOUD_LOCATION", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA",
+                    "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_GEMINI_BASE_URL", "GOOGLE_VERTEX_BASE_URL",
+                    "GEMINI_MODEL", "GEMINI_CLI_HOME", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"]},
+            }),
             RunnerPreset::Echo => json!({"kind": "jsonl"}),
         };
         serde_json::from_value(settings).expect("a preset is a valid runner block")
@@ -98,10 +118,14 @@ mod tests {
 
     #[test]
     fn every_preset_is_a_valid_runner_and_keeps_the_clis_safety_defaults() {
-        for p in [RunnerPreset::Claude, RunnerPreset::Codex, RunnerPreset::Echo] {
+        for p in [RunnerPreset::Claude, RunnerPreset::Codex, RunnerPreset::Gemini, RunnerPreset::Echo] {
             let r = p.runner();
             let args = r.args.clone().unwrap_or_default().join(" ");
             assert!(!args.contains("dangerously") && !args.contains("bypass"), "{p:?}: {args}");
+            assert!(
+                !args.contains("yolo") && !args.contains("approval-mode"),
+                "{p:?} keeps the CLI's approvals: {args}"
+            );
             assert!(!args.contains("danger-full-access"), "{p:?} keeps the CLI's sandbox: {args}");
         }
         let claude = RunnerPreset::Claude.runner();
@@ -112,5 +136,8 @@ mod tests {
             assert!(args.iter().any(|a| a == flag), "{flag}: {args:?}");
         }
         assert_eq!(RunnerPreset::Codex.runner().kind, Some(RunnerKind::CodexExecJson));
+        let gemini = RunnerPreset::Gemini.runner();
+        assert_eq!(gemini.kind, Some(RunnerKind::GeminiStreamJson));
+        assert_eq!(gemini.session_args.unwrap(), ["--resume", "{externalSessionId}"], "resumed by the init event's id");
     }
 }

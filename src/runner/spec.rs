@@ -74,12 +74,12 @@ pub fn is_echo(config: &Config, agent: &AgentId) -> bool {
 }
 
 /// What every answer that shows an echo agent's work says about it.
-pub const ECHO_WARNING: &str = "no real agent is configured: this child ran the built-in echo agent, which answers \"ECHO: <task>\" and does no work. Install Claude Code or Codex (the server finds them on PATH when it starts) or set agents.list[].runner.preset; agents_list says what is available.";
+pub const ECHO_WARNING: &str = "no real agent is configured: this child ran the built-in echo agent, which answers \"ECHO: <task>\" and does no work. Install Claude Code, Codex or Gemini CLI (the server finds them on PATH when it starts) or set agents.list[].runner.preset; agents_list says what is available.";
 
 /// What `agents_list` says of an agent's runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentRunner {
-    /// The preset it runs (`claude`, `codex`, `echo`), `command` for a runner of its own, or
+    /// The preset it runs (`claude`, `codex`, `gemini`, `echo`), `command` for a runner of its own, or
     /// `none`.
     pub runner: String,
     /// Whether it can start: its program is found (the echo agent always can).
@@ -102,7 +102,8 @@ pub fn agent_runner(config: &Config, agent: &AgentId) -> AgentRunner {
         return AgentRunner { runner, available: true, version, note: Some(note.into()) };
     }
     let Some(command) = r.command else {
-        let note = "no runner is configured: set agents.list[].runner.preset (claude, codex, echo) or runner.command";
+        let note =
+            "no runner is configured: set agents.list[].runner.preset (claude, codex, gemini, echo) or runner.command";
         return AgentRunner { runner: "none".into(), available: false, version, note: Some(note.into()) };
     };
     let available = which::which(&command).is_ok();
@@ -131,11 +132,19 @@ pub fn missing_adapter_flags(spec: &RunnerSpec) -> Option<String> {
         RunnerKind::CodexExecJson => {
             [(!has("exec")).then_some("exec"), (!has("--json")).then_some("--json")].into_iter().flatten().collect()
         }
+        RunnerKind::GeminiStreamJson => {
+            let stream_json = has_value("--output-format", "stream-json") || has_value("-o", "stream-json");
+            (!stream_json).then_some("--output-format stream-json").into_iter().collect()
+        }
         RunnerKind::Jsonl | RunnerKind::Text => Vec::new(),
     };
     (!missing.is_empty()).then(|| {
         let kind = serde_json::to_value(spec.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
-        let preset = if spec.kind == RunnerKind::ClaudeStreamJson { "claude" } else { "codex" };
+        let preset = match spec.kind {
+            RunnerKind::ClaudeStreamJson => "claude",
+            RunnerKind::GeminiStreamJson => "gemini",
+            _ => "codex",
+        };
         format!(
             "kind \"{kind}\" reads JSON lines, but runner.args lack {}: the CLI would print text and every run fail \"protocol: line 1 is not JSON\"; add them, or set runner.preset \"{preset}\" (it sets them)",
             missing.join(", ")
@@ -152,7 +161,7 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         None if echo => (exe.display().to_string(), vec!["agent".to_string()]),
         None => {
             return Err(format!(
-                "agent \"{agent}\" has no runner configured: set agents.list[].runner.preset (claude, codex, echo) or runner.command"
+                "agent \"{agent}\" has no runner configured: set agents.list[].runner.preset (claude, codex, gemini, echo) or runner.command"
             ));
         }
     };
@@ -276,6 +285,17 @@ mod tests {
         let jsonl = agent_with("{ command: 'agent' }");
         assert!(jsonl.cli.is_none());
         assert_eq!(jsonl.idle_timeout, Some(Duration::from_secs(defaults::RUNNER_IDLE_TIMEOUT_SECONDS_JSONL)));
+    }
+
+    #[test]
+    fn a_gemini_runner_without_stream_json_output_is_flagged_with_the_preset_that_sets_it() {
+        let plain = agent_with("{ kind: 'gemini-stream-json', command: 'gemini', args: ['--skip-trust'] }");
+        let fix = missing_adapter_flags(&plain).unwrap();
+        assert!(fix.contains("lack --output-format stream-json") && fix.contains("runner.preset \"gemini\""), "{fix}");
+        for args in ["['-o', 'stream-json']", "['--output-format=stream-json']"] {
+            let ok = agent_with(&format!("{{ kind: 'gemini-stream-json', command: 'gemini', args: {args} }}"));
+            assert_eq!(missing_adapter_flags(&ok), None, "{args}");
+        }
     }
 
     #[test]

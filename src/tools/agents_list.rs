@@ -35,7 +35,7 @@ pub struct AgentInfo {
     pub configured: bool,
     /// Found on PATH when the server started (no agents.list entry of its own).
     pub discovered: bool,
-    /// What it runs: a preset (claude, codex, echo) or `command` (a runner block of its own).
+    /// What it runs: a preset (claude, codex, gemini, echo) or `command` (a runner block of its own).
     pub runner: String,
     /// Whether it can start now (its program is installed).
     pub available: bool,

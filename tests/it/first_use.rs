@@ -278,3 +278,66 @@ fn doctor_shows_a_preset_expanded_under_the_agents_own_keys() {
     assert!(said.contains("home inherit, passthrough [\"MY_KEY\"]"), "the agent's own key wins: {said}");
     assert!(!said.contains("runner problem"), "{said}");
 }
+
+/// A fake `gemini` (shell builtins only: PATH holds just the fakes): `--version` prints a
+/// version; otherwise it appends its arguments to `starts.log` beside it, reads the prompt from
+/// stdin and prints the stream-json the real Gemini CLI printed for a plain reply
+/// (`fixtures/adapters/gemini-normal.jsonl`).
+fn fake_gemini(dir: &Path) -> PathBuf {
+    let recorded = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/adapters/gemini-normal.jsonl");
+    let recorded = std::fs::read_to_string(recorded).unwrap();
+    let body = format!(
+        "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 0.61.0; exit 0; fi\nprintf '%s\\n' \"args=$*\" >> '{log}'\nwhile read -r line; do :; done\nwhile IFS= read -r line; do printf '%s\\n' \"$line\"; done <<'RECORDED'\n{recorded}RECORDED\n",
+        log = dir.join("starts.log").display(),
+    );
+    let path = dir.join("gemini");
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_gemini_on_path_is_discovered_after_claude_and_codex_and_a_spawn_of_it_returns_its_reply() {
+    let mut env = TestEnv::new();
+    // So that main may send the gemini child a second message (its resume).
+    env.set_config(
+        &json!({"tools": {"sessions": {"visibility": "all"}, "agentToAgent": {"enabled": true}}}).to_string(),
+    );
+    let bin = tempfile::tempdir().unwrap();
+    fake_claude(bin.path(), None);
+    let codex = bin.path().join("codex");
+    std::fs::write(&codex, "#!/bin/sh\necho 'codex-cli 0.171.0'\n").unwrap();
+    std::fs::set_permissions(&codex, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fake_gemini(bin.path());
+    let mut c = serve_discovering(&env, bin.path());
+    let agents = c.call("agents_list", json!({}));
+    let ids: Vec<&str> = agents["agents"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["main", "claude", "codex", "gemini"], "{agents}");
+    assert_eq!(agents["agents"][0]["runner"], "claude", "main runs the first found: {agents}");
+    let gemini = &agents["agents"][3];
+    assert_eq!(
+        (&gemini["runner"], &gemini["discovered"], &gemini["available"], &gemini["version"]),
+        (&json!("gemini"), &json!(true), &json!(true), &json!("0.61.0")),
+        "{agents}"
+    );
+
+    let r = spawn(&mut c, json!({"task": "Say hello", "agentId": "gemini"}));
+    let key = r["childSessionKey"].as_str().unwrap();
+    let text = outcome(&mut c, key);
+    assert!(
+        text.starts_with("Status: completed successfully\nResult: Hello from the fake Gemini API (1 contents)"),
+        "{text}"
+    );
+    let starts = std::fs::read_to_string(bin.path().join("starts.log")).unwrap();
+    let first = starts.lines().next().unwrap();
+    assert!(first.contains("--output-format stream-json --skip-trust"), "{first}");
+    assert!(!first.contains("--resume"), "a new session: {first}");
+    assert!(!first.contains("yolo") && !first.contains("approval-mode"), "Gemini's own approvals: {first}");
+
+    let again = c.call("sessions_send", json!({"sessionKey": key, "message": "Second turn", "timeoutSeconds": 60}));
+    assert_eq!(again["status"], "ok", "{again}");
+    let starts = std::fs::read_to_string(bin.path().join("starts.log")).unwrap();
+    let second = starts.lines().nth(1).unwrap();
+    assert!(second.contains("--resume 7d03d3f4-bf8f-48f1-806b-5f50472f3205"), "the init event's session: {second}");
+    c.close();
+}

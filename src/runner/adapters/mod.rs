@@ -1,11 +1,12 @@
 //! Output adapters (docs/RUNNER-PROTOCOL.md, Adapters): each turns one agent program's stdout into
 //! `jsonl/1` events, so the runner reads every kind of agent through one code path — the same
 //! transcript, usage, reply and error rules. `jsonl` agents speak the protocol themselves;
-//! `claude-stream-json` and `codex-exec-json` translate those CLIs' NDJSON; `text` takes the whole
+//! `claude-stream-json`, `codex-exec-json` and `gemini-stream-json` translate those CLIs' NDJSON; `text` takes the whole
 //! stdout as the reply. Each adapter is tested against recorded output in `fixtures/adapters/`.
 
 mod claude;
 mod codex;
+mod gemini;
 mod text;
 
 use serde_json::Value;
@@ -32,6 +33,7 @@ pub fn decoder(kind: RunnerKind) -> Box<dyn Decoder> {
         RunnerKind::Jsonl => Box::new(Jsonl),
         RunnerKind::ClaudeStreamJson => Box::<claude::Claude>::default(),
         RunnerKind::CodexExecJson => Box::<codex::Codex>::default(),
+        RunnerKind::GeminiStreamJson => Box::<gemini::Gemini>::default(),
         RunnerKind::Text => Box::<text::Text>::default(),
     }
 }
