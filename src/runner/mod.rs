@@ -33,7 +33,7 @@ use crate::store::NewMessage;
 pub use crate::store::RunStatus;
 
 pub use spec::{
-    AgentRunner, ECHO_WARNING, RunnerSpec, agent_runner, effective_runner, is_echo, missing_adapter_flags,
+    AgentRunner, ECHO_WARNING, RunnerSpec, agent_runner, effective_runner, host_agent, is_echo, missing_adapter_flags,
     resolve_runner,
 };
 

@@ -76,6 +76,30 @@ pub fn is_echo(config: &Config, agent: &AgentId) -> bool {
 /// What every answer that shows an echo agent's work says about it.
 pub const ECHO_WARNING: &str = "no real agent is configured: this child ran the built-in echo agent, which answers \"ECHO: <task>\" and does no work. Install Claude Code, Codex or Gemini CLI (the server finds them on PATH when it starts) or set agents.list[].runner.preset; agents_list says what is available.";
 
+/// The agent a spawn with no `agentId` runs when the calling host's own CLI was discovered: a
+/// user working in Codex gets a Codex child, in Gemini CLI a Gemini one, even when Claude Code
+/// (first in discovery's order, so what an unconfigured `main` runs) is installed too. Only for a
+/// requester `main` with no runner of its own; `None`: the requester's own agent, as always.
+/// Hosts are told by `clientInfo.name` (`codex-mcp-client`, `gemini-cli-mcp-client`,
+/// `claude-code`).
+pub fn host_agent(config: &Config, requester: &AgentId, host: Option<&str>) -> Option<AgentId> {
+    let own = config.agent(requester).and_then(|a| a.runner.as_ref());
+    let base = &config.agents.defaults.runner;
+    let configured = own.is_some_and(|r| r.command.is_some() || r.preset.is_some())
+        || base.command.is_some()
+        || base.preset.is_some();
+    if *requester != AgentId::main() || configured {
+        return None;
+    }
+    let host = host?.to_ascii_lowercase();
+    let preset = [RunnerPreset::Claude, RunnerPreset::Codex, RunnerPreset::Gemini]
+        .into_iter()
+        .find(|p| host.contains(p.as_str()))?;
+    let first = config.agents.discovered.first().and_then(|a| a.runner.as_ref()?.preset);
+    let found = config.agents.discovered.iter().find(|a| a.runner.as_ref().and_then(|r| r.preset) == Some(preset))?;
+    (first != Some(preset)).then(|| AgentId::parse(&found.id).ok()).flatten()
+}
+
 /// What `agents_list` says of an agent's runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentRunner {

@@ -158,7 +158,15 @@ fn guide(me: &str) -> String {
 impl SessionsServer {
     /// A tool context for a request (also used to read resources through the tools' path).
     fn ctx<'a>(&'a self, caller: &'a Caller, context: &RequestContext<RoleServer>) -> Ctx<'a> {
-        Ctx { access: &self.access, caller, runtime: self.runtime.as_ref(), cancel: context.ct.clone(), progress: None }
+        let host = context.client_info().map(|i| i.name);
+        Ctx {
+            access: &self.access,
+            caller,
+            runtime: self.runtime.as_ref(),
+            cancel: context.ct.clone(),
+            progress: None,
+            host,
+        }
     }
 }
 
@@ -347,6 +355,7 @@ impl ServerHandler for SessionsServer {
             runtime: self.runtime.as_ref(),
             cancel: context.ct.clone(),
             progress,
+            host: context.client_info().map(|i| i.name),
         };
         let wants_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
         if let Some(tool) = tasks::runs_as_task(&request.name, request.arguments.as_ref()).filter(|_| wants_task) {

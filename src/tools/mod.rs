@@ -64,6 +64,8 @@ pub struct Ctx<'a> {
     pub cancel: tokio_util::sync::CancellationToken,
     /// Set when the client asked for progress.
     pub progress: Option<Progress>,
+    /// The MCP client's name (`clientInfo.name`): which host is calling, when it says.
+    pub host: Option<String>,
 }
 
 impl<'a> Ctx<'a> {
@@ -74,7 +76,8 @@ impl<'a> Ctx<'a> {
 
     /// A context without runtime, cancellation or progress (in-process calls).
     pub fn plain(access: &'a Access, caller: &'a Caller) -> Self {
-        Ctx { access, caller, runtime: None, cancel: tokio_util::sync::CancellationToken::new(), progress: None }
+        let cancel = tokio_util::sync::CancellationToken::new();
+        Ctx { access, caller, runtime: None, cancel, progress: None, host: None }
     }
 }
 

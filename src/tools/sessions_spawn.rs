@@ -272,7 +272,8 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
     }
     let agent = match a.opt_string("agentId", 128)? {
         Some(id) => AgentId::parse(&id).map_err(|e| ToolError::invalid(format!("agentId: {e}")))?,
-        None => ctx.caller.agent.clone(),
+        None => crate::engine::host_agent(ctx.access.config(), &ctx.caller.agent, ctx.host.as_deref())
+            .unwrap_or_else(|| ctx.caller.agent.clone()),
     };
     let model = a.opt_string("model", 256)?;
     if let Some(m) = &model {

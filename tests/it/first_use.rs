@@ -341,3 +341,45 @@ fn a_gemini_on_path_is_discovered_after_claude_and_codex_and_a_spawn_of_it_retur
     assert!(second.contains("--resume 7d03d3f4-bf8f-48f1-806b-5f50472f3205"), "the init event's session: {second}");
     c.close();
 }
+
+/// A fake `codex`: `--version` prints a version; otherwise it logs its start beside it and answers
+/// one turn in `codex exec --json`'s events.
+fn fake_codex(dir: &Path) {
+    let log = dir.join("codex-starts.log");
+    let body = format!(
+        r#"#!/bin/sh
+if [ "$1" = "--version" ]; then echo "codex-cli 0.171.0"; exit 0; fi
+echo started >> '{log}'
+/bin/cat > /dev/null
+echo '{{"type":"thread.started","thread_id":"thread-1"}}'
+echo '{{"type":"item.completed","item":{{"id":"item_1","type":"agent_message","text":"CODEX answered"}}}}'
+echo '{{"type":"turn.completed","usage":{{"input_tokens":4,"cached_input_tokens":0,"output_tokens":2}}}}'
+"#,
+        log = log.display()
+    );
+    let path = dir.join("codex");
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// With Claude Code and Codex both installed, a spawn with no agentId from Codex (its clientInfo)
+/// runs Codex, and from any other host the first found, Claude Code.
+#[test]
+fn a_spawn_from_a_host_whose_own_cli_is_installed_runs_that_cli() {
+    let env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    fake_claude(bin.path(), None);
+    fake_codex(bin.path());
+    let vars = [("PATH", bin.path().to_str().unwrap()), ("SESSIONS_MCP_DISCOVERY", "path")];
+    let mut from_codex = Client::start_as(env.serve_command(None, &vars), json!({}), "codex-mcp-client");
+    let r = spawn(&mut from_codex, json!({"task": "work"}));
+    let key = r["childSessionKey"].as_str().unwrap();
+    assert!(key.starts_with("agent:codex:subagent:"), "the host's own CLI: {r}");
+    assert!(outcome(&mut from_codex, key).contains("Result: CODEX answered"));
+    from_codex.close();
+    let mut other = Client::start_as(env.serve_command(None, &vars), json!({}), "some-ide");
+    let r = spawn(&mut other, json!({"task": "work"}));
+    assert!(r["childSessionKey"].as_str().unwrap().starts_with("agent:main:subagent:"), "{r}");
+    assert!(outcome(&mut other, r["childSessionKey"].as_str().unwrap()).contains("Result: CLAUDE read:"));
+    other.close();
+}

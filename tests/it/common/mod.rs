@@ -330,7 +330,12 @@ impl Client {
 
     /// Starts a server and initializes it declaring these client `capabilities`.
     pub fn start_declaring(cmd: Command, capabilities: Value) -> Client {
-        Self::try_start_declaring(cmd, capabilities).unwrap_or_else(|mut c| {
+        Self::start_as(cmd, capabilities, "tests")
+    }
+
+    /// Starts a server and initializes it as the MCP client `name` (`clientInfo.name`: a host).
+    pub fn start_as(cmd: Command, capabilities: Value, name: &str) -> Client {
+        Self::try_start_declaring(cmd, capabilities, name).unwrap_or_else(|mut c| {
             let left = c.what_the_server_left();
             panic!("no answer to initialize: {left}")
         })
@@ -338,10 +343,10 @@ impl Client {
 
     /// Starts a server; Err (holding it, for its stderr) when it died before answering initialize.
     pub fn try_start(cmd: Command) -> Result<Client, Client> {
-        Self::try_start_declaring(cmd, json!({}))
+        Self::try_start_declaring(cmd, json!({}), "tests")
     }
 
-    fn try_start_declaring(mut cmd: Command, capabilities: Value) -> Result<Client, Client> {
+    fn try_start_declaring(mut cmd: Command, capabilities: Value, name: &str) -> Result<Client, Client> {
         let mut child =
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn serve");
         let stdout: ChildStdout = child.stdout.take().unwrap();
@@ -358,7 +363,7 @@ impl Client {
         let mut c = Client { child, stdin, lines: rx, next_id: 1, pending: Vec::new(), notes: Vec::new() };
         let init = c.try_request(
             "initialize",
-            json!({"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "tests", "version": "1"}}),
+            json!({"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": name, "version": "1"}}),
         );
         let Some(init) = init else { return Err(c) };
         assert!(init.get("result").is_some(), "initialize failed: {init}");
