@@ -468,9 +468,9 @@ fn agents_list_follows_the_allowlist() {
             {"id": "main", "configured": true, "discovered": false, "runner": "echo", "available": true,
              "note": "the built-in echo agent: it answers \"ECHO: <input>\" and does no work (no real agent is configured)"},
             {"id": "ops", "name": "Ops", "configured": true, "discovered": false, "runner": "none", "available": false,
-             "note": "no runner is configured: set agents.list[].runner.preset (claude, codex, echo) or runner.command"},
+             "note": "no runner is configured: set agents.list[].runner.preset (claude, codex, gemini, echo) or runner.command"},
             {"id": "zeta", "configured": false, "discovered": false, "runner": "none", "available": false,
-             "note": "no runner is configured: set agents.list[].runner.preset (claude, codex, echo) or runner.command"}
+             "note": "no runner is configured: set agents.list[].runner.preset (claude, codex, gemini, echo) or runner.command"}
         ]})
     );
     let env =
