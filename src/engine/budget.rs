@@ -429,6 +429,42 @@ mod tests {
                 prop_assert!(w.spent <= budget + REPORT, "spent {} of {budget}", w.spent);
             }
         }
+
+        /// Issue 34 (points 1 and 4): whatever usage an agent prints — past any integer, negative,
+        /// going down, fractional, not a number — every read of the tree still answers, nothing
+        /// is spent below zero, and no account's remaining ever exceeds its limit.
+        #[test]
+        fn hostile_usage_never_breaks_a_read_nor_raises_a_remaining_above_its_limit(
+            runs in proptest::collection::vec((0usize..3, proptest::collection::vec(report(), 0..6)), 1..8),
+        ) {
+            let w = World::new(10_000);
+            let root_key = w.nodes[0].key.clone();
+            let mut sessions = vec![w.nodes[0].id];
+            for i in 0..2 {
+                let key = SessionKey::for_agent(&AgentId::main(), &format!("subagent:c{i}"));
+                let mut new = NewSession::new(key, AgentId::main(), SessionKind::Other, false);
+                new.spawned_by = Some(root_key.clone());
+                new.spawn_depth = 1;
+                sessions.push(w.store.insert_session(&new).unwrap().id);
+            }
+            let root_limits = Limits::of(w.config.session.budget.as_ref().unwrap());
+            for (n, (who, reports)) in runs.iter().enumerate() {
+                let root = (*who == 0).then_some(&root_limits);
+                hostile_run(&w.store, sessions[*who], n, reports, root);
+                for key in w.store.children(&root_key, 0).unwrap().iter().map(|c| c.key.clone()) {
+                    let row = w.store.session_by_key(&key).unwrap().unwrap();
+                    prop_assert!(row.tokens_in >= 0 && row.tokens_out >= 0 && row.tokens_total >= 0, "{row:?}");
+                }
+                w.store.tree_totals(&root_key, 0).unwrap();
+                w.store.metric_counts().unwrap();
+                w.store.usage_over_time(crate::store::Scope::All, 0, 3_600_000).unwrap();
+                w.store.dashboard_runs(crate::store::Scope::All, 100).unwrap();
+                if let Some(a) = w.store.budget_of(w.nodes[0].id).unwrap() {
+                    prop_assert!(a.spent.tokens >= 0 && a.spent.cost_micros >= 0, "{a:?}");
+                    prop_assert!(a.left().tokens.unwrap() <= 10_000, "remaining above the limit: {a:?}");
+                }
+            }
+        }
     }
 
     /// One amount of a hostile usage report: plausible counts, and what an agent may print.
@@ -501,50 +537,6 @@ mod tests {
             cli_usage_total: None,
         };
         store.finish_run(&run_id, &finished).unwrap();
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
-
-        /// Issue 34 (points 1 and 4): whatever usage an agent prints — past any integer, negative,
-        /// going down, fractional, not a number — every read of the tree still answers, nothing
-        /// is spent below zero, and no account's remaining ever exceeds its limit.
-        #[test]
-        fn hostile_usage_never_breaks_a_read_nor_raises_a_remaining_above_its_limit(
-            runs in proptest::collection::vec((0usize..3, proptest::collection::vec(report(), 0..6)), 1..8),
-        ) {
-            let w = World::new(10_000);
-            let root_key = w.nodes[0].key.clone();
-            let mut sessions = vec![w.nodes[0].id];
-            for i in 0..2 {
-                let key = SessionKey::for_agent(&AgentId::main(), &format!("subagent:c{i}"));
-                let mut new = NewSession::new(key, AgentId::main(), SessionKind::Other, false);
-                new.spawned_by = Some(root_key.clone());
-                new.spawn_depth = 1;
-                sessions.push(w.store.insert_session(&new).unwrap().id);
-            }
-            let root_limits = Limits::of(w.config.session.budget.as_ref().unwrap());
-            for (n, (who, reports)) in runs.iter().enumerate() {
-                let root = (*who == 0).then_some(&root_limits);
-                hostile_run(&w.store, sessions[*who], n, reports, root);
-                for key in w.store.children(&root_key, 0).unwrap().iter().map(|c| c.key.clone()) {
-                    let row = w.store.session_by_key(&key).unwrap().unwrap();
-                    prop_assert!(row.tokens_in >= 0 && row.tokens_out >= 0 && row.tokens_total >= 0, "{row:?}");
-                }
-                w.store.tree_totals(&root_key, 0).unwrap();
-                w.store.metric_counts().unwrap();
-                w.store.usage_over_time(crate::store::Scope::All, 0, 3_600_000).unwrap();
-                w.store.dashboard_runs(crate::store::Scope::All, 100).unwrap();
-                if let Some(a) = w.store.budget_of(w.nodes[0].id).unwrap() {
-                    prop_assert!(a.spent.tokens >= 0 && a.spent.cost_micros >= 0, "{a:?}");
-                    prop_assert!(a.left().tokens.unwrap() <= 10_000, "remaining above the limit: {a:?}");
-                }
-            }
-        }
     }
 
     #[test]

@@ -25,6 +25,13 @@ fn env_with_worker(worker: impl FnOnce(&TestEnv) -> Value, sessions: &[String]) 
     env
 }
 
+/// A `worker` running the shell `body`, with short limits (a 2 s deadline, 1 s idle and grace),
+/// and its session.
+fn env_with_short_lived_shell_worker(body: &str) -> TestEnv {
+    let limits = json!({"timeoutSeconds": 2, "idleTimeoutSeconds": 1, "cancelGraceSeconds": 1});
+    env_with_worker(|e| shell_agent(e, "worker", body, &[], limits), &[WORKER.to_string()])
+}
+
 /// A worker script: sleep `ms`, answer `done: <input>`; announce steps answer ANNOUNCE_SKIP at once.
 fn sleepy(ms: u64) -> Value {
     json!({"rules": [{"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"}],
@@ -205,18 +212,7 @@ fn a_process_outside_the_tree_that_carries_the_run_id_is_killed_when_its_run_end
 /// leave no process behind; the session's queue is free again (a second send runs).
 fn harm_the_supervisor_then_hang(what: &str) {
     let body = format!("trap '' INT TERM HUP\nIFS= read -r line\nkill -{what} $PPID\nsleep 300\n");
-    let env = env_with_worker(
-        |e| {
-            shell_agent(
-                e,
-                "worker",
-                &body,
-                &[],
-                json!({"timeoutSeconds": 2, "idleTimeoutSeconds": 1, "cancelGraceSeconds": 1}),
-            )
-        },
-        &[WORKER.to_string()],
-    );
+    let env = env_with_short_lived_shell_worker(&body);
     let mut c = env.serve(None);
     let t0 = Instant::now();
     for round in 0..2 {
@@ -260,18 +256,7 @@ sleep 300
     .replace("INNER", to_inner);
     let dir = tempfile::tempdir().unwrap();
     let body = body.replace("READY", &dir.path().join("ready").display().to_string());
-    let env = env_with_worker(
-        |e| {
-            shell_agent(
-                e,
-                "worker",
-                &body,
-                &[],
-                json!({"timeoutSeconds": 2, "idleTimeoutSeconds": 1, "cancelGraceSeconds": 1}),
-            )
-        },
-        &[WORKER.to_string()],
-    );
+    let env = env_with_short_lived_shell_worker(&body);
     let mut c = env.serve(None);
     let r = c.call("sessions_send", json!({"sessionKey": WORKER, "message": "go", "timeoutSeconds": 30}));
     assert_eq!(r["status"], "error", "the run ends at its idle timeout: {r}");
