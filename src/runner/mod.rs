@@ -292,6 +292,9 @@ struct Collected {
     external_session_id: Option<String>,
     final_event: Option<Value>,
     error_event: Option<Value>,
+    /// Whether the agent wrote any event at all (a CLI that exits before its first line failed to
+    /// start, which its failure says).
+    saw_event: bool,
 }
 
 impl Collected {
@@ -304,6 +307,7 @@ impl Collected {
             external_session_id: None,
             final_event: None,
             error_event: None,
+            saw_event: false,
         }
     }
 
@@ -312,6 +316,7 @@ impl Collected {
     /// `final` or `error` then replaces the earlier result, so the run ends as its last turn did.
     /// Text deltas and usage reach `hooks` as they are taken.
     fn take(&mut self, events: Vec<Value>, hooks: &Hooks) -> bool {
+        self.saw_event |= !events.is_empty();
         for event in events {
             let s = |k: &str| event.get(k).and_then(Value::as_str).map(String::from);
             match event.get("type").and_then(Value::as_str) {
@@ -528,7 +533,14 @@ impl Runner {
                 stderr_task.await.unwrap_or_default()
             }
         };
-        collected.outcome(stop, Limits::of(spec), exit.and_then(|s| s.code()), stderr_tail)
+        let before_any_output = stop.is_none() && !collected.saw_event;
+        let code = exit.and_then(|s| s.code());
+        let mut outcome = collected.outcome(stop, Limits::of(spec), code, stderr_tail);
+        // Only for CLIs: a jsonl agent is a program of the operator's, whose own words suffice.
+        if let (true, true, Some(code)) = (before_any_output, spec.cli.is_some(), code.filter(|c| *c != 0)) {
+            outcome.error = Some(exited_silently(spec, code, &outcome.stderr_tail));
+        }
+        outcome
     }
 
     /// `sessions-mcp-supervise [--uid U --gid G] -- <program> <args>` with the run's environment.
@@ -683,6 +695,24 @@ fn failure_text(error_event: Option<&Value>, had_final: bool, exit: Option<i32>,
     let tail: String =
         stderr.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
     if tail.is_empty() { why } else { format!("{why}; stderr: {tail}") }
+}
+
+/// The failure of an agent that exited non-zero before writing a single event: it did not get to
+/// work at all, so say what to check — for a CLI that tells a missing sign-in by its exit code
+/// (Gemini CLI's 41), what to do about that.
+fn exited_silently(spec: &RunnerSpec, code: i32, stderr: &str) -> String {
+    let tail: String =
+        stderr.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
+    let tail = if tail.is_empty() { String::new() } else { format!("; stderr: {tail}") };
+    if spec.kind == crate::config::RunnerKind::GeminiStreamJson && code == 41 {
+        return format!(
+            "not_logged_in: Gemini CLI is not signed in for this agent: run `gemini` once and choose how to sign in (a Google login needs runner.home \"inherit\", which preset \"gemini\" sets), or pass GEMINI_API_KEY (runner.env.passthrough; preset \"gemini\" passes it){tail}"
+        );
+    }
+    format!(
+        "\"{}\" exited with status {code} before writing any output: it did not start its work; run it by hand as the run would (`sessions-mcp doctor` shows the command line) and check its login and flags{tail}",
+        spec.command
+    )
 }
 
 /// `sessions-mcp-supervise` beside the `sessions-mcp` at `exe`. A test binary of the library runs

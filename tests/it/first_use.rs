@@ -383,3 +383,42 @@ fn a_spawn_from_a_host_whose_own_cli_is_installed_runs_that_cli() {
     assert!(outcome(&mut other, r["childSessionKey"].as_str().unwrap()).contains("Result: CLAUDE read:"));
     other.close();
 }
+
+/// A script `name` in `dir` that writes `stderr` there and exits with `code` before any output.
+fn failing_cli(dir: &Path, name: &str, code: i32, stderr: &str) {
+    let path = dir.join(name);
+    let body = format!(
+        "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 1.0; exit 0; fi\necho '{stderr}' >&2\nexit {code}\n"
+    );
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A CLI that exits before its first line did not start its work: the failure says so in one line
+/// with what to check, and a Gemini CLI that is not signed in (its exit 41) says how to sign in.
+#[test]
+fn a_cli_that_exits_before_its_first_line_fails_saying_what_to_check() {
+    let env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    failing_cli(bin.path(), "claude", 1, "boom: no such option");
+    failing_cli(bin.path(), "gemini", 41, "Please set an Auth method in your settings.json");
+    let mut c = serve_discovering(&env, bin.path());
+    let r = spawn(&mut c, json!({"task": "anything"}));
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    let status = text.lines().next().unwrap();
+    let claude = bin.path().join("claude").display().to_string();
+    assert!(
+        status.starts_with(&format!("Status: failed: \"{claude}\" exited with status 1 before writing any output")),
+        "{text}"
+    );
+    assert!(status.ends_with("; stderr: boom: no such option"), "{text}");
+    let r = spawn(&mut c, json!({"task": "anything", "agentId": "gemini"}));
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(
+        text.starts_with(
+            "Status: failed: not_logged_in: Gemini CLI is not signed in for this agent: run `gemini` once"
+        ),
+        "{text}"
+    );
+    c.close();
+}
