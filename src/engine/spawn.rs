@@ -182,11 +182,21 @@ impl Engine<'_> {
             attach_as: req.attach_as.as_ref(),
             project: project_for(config, &req, child_sandboxed)?,
         };
+        let spawned = start(&rt.store, &rt.config, &plan).map_err(|r| self.refusal(caller, &rt.store, r))?;
         let workspace = match &plan.project {
-            Some(dir) => json!({"mode": "project", "path": dir.display().to_string()}),
+            Some(dir) => {
+                let sharing = siblings_in(&rt.store, &caller.key, &spawned.child_key, dir)?;
+                let mut w = json!({"mode": "project", "path": dir.display().to_string()});
+                if sharing > 0 {
+                    w["sharedWith"] = json!(sharing);
+                    w["note"] = json!(format!(
+                        "{sharing} other unfinished child(ren) of yours work in this project too and may change the same files; wait for one, or spawn with workspace \"isolated\""
+                    ));
+                }
+                w
+            }
             None => json!({"mode": "isolated"}),
         };
-        let spawned = start(&rt.store, &rt.config, &plan).map_err(|r| self.refusal(caller, &rt.store, r))?;
         let attachments = staged.as_ref().map(super::attachments::Staged::summary);
         if let Some(s) = staged {
             s.keep();
@@ -376,6 +386,29 @@ fn project_for(config: &Config, req: &SpawnRequest, sandboxed: bool) -> Result<O
             .map(Some)
             .map_err(|e| ToolError::error(format!("workspace: the server's own directory cannot be read: {e}"))),
     }
+}
+
+/// How many of `parent`'s other unfinished children work in `project`: siblings writing one
+/// project at once is the requester's choice, which the spawn's answer lets it make knowingly.
+fn siblings_in(
+    store: &Store,
+    parent: &SessionKey,
+    child: &SessionKey,
+    project: &std::path::Path,
+) -> Result<usize, StoreError> {
+    let project = project.display().to_string();
+    let mut sharing = 0;
+    for sibling in store.children(parent, i64::MAX)? {
+        let unfinished = sibling.announced_at.is_none() && sibling.cancelled_at.is_none();
+        let Some(spawn_run) = sibling.spawn_run.as_deref().filter(|_| unfinished && sibling.key != *child) else {
+            continue;
+        };
+        let flow = store.run(spawn_run)?.and_then(|r| Flow::of(r.extra.as_ref()));
+        sharing += usize::from(
+            flow.as_ref().and_then(Flow::spawn).and_then(|s| s.project.as_deref()) == Some(project.as_str()),
+        );
+    }
+    Ok(sharing)
 }
 
 /// What the spawn created.

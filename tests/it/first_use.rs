@@ -422,3 +422,29 @@ fn a_cli_that_exits_before_its_first_line_fails_saying_what_to_check() {
     );
     c.close();
 }
+
+/// Children writing one project at once is the requester's choice: the spawn's answer says how
+/// many unfinished siblings already work there.
+#[test]
+fn a_spawn_into_a_project_that_siblings_work_in_says_so() {
+    let env = TestEnv::new();
+    let (bin, project) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let slow = r#"{"type":"result","subtype":"success","is_error":false,"result":"slow done","session_id":"fake-1"}"#;
+    fake_claude(bin.path(), Some(slow));
+    // The fake answers after 3 s, so the first child is still at work when the next spawns.
+    let path = bin.path().join("claude");
+    let script = std::fs::read_to_string(&path).unwrap().replacen("read -r message", "read -r message\n/bin/sleep 3", 1);
+    std::fs::write(&path, script).unwrap();
+    let mut c = serve_in(&env, bin.path(), project.path());
+    let first = spawn(&mut c, json!({"task": "one"}));
+    assert!(first["workspace"].get("sharedWith").is_none(), "{first}");
+    let second = spawn(&mut c, json!({"task": "two"}));
+    assert_eq!(second["workspace"]["sharedWith"], 1, "{second}");
+    assert!(second["workspace"]["note"].as_str().unwrap().contains("may change the same files"), "{second}");
+    let apart = spawn(&mut c, json!({"task": "three", "workspace": "isolated"}));
+    assert_eq!(apart["workspace"], json!({"mode": "isolated"}), "{apart}");
+    for r in [&first, &second, &apart] {
+        outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    }
+    c.close();
+}
