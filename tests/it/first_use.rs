@@ -433,7 +433,8 @@ fn a_spawn_into_a_project_that_siblings_work_in_says_so() {
     fake_claude(bin.path(), Some(slow));
     // The fake answers after 3 s, so the first child is still at work when the next spawns.
     let path = bin.path().join("claude");
-    let script = std::fs::read_to_string(&path).unwrap().replacen("read -r message", "read -r message\n/bin/sleep 3", 1);
+    let script =
+        std::fs::read_to_string(&path).unwrap().replacen("read -r message", "read -r message\n/bin/sleep 3", 1);
     std::fs::write(&path, script).unwrap();
     let mut c = serve_in(&env, bin.path(), project.path());
     let first = spawn(&mut c, json!({"task": "one"}));
