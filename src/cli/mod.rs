@@ -289,12 +289,19 @@ impl Paths {
         }
     }
 
+    /// [`Paths::resolve`] with the agent CLIs discovery finds on PATH added: for the commands that
+    /// run or show agents (serve, daemon, doctor, inject), not for every operator command.
+    pub fn resolve_with_agents(&self) -> Result<Env, config::ConfigError> {
+        let mut env = self.resolve()?;
+        crate::runner::discover::apply(&mut env.loaded.config, &env.state_dir);
+        Ok(env)
+    }
+
     /// Loads the config (see [`Paths::config_path`]).
     pub fn resolve(&self) -> Result<Env, config::ConfigError> {
         let state_dir = self.state_dir();
         let (path, explicit) = self.config_path(&state_dir);
-        let mut loaded = config::load(&path, explicit)?;
-        crate::runner::discover::apply(&mut loaded.config, &state_dir);
+        let loaded = config::load(&path, explicit)?;
         for path in &loaded.ignored_reference_paths {
             tracing::warn!(path, "config: reference key accepted but not implemented by sessions-mcp");
         }
@@ -435,7 +442,7 @@ pub fn holds_reference_store(dir: &Path) -> bool {
 
 async fn serve(args: ServeArgs) -> ExitCode {
     let strict = args.strict();
-    let env = match args.paths.resolve() {
+    let env = match args.paths.resolve_with_agents() {
         Ok(env) => env,
         Err(e) => return cannot_start(format!("{e} (run `sessions-mcp doctor` for details)"), strict).await,
     };
@@ -618,7 +625,7 @@ pub async fn terminate_signal() {
 }
 
 async fn daemon(paths: Paths, force: bool, http: Option<&str>, insecure_remote: bool) -> ExitCode {
-    let env = match paths.resolve() {
+    let env = match paths.resolve_with_agents() {
         Ok(env) => env,
         Err(e) => return fail(format!("{e} (run `sessions-mcp doctor` for details)")),
     };

@@ -458,7 +458,7 @@ pub fn doctor(paths: &crate::cli::Paths, fix_modes: bool, store_url: Option<&str
     if state_dir.is_dir() {
         problems += check_modes(&state_dir, fix_modes);
     }
-    if let Ok(env) = paths.resolve() {
+    if let Ok(env) = paths.resolve_with_agents() {
         problems += check_runners(&env);
         problems += check_sandbox(&env);
     }
@@ -548,7 +548,7 @@ pub async fn inject(
     timeout: u64,
     sender: Option<InjectSender>,
 ) -> ExitCode {
-    let env = match paths.resolve() {
+    let env = match paths.resolve_with_agents() {
         Ok(env) => env,
         Err(e) => return crate::cli::fail(e),
     };

@@ -49,12 +49,8 @@ pub struct RunnerSpec {
 /// over its preset. The default agent `main` with neither a command nor a preset runs the first
 /// discovered CLI's preset, else the built-in echo agent.
 pub fn effective_runner(config: &Config, agent: &AgentId) -> RunnerConfig {
-    let base = &config.agents.defaults.runner;
-    let mut r = match config.agent(agent).and_then(|a| a.runner.as_ref()) {
-        Some(own) => own.merged(base),
-        None => base.clone(),
-    };
-    if r.command.is_none() && r.preset.is_none() && *agent == AgentId::main() {
+    let mut r = configured_runner(config, agent);
+    if is_unconfigured_main(agent, &r) {
         // An unconfigured main runs the first CLI discovery found, else the echo agent.
         match config.agents.discovered.first().and_then(|a| a.runner.as_ref()) {
             Some(found) => r = r.merged(found),
@@ -67,9 +63,27 @@ pub fn effective_runner(config: &Config, agent: &AgentId) -> RunnerConfig {
     }
 }
 
+/// The runner keys the config gives `agent`: its own `runner` over `agents.defaults.runner`.
+fn configured_runner(config: &Config, agent: &AgentId) -> RunnerConfig {
+    let base = &config.agents.defaults.runner;
+    match config.agent(agent).and_then(|a| a.runner.as_ref()) {
+        Some(own) => own.merged(base),
+        None => base.clone(),
+    }
+}
+
+/// `main` with neither a command nor a preset: what discovery (or the echo agent) stands in for.
+fn is_unconfigured_main(agent: &AgentId, configured: &RunnerConfig) -> bool {
+    *agent == AgentId::main() && configured.command.is_none() && configured.preset.is_none()
+}
+
 /// Whether `agent` runs the built-in echo agent (no real agent configured or found for it).
 pub fn is_echo(config: &Config, agent: &AgentId) -> bool {
-    let r = effective_runner(config, agent);
+    runs_echo(&effective_runner(config, agent))
+}
+
+/// Whether effective runner settings are the built-in echo agent's.
+fn runs_echo(r: &RunnerConfig) -> bool {
     r.command.is_none() && r.preset == Some(RunnerPreset::Echo)
 }
 
@@ -83,18 +97,11 @@ pub const ECHO_WARNING: &str = "no real agent is configured: this child ran the 
 /// Hosts are told by `clientInfo.name` (`codex-mcp-client`, `gemini-cli-mcp-client`,
 /// `claude-code`).
 pub fn host_agent(config: &Config, requester: &AgentId, host: Option<&str>) -> Option<AgentId> {
-    let own = config.agent(requester).and_then(|a| a.runner.as_ref());
-    let base = &config.agents.defaults.runner;
-    let configured = own.is_some_and(|r| r.command.is_some() || r.preset.is_some())
-        || base.command.is_some()
-        || base.preset.is_some();
-    if *requester != AgentId::main() || configured {
+    if !is_unconfigured_main(requester, &configured_runner(config, requester)) {
         return None;
     }
     let host = host?.to_ascii_lowercase();
-    let preset = [RunnerPreset::Claude, RunnerPreset::Codex, RunnerPreset::Gemini]
-        .into_iter()
-        .find(|p| host.contains(p.as_str()))?;
+    let preset = RunnerPreset::DISCOVERABLE.into_iter().find(|p| host.contains(p.as_str()))?;
     let first = config.agents.discovered.first().and_then(|a| a.runner.as_ref()?.preset);
     let found = config.agents.discovered.iter().find(|a| a.runner.as_ref().and_then(|r| r.preset) == Some(preset))?;
     (first != Some(preset)).then(|| AgentId::parse(&found.id).ok()).flatten()
@@ -118,9 +125,13 @@ pub struct AgentRunner {
 pub fn agent_runner(config: &Config, agent: &AgentId) -> AgentRunner {
     let r = effective_runner(config, agent);
     let version = config.agent(agent).and_then(|a| a.discovered.clone()).filter(|v| !v.is_empty());
-    let runner = r.preset.filter(|_| r.command.is_none() || r.preset != Some(RunnerPreset::Echo));
-    let runner = runner.map_or("command", RunnerPreset::as_str).to_string();
-    if is_echo(config, agent) {
+    let runner = match r.preset {
+        Some(RunnerPreset::Echo) if r.command.is_some() => "command",
+        Some(preset) => preset.as_str(),
+        None => "command",
+    }
+    .to_string();
+    if runs_echo(&r) {
         let note =
             "the built-in echo agent: it answers \"ECHO: <input>\" and does no work (no real agent is configured)";
         return AgentRunner { runner, available: true, version, note: Some(note.into()) };
@@ -179,7 +190,7 @@ pub fn missing_adapter_flags(spec: &RunnerSpec) -> Option<String> {
 /// Resolves the runner of `agent` ([`effective_runner`]).
 pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &Path) -> Result<RunnerSpec, String> {
     let r = effective_runner(config, agent);
-    let echo = is_echo(config, agent);
+    let echo = runs_echo(&r);
     let (command, args) = match &r.command {
         Some(c) => (c.clone(), r.args.clone().unwrap_or_default()),
         None if echo => (exe.display().to_string(), vec!["agent".to_string()]),
