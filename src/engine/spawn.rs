@@ -47,6 +47,9 @@ pub struct SpawnRequest {
     pub require_sandbox: bool,
     /// `workspace` as asked; none: `agents.defaults.subagents.workspace`.
     pub workspace: Option<crate::config::WorkspaceMode>,
+    /// The requester's project as its MCP client declares it (roots); none: the directory this
+    /// serving process was started in.
+    pub client_project: Option<PathBuf>,
     pub attachments: Vec<super::attachments::Incoming>,
     pub idempotency_key: Option<String>,
     /// The budget asked for (validated); none: the configured default, else a share of the requester's.
@@ -354,8 +357,8 @@ struct SpawnPlan<'a> {
     project: Option<PathBuf>,
 }
 
-/// Where a child works: the requester's project (the directory this serving process was started
-/// in), or None for the agent's own workspace. `auto` means the project for an agent that runs a
+/// Where a child works: the requester's project (its client's root, else the directory this
+/// serving process was started in), or None for the agent's own workspace. `auto` means the project for an agent that runs a
 /// CLI preset without a workspace of its own. A sandboxed child works in its own directory in the
 /// jail, and attachments are written into the agent's workspace: `project` asked outright is then
 /// refused, `auto` falls back.
@@ -382,9 +385,12 @@ fn project_for(config: &Config, req: &SpawnRequest, sandboxed: bool) -> Result<O
             "workspace \"project\" cannot apply: {why}; leave workspace out or ask \"isolated\""
         ))),
         (true, Some(_)) => Ok(None),
-        (true, None) => std::env::current_dir()
-            .map(Some)
-            .map_err(|e| ToolError::error(format!("workspace: the server's own directory cannot be read: {e}"))),
+        (true, None) => match &req.client_project {
+            Some(root) => Ok(Some(root.clone())),
+            None => std::env::current_dir()
+                .map(Some)
+                .map_err(|e| ToolError::error(format!("workspace: the server's own directory cannot be read: {e}"))),
+        },
     }
 }
 

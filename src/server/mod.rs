@@ -12,6 +12,7 @@ mod http_sessions;
 mod metrics;
 mod owner_link;
 mod resources;
+mod roots;
 mod sse;
 mod stdio;
 pub mod subscriptions;
@@ -37,6 +38,7 @@ use crate::access::caller::Caller;
 use crate::engine::scheduler::Scheduler;
 use crate::tools::{self, Ctx, Progress};
 use elicit::{Pusher, Route, Shown};
+use roots::ClientRoots;
 use subscriptions::{Hub, Subscriptions};
 
 /// One MCP server instance: for one caller (stdio), or resolving the caller per request (HTTP).
@@ -53,6 +55,8 @@ pub struct SessionsServer {
     pusher: Arc<Pusher>,
     /// The asks shown by round trip, shared by the servers of one listener.
     shown: Shown,
+    /// This MCP session's project, as its client's roots declare it.
+    roots: ClientRoots,
 }
 
 impl SessionsServer {
@@ -74,7 +78,15 @@ impl SessionsServer {
 
     fn with(access: Access, caller: Option<Caller>, runtime: Option<Arc<Scheduler>>, hub: Hub, shown: Shown) -> Self {
         let subscriptions = Subscriptions::new(hub);
-        SessionsServer { access, caller, runtime, subscriptions, pusher: Arc::default(), shown }
+        SessionsServer {
+            access,
+            caller,
+            runtime,
+            subscriptions,
+            pusher: Arc::default(),
+            shown,
+            roots: ClientRoots::default(),
+        }
     }
 
     /// Where the client shows elicitations, the route it takes for an external caller: the push
@@ -166,11 +178,16 @@ impl SessionsServer {
             cancel: context.ct.clone(),
             progress: None,
             host,
+            project: None,
         }
     }
 }
 
 impl ServerHandler for SessionsServer {
+    async fn on_roots_list_changed(&self, _context: rmcp::service::NotificationContext<RoleServer>) {
+        self.roots.forget().await;
+    }
+
     async fn list_resource_templates(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -356,6 +373,11 @@ impl ServerHandler for SessionsServer {
             cancel: context.ct.clone(),
             progress,
             host: context.client_info().map(|i| i.name),
+            // Only a spawn needs the project, and asking the client costs it a round trip.
+            project: match request.name.as_ref() {
+                "sessions_spawn" => self.roots.project(&context).await,
+                _ => None,
+            },
         };
         let wants_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
         if let Some(tool) = tasks::runs_as_task(&request.name, request.arguments.as_ref()).filter(|_| wants_task) {

@@ -66,6 +66,9 @@ pub struct Ctx<'a> {
     pub progress: Option<Progress>,
     /// The MCP client's name (`clientInfo.name`): which host is calling, when it says.
     pub host: Option<String>,
+    /// The requester's project as its MCP client declares it (its roots); None: the serving
+    /// process's directory.
+    pub project: Option<std::path::PathBuf>,
 }
 
 impl<'a> Ctx<'a> {
@@ -77,7 +80,7 @@ impl<'a> Ctx<'a> {
     /// A context without runtime, cancellation or progress (in-process calls).
     pub fn plain(access: &'a Access, caller: &'a Caller) -> Self {
         let cancel = tokio_util::sync::CancellationToken::new();
-        Ctx { access, caller, runtime: None, cancel, progress: None, host: None }
+        Ctx { access, caller, runtime: None, cancel, progress: None, host: None, project: None }
     }
 }
 

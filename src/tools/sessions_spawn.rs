@@ -337,6 +337,7 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
         cleanup_delete,
         require_sandbox,
         workspace,
+        client_project: ctx.project.clone(),
         attachments,
         idempotency_key,
         budget,

@@ -212,6 +212,47 @@ fn a_discovered_cli_child_works_in_the_users_project_and_leaves_nothing_of_ours_
     c.close();
 }
 
+/// A project directory holding a README.md whose first line is `first`; its canonical path.
+fn project_with_readme(first: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README.md"), format!("{first}\nmore\n")).unwrap();
+    let path = std::fs::canonicalize(dir.path()).unwrap().display().to_string();
+    (dir, path)
+}
+
+#[test]
+fn a_child_works_in_the_project_its_clients_roots_name_and_follows_a_change_of_roots() {
+    let env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    fake_claude(bin.path(), None);
+    let (served_in, _) = project_with_readme("# where serve was started");
+    let (first, first_dir) = project_with_readme("# the first root");
+    let (second, second_dir) = project_with_readme("# the second root");
+    let mut cmd =
+        env.serve_command(None, &[("PATH", bin.path().to_str().unwrap()), ("SESSIONS_MCP_DISCOVERY", "path")]);
+    cmd.current_dir(served_in.path());
+    let mut c = Client::start_declaring(cmd, json!({"roots": {"listChanged": true}}));
+    c.set_roots(&[Path::new("/nowhere/on/this/machine"), first.path()]);
+
+    let r = spawn(&mut c, json!({"task": "Read README.md"}));
+    assert_eq!(
+        r["workspace"],
+        json!({"mode": "project", "path": first_dir}),
+        "the first root that is a directory: {r}"
+    );
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(text.contains("Result: CLAUDE read: # the first root\n"), "{text}");
+
+    c.set_roots(&[second.path()]);
+    c.request("ping", json!({}));
+    let r = spawn(&mut c, json!({"task": "Read README.md"}));
+    assert_eq!(r["workspace"]["path"], json!(second_dir), "asked again after list_changed: {r}");
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(text.contains("Result: CLAUDE read: # the second root\n"), "{text}");
+    assert_eq!(start_dirs(bin.path()), [first_dir, second_dir]);
+    c.close();
+}
+
 #[test]
 fn a_claude_that_is_not_logged_in_fails_in_one_line_that_says_what_to_do() {
     let env = TestEnv::new();

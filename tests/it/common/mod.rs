@@ -321,6 +321,9 @@ pub struct Client {
     pending: Vec<Value>,
     /// Notifications seen while waiting for responses.
     notes: Vec<Value>,
+    /// The roots this client answers `roots/list` with while it waits (None: it leaves the
+    /// request unanswered among the notes, as for any other request from the server).
+    roots: Option<Value>,
 }
 
 impl Client {
@@ -360,7 +363,7 @@ impl Client {
             }
         });
         let stdin = child.stdin.take();
-        let mut c = Client { child, stdin, lines: rx, next_id: 1, pending: Vec::new(), notes: Vec::new() };
+        let mut c = Client { child, stdin, lines: rx, next_id: 1, pending: Vec::new(), notes: Vec::new(), roots: None };
         let init = c.try_request(
             "initialize",
             json!({"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": name, "version": "1"}}),
@@ -449,10 +452,30 @@ impl Client {
             }
             if response {
                 self.pending.push(msg);
-            } else {
+            } else if !self.answered_roots(&msg) {
                 self.notes.push(msg);
             }
         }
+    }
+
+    /// From now on, answers the server's `roots/list` with these file roots (as a host started
+    /// in a project does), and tells it that the list changed.
+    pub fn set_roots(&mut self, dirs: &[&Path]) {
+        let roots: Vec<Value> = dirs
+            .iter()
+            .map(
+                |d| json!({"uri": format!("file://{}", d.display()), "name": d.file_name().unwrap().to_string_lossy()}),
+            )
+            .collect();
+        self.roots = Some(json!(roots));
+        self.notify("notifications/roots/list_changed", json!({}));
+    }
+
+    /// Answers a `roots/list` request from the server when this client has roots.
+    fn answered_roots(&mut self, msg: &Value) -> bool {
+        let Some(roots) = self.roots.clone().filter(|_| msg["method"] == "roots/list") else { return false };
+        self.send_raw(&json!({"jsonrpc": "2.0", "id": msg["id"], "result": {"roots": roots}}).to_string());
+        true
     }
 
     /// Reads whatever arrives for up to `timeout` (responses are kept, notifications collected).
