@@ -126,8 +126,11 @@ pub enum WorkspaceMode {
     /// `project` for an agent whose runner is a CLI preset, `isolated` for others.
     #[default]
     Auto,
-    /// The requester's project: the directory the serving process was started in.
+    /// The requester's project: its MCP client's root, else the directory the serving process
+    /// was started in.
     Project,
+    /// A git worktree and branch of the requester's project of the child's own.
+    Worktree,
     /// The agent's own workspace (`agents.list[].workspace`, else `<stateDir>/workspaces/<agent>`).
     Isolated,
 }

@@ -79,6 +79,10 @@ pub struct SpawnFlow {
     /// own workspace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
+    /// The child's own git worktree of the project (`workspace: "worktree"`), settled at its
+    /// announce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<crate::runner::worktree::Worktree>,
     /// The child runs a CLI started per turn: its notes are the `Notes:` section of its final
     /// reply (asked for in [`SpawnFlow::system`] while announceStep is on), never a Notes step,
     /// which would start the CLI, and call its model, a second time.

@@ -183,11 +183,36 @@ impl Engine<'_> {
             child_runner: spec.kind,
             thread: req.thread.as_ref(),
             attach_as: req.attach_as.as_ref(),
-            project: project_for(config, &req, child_sandboxed)?,
+            project: None,
+            worktree: None,
         };
-        let spawned = start(&rt.store, &rt.config, &plan).map_err(|r| self.refusal(caller, &rt.store, r))?;
-        let workspace = match &plan.project {
-            Some(dir) => {
+        let project = project_for(config, &req, child_sandboxed)?;
+        let worktree = match &project {
+            Some(dir)
+                if req.workspace.unwrap_or(config.agents.defaults.subagents.workspace)
+                    == crate::config::WorkspaceMode::Worktree =>
+            {
+                let name =
+                    crate::runner::worktree::name_for(req.label.as_deref(), req.agent.as_str(), &plan.child_session_id);
+                Some(
+                    crate::runner::worktree::create(dir, &rt.state_dir.join("worktrees"), &name)
+                        .map_err(ToolError::invalid)?,
+                )
+            }
+            _ => None,
+        };
+        let plan =
+            SpawnPlan { project: worktree.as_ref().map(|wt| PathBuf::from(&wt.workdir)).or(project), worktree, ..plan };
+        let spawned = start(&rt.store, &rt.config, &plan).map_err(|r| {
+            // The fresh worktree holds no work: it goes with the refused spawn.
+            if let Some(wt) = &plan.worktree {
+                crate::runner::worktree::settle(wt, true);
+            }
+            self.refusal(caller, &rt.store, r)
+        })?;
+        let workspace = match (&plan.worktree, &plan.project) {
+            (Some(wt), _) => json!({"mode": "worktree", "path": wt.workdir, "branch": wt.branch}),
+            (None, Some(dir)) => {
                 let sharing = siblings_in(&rt.store, &caller.key, &spawned.child_key, dir)?;
                 let mut w = json!({"mode": "project", "path": dir.display().to_string()});
                 if sharing > 0 {
@@ -198,7 +223,7 @@ impl Engine<'_> {
                 }
                 w
             }
-            None => json!({"mode": "isolated"}),
+            (None, None) => json!({"mode": "isolated"}),
         };
         let attachments = staged.as_ref().map(super::attachments::Staged::summary);
         if let Some(s) = staged {
@@ -353,8 +378,11 @@ struct SpawnPlan<'a> {
     child_runner: crate::config::RunnerKind,
     thread: Option<&'a ThreadBinding>,
     attach_as: Option<&'a Value>,
-    /// The requester's project the child works in; none: the agent's own workspace.
+    /// The requester's project the child works in (in its worktree, when it has one); none: the
+    /// agent's own workspace.
     project: Option<PathBuf>,
+    /// The child's own worktree of the project (`workspace: "worktree"`).
+    worktree: Option<crate::runner::worktree::Worktree>,
 }
 
 /// Where a child works: the requester's project (its client's root, else the directory this
@@ -368,7 +396,7 @@ fn project_for(config: &Config, req: &SpawnRequest, sandboxed: bool) -> Result<O
     let own_workspace = config.agent(&req.agent).is_some_and(|a| a.workspace.is_some());
     let preset = crate::runner::effective_runner(config, &req.agent).preset;
     let wanted = match asked {
-        WorkspaceMode::Project => true,
+        WorkspaceMode::Project | WorkspaceMode::Worktree => true,
         WorkspaceMode::Isolated => false,
         WorkspaceMode::Auto => !own_workspace && preset.is_some_and(|p| p != RunnerPreset::Echo),
     };
@@ -381,8 +409,9 @@ fn project_for(config: &Config, req: &SpawnRequest, sandboxed: bool) -> Result<O
     };
     match (wanted, blocker) {
         (false, _) => Ok(None),
-        (true, Some(why)) if asked == WorkspaceMode::Project => Err(ToolError::invalid(format!(
-            "workspace \"project\" cannot apply: {why}; leave workspace out or ask \"isolated\""
+        (true, Some(why)) if asked != WorkspaceMode::Auto => Err(ToolError::invalid(format!(
+            "workspace {:?} cannot apply: {why}; leave workspace out or ask \"isolated\"",
+            if asked == WorkspaceMode::Worktree { "worktree" } else { "project" }
         ))),
         (true, Some(_)) => Ok(None),
         (true, None) => match &req.client_project {
@@ -541,6 +570,7 @@ fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Re
             attachments_path: plan.attachments.map(|staged| staged.path().display().to_string()),
             attach_as: plan.attach_as.cloned(),
             project: plan.project.as_ref().map(|p| p.display().to_string()),
+            worktree: plan.worktree.clone(),
         };
         if let Some(staged) = plan.attachments {
             for r in &staged.receipts {
@@ -622,6 +652,7 @@ pub fn announce_text(
     spawn_run: &RunRow,
     result: &str,
     notes: Option<&str>,
+    worktree: Option<&str>,
 ) -> String {
     let mut result = if result.trim().is_empty() { "(no output)".to_string() } else { result.to_string() };
     if result.len() > RESULT_BYTES {
@@ -660,6 +691,9 @@ pub fn announce_text(
     let mut text = format!("Status: {}\nResult: {result}\n", status_text(spawn_run));
     if crate::runner::is_echo(&rt.config, &child.agent_id) {
         text.push_str(&format!("Warning: {}\n", crate::runner::ECHO_WARNING));
+    }
+    if let Some(line) = worktree {
+        text.push_str(&format!("Worktree: {line}\n"));
     }
     if rt.config.agents.defaults.subagents.announce_step
         && let Some(n) = notes.filter(|n| !n.trim().is_empty())
@@ -840,7 +874,8 @@ fn announce(
     notes: Option<&str>,
 ) -> Result<(), StoreError> {
     let store = &rt.store;
-    let text = announce_text(rt, child, spawn_run, result, notes);
+    let worktree = settle_worktree(spawn_run);
+    let text = announce_text(rt, child, spawn_run, result, notes, worktree.as_deref());
     let Some(requester) = spawn_run.requester_key.clone() else { return finish(rt, child, spawn_run) };
     let requester_row = store.session_by_key(&requester)?;
     let provenance =
@@ -892,6 +927,16 @@ fn announce(
     })?;
     rt.wake();
     finish(rt, child, spawn_run)
+}
+
+/// The child's worktree at its end: removed with `cleanup: "delete"` when it holds no work, else
+/// kept; the announce's line for it says which.
+fn settle_worktree(spawn_run: &RunRow) -> Option<String> {
+    let flow = Flow::of(spawn_run.extra.as_ref())?;
+    let spawn = flow.spawn()?;
+    let wt = spawn.worktree.as_ref()?;
+    let settled = crate::runner::worktree::settle(wt, spawn.cleanup == Cleanup::Delete);
+    Some(crate::runner::worktree::settled_line(wt, &settled))
 }
 
 /// A driven requester consumed a child's announce when the completion run that carried it ended
@@ -985,6 +1030,7 @@ mod tests {
             thread: None,
             attach_as: None,
             project: None,
+            worktree: None,
         }
     }
 

@@ -20,6 +20,7 @@ mod stdin;
 pub mod supervise;
 mod sweep;
 pub mod template;
+pub mod worktree;
 
 use std::process::Stdio;
 use std::time::Duration;

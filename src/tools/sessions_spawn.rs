@@ -52,9 +52,10 @@ pub struct Params {
     cleanup: Option<Cleanup>,
     /// inherit (default) | require: require a sandboxed child.
     sandbox: Option<SandboxReq>,
-    /// project | isolated: work in your project (the directory the server was started in) or in
-    /// the agent's own directory. Default: project for the agent CLIs of presets (claude, codex),
-    /// isolated for other agents (agents.defaults.subagents.workspace).
+    /// project | worktree | isolated: work in your project (your client's root, else the
+    /// directory the server was started in), in a git worktree and branch of it of its own, or in
+    /// the agent's own directory. Default: project for the agent CLIs of presets (claude, codex,
+    /// gemini), isolated for other agents (agents.defaults.subagents.workspace).
     workspace: Option<WorkspaceReq>,
     /// Files for the child (off unless tools.sessions_spawn.attachments.enabled).
     attachments: Option<Vec<Attachment>>,
@@ -102,6 +103,7 @@ pub enum Cleanup {
 #[allow(dead_code)]
 pub enum WorkspaceReq {
     Project,
+    Worktree,
     Isolated,
 }
 
@@ -153,7 +155,8 @@ pub struct SpawnOk {
     pub queued: bool,
     /// How the completion reaches you.
     pub note: String,
-    /// Where the child works: {mode: "project", path} (your project) or {mode: "isolated"}.
+    /// Where the child works: {mode: "project", path} (your project), {mode: "worktree", path,
+    /// branch} (its own worktree of your project) or {mode: "isolated"}.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub workspace: Option<Value>,
@@ -304,8 +307,9 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
     };
     let cleanup_delete = one_of(&mut a, "cleanup", &["delete", "keep"])?.as_deref() == Some("delete");
     let require_sandbox = one_of(&mut a, "sandbox", &["inherit", "require"])?.as_deref() == Some("require");
-    let workspace = match one_of(&mut a, "workspace", &["project", "isolated"])?.as_deref() {
+    let workspace = match one_of(&mut a, "workspace", &["project", "worktree", "isolated"])?.as_deref() {
         Some("project") => Some(crate::config::WorkspaceMode::Project),
+        Some("worktree") => Some(crate::config::WorkspaceMode::Worktree),
         Some(_) => Some(crate::config::WorkspaceMode::Isolated),
         None => None,
     };

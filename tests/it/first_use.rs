@@ -253,6 +253,97 @@ fn a_child_works_in_the_project_its_clients_roots_name_and_follows_a_change_of_r
     c.close();
 }
 
+/// A fake `claude` that appends a line to README.md of its working directory when its task
+/// says "edit", and answers with that directory; the user's `git` beside it (the server's PATH
+/// holds these only, and it runs git for worktrees).
+fn fake_editor(dir: &Path) {
+    let body = r#"#!/bin/sh
+if [ "$1" = "--version" ]; then echo "2.1.999 (Claude Code)"; exit 0; fi
+read -r message
+case "$message" in *edit*) echo "an edit from $(pwd)" >> README.md ;; esac
+echo '{"type":"system","subtype":"init","session_id":"fake-1","model":"fake-model"}'
+echo "{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\"result\":\"worked in $(pwd)\",\"session_id\":\"fake-1\",\"usage\":{\"input_tokens\":5,\"output_tokens\":3}}"
+"#;
+    let path = dir.join("claude");
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let git = which::which("git").expect("git is installed");
+    std::os::unix::fs::symlink(git, dir.join("git")).unwrap();
+}
+
+/// Runs git in `dir` (the test's own, with a fixed identity).
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn worktree_children_edit_one_file_on_their_own_branches_and_a_worktree_with_work_is_kept() {
+    let env = TestEnv::new();
+    let bin = tempfile::tempdir().unwrap();
+    fake_editor(bin.path());
+    let (project, _) = project_with_readme("# the project");
+    git(project.path(), &["init", "--quiet", "-b", "main"]);
+    git(project.path(), &["add", "."]);
+    git(project.path(), &["commit", "--quiet", "-m", "first"]);
+    let mut c = serve_in(&env, bin.path(), project.path());
+
+    let mut children = Vec::new();
+    for (label, cleanup) in [("one", "keep"), ("two", "delete")] {
+        let r = spawn(
+            &mut c,
+            json!({"task": "edit README.md", "label": label, "workspace": "worktree", "cleanup": cleanup}),
+        );
+        let branch = r["workspace"]["branch"].as_str().unwrap().to_string();
+        assert!(branch.starts_with(&format!("sessions-mcp/{label}-")), "{r}");
+        assert_eq!(r["workspace"]["mode"], "worktree", "{r}");
+        assert!(r["workspace"].get("sharedWith").is_none(), "a worktree of its own is not shared: {r}");
+        children.push((
+            r["childSessionKey"].as_str().unwrap().to_string(),
+            branch,
+            r["workspace"]["path"].as_str().unwrap().to_string(),
+        ));
+    }
+    for (key, branch, path) in &children {
+        let text = outcome(&mut c, key);
+        assert!(text.contains(&format!("Result: worked in {path}\n")), "it ran in its worktree: {text}");
+        let line = format!(
+            "Worktree: {path} on branch {branch}: kept (1 uncommitted file(s), 0 commit(s) not in the project's HEAD)"
+        );
+        assert!(text.contains(&line), "{line}\n{text}");
+        let readme = std::fs::read_to_string(Path::new(path).join("README.md")).unwrap();
+        assert_eq!(readme, format!("# the project\nmore\nan edit from {path}\n"), "its own edit only");
+        assert_eq!(git(Path::new(path), &["branch", "--show-current"]), *branch);
+    }
+    let readme = std::fs::read_to_string(project.path().join("README.md")).unwrap();
+    assert_eq!(readme, "# the project\nmore\n", "the project itself is untouched");
+    assert_eq!(git(project.path(), &["status", "--porcelain"]), "", "nothing of ours in the project");
+
+    // A child that changed nothing, with cleanup "delete": its worktree and branch go.
+    let r =
+        spawn(&mut c, json!({"task": "look around", "label": "look", "workspace": "worktree", "cleanup": "delete"}));
+    let (path, branch) = (r["workspace"]["path"].as_str().unwrap(), r["workspace"]["branch"].as_str().unwrap());
+    let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
+    assert!(text.contains(&format!("Worktree: {path} on branch {branch}: removed (no changes)\n")), "{text}");
+    assert!(!Path::new(path).exists());
+    assert!(!git(project.path(), &["branch", "--list"]).contains(branch));
+
+    let plain = tempfile::tempdir().unwrap();
+    let mut c2 = serve_in(&env, bin.path(), plain.path());
+    let refused = c2.call("sessions_spawn", json!({"task": "edit", "workspace": "worktree"}));
+    assert_eq!(refused["status"], "invalid", "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("is not in a git repository"), "{refused}");
+    c2.close();
+    c.close();
+}
+
 #[test]
 fn a_claude_that_is_not_logged_in_fails_in_one_line_that_says_what_to_do() {
     let env = TestEnv::new();

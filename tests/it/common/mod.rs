@@ -323,7 +323,7 @@ pub struct Client {
     notes: Vec<Value>,
     /// The roots this client answers `roots/list` with while it waits (None: it leaves the
     /// request unanswered among the notes, as for any other request from the server).
-    roots: Option<Value>,
+    roots: Option<Box<Value>>,
 }
 
 impl Client {
@@ -467,13 +467,15 @@ impl Client {
                 |d| json!({"uri": format!("file://{}", d.display()), "name": d.file_name().unwrap().to_string_lossy()}),
             )
             .collect();
-        self.roots = Some(json!(roots));
+        self.roots = Some(Box::new(json!(roots)));
         self.notify("notifications/roots/list_changed", json!({}));
     }
 
     /// Answers a `roots/list` request from the server when this client has roots.
     fn answered_roots(&mut self, msg: &Value) -> bool {
-        let Some(roots) = self.roots.clone().filter(|_| msg["method"] == "roots/list") else { return false };
+        let Some(roots) = self.roots.as_deref().cloned().filter(|_| msg["method"] == "roots/list") else {
+            return false;
+        };
         self.send_raw(&json!({"jsonrpc": "2.0", "id": msg["id"], "result": {"roots": roots}}).to_string());
         true
     }
