@@ -29,7 +29,8 @@ use std::process::{Command, Stdio};
 use common::{Client, TestEnv, assert_valid, schema_dir};
 use serde_json::{Value, json};
 
-const TOOLS: [&str; 6] = ["sessions_list", "sessions_history", "agents_list", "sessions_send", "sessions_spawn", "subagents"];
+const TOOLS: [&str; 6] =
+    ["sessions_list", "sessions_history", "agents_list", "sessions_send", "sessions_spawn", "subagents"];
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -102,7 +103,8 @@ fn tool_examples() -> Vec<(String, Value, String)> {
 
 #[test]
 fn every_block_says_what_it_is() {
-    let known = ["json5", "json mcp", "json script", "json protocol", "sh", "sh norun", "json output", "text output", "text"];
+    let known =
+        ["json5", "json mcp", "json script", "json protocol", "sh", "sh norun", "json output", "text output", "text"];
     for b in blocks() {
         let tool = b.info.strip_prefix("json tool=");
         assert!(
@@ -132,7 +134,11 @@ fn config_examples_load_and_their_spawnable_agents_exist() {
         for agent in config.configured_agents() {
             let (_, allowed) = sessions_mcp::policy::spawnable(&config, &agent);
             for id in allowed {
-                assert!(config.is_configured(&id), "{}: {agent} may spawn {id}, which the example does not configure", b.at());
+                assert!(
+                    config.is_configured(&id),
+                    "{}: {agent} may spawn {id}, which the example does not configure",
+                    b.at()
+                );
             }
         }
         // An agent given a runner is there to be run: the default agent (the one a host's
@@ -140,7 +146,11 @@ fn config_examples_load_and_their_spawnable_agents_exist() {
         let (_, reachable) = sessions_mcp::policy::spawnable(&config, &config.default_agent());
         for entry in config.agents.list.iter().filter(|a| a.runner.is_some()) {
             let id = sessions_mcp::keys::AgentId::parse(&entry.id).unwrap();
-            assert!(reachable.contains(&id), "{}: agent {id} has a runner but the default agent may not spawn it", b.at());
+            assert!(
+                reachable.contains(&id),
+                "{}: agent {id} has a runner but the default agent may not spawn it",
+                b.at()
+            );
         }
     }
 }
@@ -194,7 +204,8 @@ fn host_config_examples_start_this_server() {
                 continue;
             }
             assert_eq!(entry["command"], "sessions-mcp", "{at}");
-            let args: Vec<String> = entry["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+            let args: Vec<String> =
+                entry["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
             assert_the_binary_parses(&args, &at);
         }
     }
@@ -278,7 +289,8 @@ fn commands(body: &str) -> Vec<Vec<String>> {
 
 /// `NAME=value` before a command sets its environment.
 fn is_assignment(word: &str) -> bool {
-    word.split_once('=').is_some_and(|(name, _)| !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+    word.split_once('=')
+        .is_some_and(|(name, _)| !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
 }
 
 /// Checks the words of a `cargo …` command against Cargo.toml and tests/.
@@ -305,7 +317,11 @@ fn assert_cargo_names_exist(words: &[String], at: &str) {
 fn repo_path(word: &str, top_level: &BTreeSet<String>) -> Option<String> {
     let path = word.strip_prefix("./").unwrap_or(word);
     let first = path.split('/').next()?;
-    (path.contains('/') && !path.contains('$') && !path.contains("://") && top_level.contains(first) && first != "target")
+    (path.contains('/')
+        && !path.contains('$')
+        && !path.contains("://")
+        && top_level.contains(first)
+        && first != "target")
         .then(|| path.to_string())
 }
 
@@ -372,7 +388,11 @@ fn links(text: &str) -> Vec<String> {
             in_code = !in_code;
         }
         if !in_code {
-            out.extend(link.captures_iter(line).map(|c| c[1].to_string()).filter(|l| !l.contains("://") && !l.starts_with("mailto:")));
+            out.extend(
+                link.captures_iter(line)
+                    .map(|c| c[1].to_string())
+                    .filter(|l| !l.contains("://") && !l.starts_with("mailto:")),
+            );
         }
     }
     out
@@ -390,7 +410,11 @@ fn every_relative_link_leads_to_a_file_and_heading_that_exist() {
             assert!(full.exists(), "{page}: link {target}: {} does not exist", path.display());
             if !fragment.is_empty() {
                 let text = std::fs::read_to_string(&full).unwrap();
-                assert!(anchors(&text).contains(fragment), "{page}: link {target}: no heading #{fragment} in {}", path.display());
+                assert!(
+                    anchors(&text).contains(fragment),
+                    "{page}: link {target}: no heading #{fragment} in {}",
+                    path.display()
+                );
             }
             checked += 1;
         }
@@ -465,7 +489,8 @@ fn shipped_mcp_json() -> Value {
 
 #[test]
 fn readme_shows_the_shipped_mcp_json() {
-    let shown = blocks_of("README.md", &readme()).into_iter().find(|b| b.info == "json mcp").expect("README shows mcp.json");
+    let shown =
+        blocks_of("README.md", &readme()).into_iter().find(|b| b.info == "json mcp").expect("README shows mcp.json");
     assert_eq!(serde_json::from_str::<Value>(&shown.body).unwrap(), shipped_mcp_json());
 }
 
