@@ -1,4 +1,4 @@
-//! Metrics for `GET /metrics` (README, Metrics), in the Prometheus text format through the
+//! Metrics for `GET /metrics` (docs/OPERATING.md, Metrics), in the Prometheus text format through the
 //! Prometheus project's own client. Two kinds: what this process measures as it goes — run
 //! durations and waits to start (the runtime owner's), tool call latency (this process's
 //! listeners') — kept in process-wide histograms; and what the store holds, read at each scrape

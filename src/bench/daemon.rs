@@ -1,4 +1,4 @@
-//! A `daemon` owning the runtime with a `serve` that does not (the setup README recommends for
+//! A `daemon` owning the runtime with a `serve` that does not (the setup docs/AGENTS.md recommends for
 //! desktop hosts), against one `serve` owning it: a send with wait, and a subscription update (a
 //! fire-and-forget send's reply landing in the subscriber's own transcript), each as p50, p99 and
 //! p90. Through a daemon both cross processes twice: the serve wakes the daemon for the queued

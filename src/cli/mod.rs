@@ -178,7 +178,7 @@ enum Command {
     Connect,
     /// The built-in scripted jsonl/1 agent (echoes without a script; adds no notes to a spawn's announce).
     Agent {
-        /// A JSON script of rules (see the README).
+        /// A JSON script of rules (docs/AGENTS.md, The scripted agent).
         #[arg(long)]
         script: Option<PathBuf>,
     },

@@ -1,4 +1,4 @@
-//! The inbound side of channels (README, Channel bridges): `POST /channels/<name>/messages`, where
+//! The inbound side of channels (docs/CHANNELS.md, Channel bridges): `POST /channels/<name>/messages`, where
 //! a channel's bridge (a bot process the operator runs) posts its users' messages. The bridge's
 //! bearer token is bound to its channel in config (`channels.<name>.bridge.tokens`); the message
 //! goes into the session its chat names (`agent:<id>:<name>:group:<id>[:thread:<id>]`), runs

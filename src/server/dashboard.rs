@@ -1,4 +1,4 @@
-//! The operator's dashboard at `/ui` (README, Dashboard): a page and its assets embedded in the
+//! The operator's dashboard at `/ui` (docs/OPERATING.md, Dashboard): a page and its assets embedded in the
 //! binary, a JSON API under `/ui/api/`, and a live stream of the view.
 //!
 //! Who sees what is the bearer token's business, through the same access rules as the tools

@@ -1,4 +1,4 @@
-//! `GET /metrics` (README, Metrics): the Prometheus exposition of [`crate::metrics`], for operator
+//! `GET /metrics` (docs/OPERATING.md, Metrics): the Prometheus exposition of [`crate::metrics`], for operator
 //! tokens (`server.operatorTokens`), or for anyone on a loopback bind with
 //! `server.metricsPublic` (serve refuses that flag on any other bind). An `agent` label is a
 //! configured agent's id, or `_other` for all the rest.

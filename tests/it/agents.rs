@@ -1,4 +1,4 @@
-//! The agents the README documents actually run: the 20-line jsonl/1 example and the echo default.
+//! The agents docs/AGENTS.md documents actually run: the 20-line jsonl/1 example and the echo default.
 
 use crate::common;
 

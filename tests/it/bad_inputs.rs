@@ -6,7 +6,7 @@
 //! config, a store file that is not ours, a bad `--as`) make `serve` exit with one clear line.
 //!
 //! Contract: docs/BEHAVIOUR.md, Session keys, Tools (arguments, results, statuses) and Errors;
-//! the README's "Configuration".
+//! docs/CONFIGURATION.md.
 
 use crate::common;
 

@@ -254,7 +254,7 @@ fn ten_children_burning_a_shared_root_budget_at_once_all_stop_past_it() {
     let tree: i64 = list["children"].as_array().unwrap().iter().map(|r| r["tokens"]["total"].as_i64().unwrap()).sum();
     assert_eq!(spent, tree, "the root's account is charged exactly what its children used: {list}");
     // How far past the budget depends on how fast the cancels land (the measured figure is in
-    // the README); what holds whatever the load: they were stopped, none burnt its 20 reports.
+    // docs/APPROVALS-AND-BUDGETS.md); what holds whatever the load: they were stopped, none burnt its 20 reports.
     eprintln!("budgets: ten sharing children spent {spent} of {BUDGET} (overshoot {})", spent - BUDGET);
     assert!(spent > BUDGET && spent < 10 * 20 * 1000, "stopped past the budget, before their end: {spent}");
     c.close();

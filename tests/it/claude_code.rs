@@ -310,7 +310,7 @@ fn cli_or_skip() -> Option<PathBuf> {
 }
 
 /// How the runs get their prompt: Claude Code's `--input-format stream-json` (a user message on
-/// stdin, as the README recommends), or plain stdin up to EOF.
+/// stdin, as the claude preset does), or plain stdin up to EOF.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Prompt {
     StreamJson,
@@ -496,7 +496,7 @@ fn a_claude_child_allowed_sessions_list_lists_its_own_tree_through_this_server()
 /// Budgets with the real CLI: a Claude Code child whose model would call a tool [`LOOP_CALLS`]
 /// times is stopped when the usage it reports live crosses its token budget, and announced
 /// `budget exceeded` with what it spent — over the budget by less than one API message's usage
-/// (the CLI runs with `--include-partial-messages`, as the README configures it, so each
+/// (the CLI runs with `--include-partial-messages`, as the claude preset configures it, so each
 /// message's output count arrives as it streams). The API hears from it at most once more (the
 /// request already on its way), and no process of its run is left.
 #[test]

@@ -1,4 +1,4 @@
-//! Every client configuration the README shows (`mcp.json`, `examples/clients/*`) parses and
+//! Every client configuration the README and docs/CLIENTS.md show (`mcp.json`, `examples/clients/*`) parses and
 //! starts a working server: stdio entries are launched as a host would (command + args + env, no
 //! shell), HTTP entries are used against `serve --http` with their headers. The MCP Bundle's
 //! manifest (`packaging/mcpb/manifest.json`) starts the server it describes, and the registry
@@ -168,8 +168,8 @@ fn the_registry_entry_names_this_version_and_its_bundle() {
 }
 
 #[test]
-fn the_readme_shows_every_shipped_config() {
-    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+fn the_docs_show_every_shipped_config() {
+    let page = std::fs::read_to_string(repo("docs/CLIENTS.md")).unwrap();
     for path in [
         "examples/clients/claude-desktop.json",
         "examples/clients/claude-code.mcp.json",
@@ -179,7 +179,7 @@ fn the_readme_shows_every_shipped_config() {
         "packaging/mcpb/manifest.json",
         "server.json",
     ] {
-        assert!(readme.contains(path), "README mentions {path}");
+        assert!(page.contains(path), "docs/CLIENTS.md mentions {path}");
     }
 }
 

@@ -1,4 +1,4 @@
-//! A `daemon` owning the runtime and `serve` processes that do not (the setup README recommends
+//! A `daemon` owning the runtime and `serve` processes that do not (the setup docs/AGENTS.md recommends
 //! for desktop hosts): a serve's send with a wait, a wait whose owner dies, a transcript
 //! subscription in a serve that the daemon's writes reach, a `subagents` wait in a serve for a
 //! child the daemon runs, and the owner's internal endpoints on

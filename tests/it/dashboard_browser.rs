@@ -7,7 +7,7 @@
 //! `$SESSIONS_MCP_PUPPETEER` (a node_modules holding puppeteer-core; default `.ci/browser`'s, which
 //! `.ci/run` installs) and `$SESSIONS_MCP_CHROMIUM` (default /usr/bin/chromium). Without them the
 //! test says so and passes locally; under CI (`CI` set) their absence fails it.
-//! `$SESSIONS_MCP_SCREENSHOTS=DIR` also writes the README's screenshots there.
+//! `$SESSIONS_MCP_SCREENSHOTS=DIR` also writes docs/OPERATING.md's screenshots there.
 
 use crate::common;
 
