@@ -50,9 +50,10 @@ pub enum CallerRole {
     },
 }
 
-/// The tools a caller gets. Sub-agents get none by default; orchestrators (depth below
-/// `maxSpawnDepth`) keep spawn, list and history, and `subagents` for their own children; `tools.subagents.tools.{allow, alsoAllow, deny}`
-/// adjust that; a child never gets a tool its parent lacks; `agents_list` is never offered to a
+/// The tools a caller gets. A leaf sub-agent gets the two that read, `sessions_list` and
+/// `sessions_history` (its visibility is its own tree: it reads itself, and proves its wiring
+/// back to us); orchestrators (depth below `maxSpawnDepth`) also keep spawn and `subagents` for
+/// their own children; `tools.subagents.tools.{allow, alsoAllow, deny}` adjust that; a child never gets a tool its parent lacks; `agents_list` is never offered to a
 /// sub-agent.
 pub fn tools_for(role: CallerRole, config: &Config) -> Vec<ToolName> {
     match role {
@@ -71,7 +72,7 @@ pub fn tools_for(role: CallerRole, config: &Config) -> Vec<ToolName> {
             } else if orchestrator {
                 vec![ToolName::SessionsSpawn, ToolName::SessionsList, ToolName::SessionsHistory, ToolName::Subagents]
             } else {
-                Vec::new()
+                vec![ToolName::SessionsList, ToolName::SessionsHistory]
             };
             set.extend(named(&filter.also_allow));
             let deny = named(&filter.deny);
@@ -113,8 +114,8 @@ mod tests {
     }
 
     #[test]
-    fn subagents_get_no_session_tools_by_default() {
-        assert!(tools("{}", 1).is_empty());
+    fn leaf_subagents_get_the_reading_tools_by_default() {
+        assert_eq!(tools("{}", 1), ["sessions_history", "sessions_list"]);
         assert_eq!(tools_for(CallerRole::TopLevel, &Config::default()).len(), 6);
     }
 
@@ -122,19 +123,20 @@ mod tests {
     fn allow_alsoallow_and_deny_adjust_the_set() {
         assert_eq!(tools("{tools:{subagents:{tools:{allow:['sessions_list']}}}}", 1), ["sessions_list"]);
         assert_eq!(
-            tools("{tools:{subagents:{tools:{alsoAllow:['sessions_history','agents_list']}}}}", 1),
-            ["sessions_history"]
+            tools("{tools:{subagents:{tools:{alsoAllow:['subagents','agents_list']}}}}", 1),
+            ["sessions_history", "sessions_list", "subagents"]
         );
+        assert!(tools("{tools:{subagents:{tools:{deny:['sessions_list','sessions_history']}}}}", 1).is_empty());
         let cfg =
             "{agents:{defaults:{subagents:{maxSpawnDepth:2}}},tools:{subagents:{tools:{deny:['sessions_spawn']}}}}";
         assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list", "subagents"]);
     }
 
     #[test]
-    fn orchestrators_keep_spawn_list_history_and_leaves_do_not() {
+    fn orchestrators_keep_spawn_list_history_and_leaves_only_read() {
         let cfg = "{agents:{defaults:{subagents:{maxSpawnDepth:2}}}}";
         assert_eq!(tools(cfg, 1), ["sessions_history", "sessions_list", "sessions_spawn", "subagents"]);
-        assert!(tools(cfg, 2).is_empty());
+        assert_eq!(tools(cfg, 2), ["sessions_history", "sessions_list"]);
     }
 
     #[test]

@@ -115,11 +115,8 @@ fn a_sandboxed_child_calls_back_through_the_socket_as_itself() {
     let script = json!({"rules": [{"match": {"mode": "spawn"}, "call": {"tool": "sessions_list", "arguments": {}}, "reply": "listed: {result}"}],
                         "default": {"reply": "ANNOUNCE_SKIP"}});
     let mut env = TestEnv::new();
-    scripted(
-        &mut env,
-        script.clone(),
-        ", tools: {subagents: {tools: {allow: ['sessions_list']}}, sessions: {visibility: 'all'}}",
-    );
+    // sessions_list is among a leaf's default tools.
+    scripted(&mut env, script.clone(), ", tools: {sessions: {visibility: 'all'}}");
     let text = spawn_and_read_announce(&env, json!({"task": "list"}));
     let result: Value =
         serde_json::from_str(text.lines().nth(1).unwrap().strip_prefix("Result: listed: ").unwrap()).unwrap();
@@ -127,9 +124,9 @@ fn a_sandboxed_child_calls_back_through_the_socket_as_itself() {
     assert_eq!(result["scope"]["sandboxed"], true);
     assert_eq!(result["scope"]["effective"], "tree", "clamped to its tree");
     assert_eq!(result["count"], 1, "only its own session: {result}");
-    // With the default config a sub-agent has no session tools: the call is forbidden.
+    // Denied to sub-agents, the call is forbidden.
     let mut env = TestEnv::new();
-    scripted(&mut env, script, "");
+    scripted(&mut env, script, ", tools: {subagents: {tools: {deny: ['sessions_list']}}}");
     let text = spawn_and_read_announce(&env, json!({"task": "list"}));
     assert!(text.contains("\"status\":\"forbidden\""), "{text}");
 }

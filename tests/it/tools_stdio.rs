@@ -568,7 +568,7 @@ fn a_static_token_acts_as_its_session() {
 }
 
 #[test]
-fn sub_agents_get_no_session_tools_unless_allowed() {
+fn sub_agents_get_only_the_reading_tools_unless_allowed() {
     let world = |env: &TestEnv, expires: Option<i64>| {
         env.seed(json!({"sessions": [
             {"key": "agent:main:main"},
@@ -580,8 +580,12 @@ fn sub_agents_get_no_session_tools_unless_allowed() {
     let env = TestEnv::new();
     world(&env, None);
     let mut c = env.serve_with(None, &[("SESSIONS_MCP_TOKEN", "smcp_run_child")]);
-    assert_eq!(c.request("tools/list", json!({}))["result"]["tools"], json!([]));
-    let denied = c.call("sessions_list", json!({}));
+    let tools = c.request("tools/list", json!({}));
+    let names: Vec<&str> =
+        tools["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["sessions_history", "sessions_list"]);
+    assert_eq!(keys_of(&c.call("sessions_list", json!({}))), [format!("agent:main:subagent:{U1}")], "its own tree");
+    let denied = c.call("sessions_send", json!({"sessionKey": "main", "message": "hi"}));
     assert_eq!(denied["status"], "forbidden");
     assert!(denied["error"].as_str().unwrap().contains("tools.subagents.tools.allow"));
 
