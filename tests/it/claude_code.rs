@@ -107,6 +107,8 @@ fn reply_events(request: &Value) -> String {
         next
     } else if let Some(next) = spawn_wait_step(&messages) {
         next
+    } else if let Some(next) = read_list_step(&messages) {
+        next
     } else if request["messages"].to_string().contains(STEER) {
         (json!({"type": "text", "text": format!("Steered: PINEAPPLE ({} messages)", messages.len())}), "end_turn")
     } else if let Some(r) = result {
@@ -181,13 +183,49 @@ fn write_step(messages: &[Value]) -> Option<(Value, &'static str)> {
     if !text_of(&last["content"]).contains("WRITE") {
         return None;
     }
-    let workdir = messages.iter().find_map(|m| {
+    let workdir = primary_workdir(messages)?;
+    let input = json!({"file_path": format!("{workdir}/{WRITTEN}"), "content": "written by the fake model\n"});
+    Some((json!({"type": "tool_use", "id": "toolu_write", "name": "Write", "input": input}), "tool_use"))
+}
+
+/// The working directory Claude Code names in its first message ("Primary working directory: …").
+fn primary_workdir(messages: &[Value]) -> Option<String> {
+    messages.iter().find_map(|m| {
         let text = text_of(&m["content"]);
         let after = text.split_once("Primary working directory: ")?.1;
         after.split_whitespace().next().map(String::from)
-    })?;
-    let input = json!({"file_path": format!("{workdir}/{WRITTEN}"), "content": "written by the fake model\n"});
-    Some((json!({"type": "tool_use", "id": "toolu_write", "name": "Write", "input": input}), "tool_use"))
+    })
+}
+
+/// What the project's README.md starts with in [`read_list_step`]'s test.
+const PROJECT_MARK: &str = "# The user's project";
+
+/// A model that reads the project and calls back: after a turn that says READ_AND_LIST, it calls
+/// `Read` on README.md in its working directory, then our `sessions_list`, then answers
+/// `read: <whether the README started with PROJECT_MARK> in <workdir>; listed: <the list's text>`.
+fn read_list_step(messages: &[Value]) -> Option<(Value, &'static str)> {
+    let first = messages.first().map(|m| text_of(&m["content"])).unwrap_or_default();
+    if !first.contains("READ_AND_LIST") {
+        return None;
+    }
+    let workdir = primary_workdir(messages)?;
+    let results: Vec<String> = messages
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| tool_output(&b))
+        .collect();
+    let call = |id: &str, name: &str, input: Value| {
+        (json!({"type": "tool_use", "id": id, "name": name, "input": input}), "tool_use")
+    };
+    Some(match results.len() {
+        0 => call("toolu_read", "Read", json!({"file_path": format!("{workdir}/README.md")})),
+        1 => call("toolu_list", "mcp__sessions__sessions_list", json!({})),
+        _ => {
+            let read = results[0].contains(PROJECT_MARK);
+            (json!({"type": "text", "text": format!("read: {read} in {workdir}; listed: {}", results[1])}), "end_turn")
+        }
+    })
 }
 
 /// The session a PAGE turn reads, page by page, backwards from its newest message.
@@ -405,7 +443,9 @@ fn spawn_and_wait(c: &mut common::Client, task: &str) -> (String, String) {
 }
 
 /// Issue 35: with no config at all, Claude Code on PATH is discovered, and a spawn with no
-/// `agentId` (an unconfigured `main`) runs it through the `claude` preset, with the user's HOME.
+/// `agentId` (an unconfigured `main`) runs it through the `claude` preset, with the user's HOME,
+/// in the project its MCP client's root names: the child reads the project's README.md and
+/// calls `sessions_list` back through this server as itself.
 #[test]
 fn with_no_config_claude_on_path_is_discovered_and_an_unconfigured_main_runs_it_as_a_child() {
     let Some(claude) = cli_or_skip() else { return };
@@ -426,17 +466,28 @@ fn with_no_config_claude_on_path_is_discovered_and_an_unconfigured_main_runs_it_
         ("DISABLE_AUTOUPDATER", "1".to_string()),
         ("DISABLE_TELEMETRY", "1".to_string()),
     ];
-    let mut c = serve(&env, &vars);
+    // The host is started elsewhere and names the user's project as its root.
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(project.path().join("README.md"), format!("{PROJECT_MARK}\n")).unwrap();
+    let project_dir = std::fs::canonicalize(project.path()).unwrap();
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut c = common::Client::start_declaring(env.serve_command(None, &vars), json!({"roots": {}}));
+    c.set_roots(&[&project_dir]);
     let agents = c.call("agents_list", json!({}));
     assert_eq!(agents["agents"][0]["runner"], "claude", "{agents}");
     assert!(agents["agents"][1]["version"].as_str().is_some_and(|v| v.contains("Claude Code")), "{agents}");
-    let r = c.call("sessions_spawn", json!({"task": "Say hello"}));
+    let r = c.call("sessions_spawn", json!({"task": "READ_AND_LIST"}));
     assert_eq!(r["status"], "accepted", "{r}");
     assert!(r.get("warning").is_none(), "{r}");
+    assert_eq!(r["workspace"], json!({"mode": "project", "path": project_dir.display().to_string()}), "{r}");
     let key = r["childSessionKey"].as_str().unwrap();
     let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [key], "timeoutSeconds": 150}));
     let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
-    assert!(outcome.starts_with("Status: completed successfully\nResult: Hello from the fake API"), "{outcome}");
+    let read = format!("Status: completed successfully\nResult: read: true in {}; listed: ", project_dir.display());
+    assert!(outcome.starts_with(&read), "it read the project's README: {outcome}");
+    let listed = outcome.split("; listed: ").nth(1).and_then(|r| r.lines().next()).unwrap();
+    let listed: Value = serde_json::from_str(listed).unwrap_or_else(|e| panic!("{e}: {outcome}"));
+    assert_eq!(common::keys_of(&listed), [key], "it called sessions_list back as itself: {outcome}");
     assert!(!outcome.contains("Warning:"), "{outcome}");
 }
 
