@@ -85,6 +85,8 @@ fn reply(request: &Value) -> String {
     let user_text = input_text(&last);
     let item = if let Some(item) = paging_item(&input, &last) {
         item
+    } else if let Some(item) = read_list_item(request, &input) {
+        item
     } else if last["type"] == "function_call_output" {
         let output = last["output"].as_str().unwrap_or_default();
         let output = output.split("Output:\n").last().unwrap_or_default().trim();
@@ -99,15 +101,7 @@ fn reply(request: &Value) -> String {
             body.len()
         );
     } else if user_text.contains("LIST") {
-        // Our own tool, as Codex advertised it: a namespace of the server's tools.
-        let tools = request["tools"].as_array().cloned().unwrap_or_default();
-        let namespace = tools.iter().find(|t| t["type"] == "namespace" && t["name"] == NAMESPACE);
-        let listed = namespace.and_then(|n| n["tools"].as_array()).into_iter().flatten();
-        match listed.filter_map(|t| t["name"].as_str()).find(|n| *n == "sessions_list") {
-            Some(name) => json!({"id": "fc_2", "type": "function_call", "status": "completed", "call_id": "call_2",
-                                 "namespace": NAMESPACE, "name": name, "arguments": "{}"}),
-            None => message(&format!("no {NAMESPACE} namespace with sessions_list in {}", json!(tools))),
-        }
+        sessions_list_call(request, "call_2")
     } else if user_text.contains("TOOL") {
         json!({"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "call_1",
                "name": "exec_command", "arguments": json!({"cmd": "echo tool-output"}).to_string()})
@@ -129,6 +123,43 @@ fn reply(request: &Value) -> String {
     let stream: String =
         events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect();
     format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{stream}")
+}
+
+/// What the project's README.md starts with in [`read_list_item`]'s test.
+const PROJECT_MARK: &str = "# The user's project";
+
+/// The call to our `sessions_list` as Codex advertised it (a namespace of the server's tools),
+/// else a message saying it was not offered.
+fn sessions_list_call(request: &Value, call_id: &str) -> Value {
+    let tools = request["tools"].as_array().cloned().unwrap_or_default();
+    let namespace = tools.iter().find(|t| t["type"] == "namespace" && t["name"] == NAMESPACE);
+    let listed = namespace.and_then(|n| n["tools"].as_array()).into_iter().flatten();
+    match listed.filter_map(|t| t["name"].as_str()).find(|n| *n == "sessions_list") {
+        Some(name) => json!({"id": format!("fc_{call_id}"), "type": "function_call", "status": "completed",
+                             "call_id": call_id, "namespace": NAMESPACE, "name": name, "arguments": "{}"}),
+        None => message(&format!("no {NAMESPACE} namespace with sessions_list in {}", json!(tools))),
+    }
+}
+
+/// A model that reads the project and calls back: after a user turn with READ_AND_LIST it runs
+/// `head -n 1 README.md` in its working directory, then calls our `sessions_list`, then answers
+/// `read: <whether the README started with PROJECT_MARK>; listed: <the list's text>`.
+fn read_list_item(request: &Value, input: &[Value]) -> Option<Value> {
+    if !input.iter().any(|i| i["role"] == "user" && input_text(i).contains("READ_AND_LIST")) {
+        return None;
+    }
+    let outputs: Vec<&str> = input
+        .iter()
+        .filter(|i| i["type"] == "function_call_output")
+        .map(|i| i["output"].as_str().unwrap_or_default())
+        .map(|o| o.split("Output:\n").last().unwrap_or_default().trim())
+        .collect();
+    Some(match outputs.len() {
+        0 => json!({"id": "fc_read", "type": "function_call", "status": "completed", "call_id": "call_read",
+                    "name": "exec_command", "arguments": json!({"cmd": "head -n 1 README.md"}).to_string()}),
+        1 => sessions_list_call(request, "call_list"),
+        _ => message(&format!("read: {}; listed: {}", outputs[0].contains(PROJECT_MARK), outputs[1])),
+    })
 }
 
 /// The session a PAGE turn reads, page by page, backwards from its newest message.
@@ -241,6 +272,8 @@ fn thread_of(request: &Value) -> String {
 }
 
 /// Issue 35: with no config of ours, Codex on PATH is discovered, and a spawn of agent `codex` runs
+/// in the project its MCP client's root names, reads its README.md and calls `sessions_list` back
+/// as itself; it runs
 /// it through the `codex` preset with the user's own Codex home (here its config.toml names the
 /// fake provider, as a user's would name theirs).
 #[test]
@@ -267,18 +300,24 @@ fn with_no_config_codex_on_path_is_discovered_and_a_spawn_runs_it_with_the_users
         ("SESSIONS_MCP_DISCOVERY", "path"),
         ("CODEX_API_KEY", "sk-fake"),
     ];
-    let mut c = env.serve_with(None, &vars);
+    // The host is started elsewhere and names the user's project as its root.
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(project.path().join("README.md"), format!("{PROJECT_MARK}\n")).unwrap();
+    let project_dir = std::fs::canonicalize(project.path()).unwrap();
+    let mut c = common::Client::start_declaring(env.serve_command(None, &vars), json!({"roots": {}}));
+    c.set_roots(&[&project_dir]);
     let agents = c.call("agents_list", json!({}));
     assert_eq!(agents["agents"][0]["runner"], "codex", "main runs the one CLI found: {agents}");
-    let r = c.call("sessions_spawn", json!({"task": "Say hello", "agentId": "codex"}));
+    let r = c.call("sessions_spawn", json!({"task": "READ_AND_LIST", "agentId": "codex"}));
     assert_eq!(r["status"], "accepted", "{r}");
+    assert_eq!(r["workspace"], json!({"mode": "project", "path": project_dir.display().to_string()}), "{r}");
     let key = r["childSessionKey"].as_str().unwrap();
     let w = c.call("subagents", json!({"action": "wait", "childSessionKeys": [key], "timeoutSeconds": 150}));
     let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
-    assert!(
-        outcome.starts_with("Status: completed successfully\nResult: Hello from the fake Responses API"),
-        "{outcome}"
-    );
+    assert!(outcome.starts_with("Status: completed successfully\nResult: read: true; listed: "), "{outcome}");
+    let listed = outcome.split("; listed: ").nth(1).and_then(|r| r.lines().next()).unwrap();
+    let listed: Value = serde_json::from_str(listed).unwrap_or_else(|e| panic!("{e}: {outcome}"));
+    assert_eq!(common::keys_of(&listed), [key], "it called sessions_list back as itself: {outcome}");
 }
 
 #[test]
