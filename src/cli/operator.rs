@@ -333,7 +333,7 @@ fn check_runner(env: &Env, agent: &crate::keys::AgentId, exe: &Path) -> usize {
         println!("runner problem: {agent}: command {:?} not found or not executable", spec.command);
         return 1;
     };
-    let shown = crate::runner::agent_runner(config, agent);
+    let shown = crate::runner::agent_runner(config, agent, crate::runner::LoginCheck::Wait);
     let origin =
         if config.agent(agent).is_some_and(|a| a.discovered.is_some()) { "discovered on PATH" } else { "configured" };
     let version = crate::runner::discover::version(&path, &env.state_dir);
@@ -346,13 +346,25 @@ fn check_runner(env: &Env, agent: &crate::keys::AgentId, exe: &Path) -> usize {
         if spec.home_inherit { "inherit" } else { "isolated" },
         spec.passthrough
     );
-    match crate::runner::missing_adapter_flags(&spec) {
-        Some(why) => {
-            println!("runner problem: {agent}: {why}");
+    let login = match shown.login {
+        Some(login) if !shown.available => {
+            println!("runner problem: {agent}: {login}");
             1
         }
+        Some(login) => {
+            println!("runner {agent} login: {login}");
+            0
+        }
         None => 0,
-    }
+    };
+    login
+        + match crate::runner::missing_adapter_flags(&spec) {
+            Some(why) => {
+                println!("runner problem: {agent}: {why}");
+                1
+            }
+            None => 0,
+        }
 }
 
 /// When some agent's sessions run sandboxed, bubblewrap must be able to start a jail.

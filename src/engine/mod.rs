@@ -21,7 +21,7 @@ mod threads;
 mod turn;
 
 /// What an answer showing the built-in echo agent's work says (the tools name it through the engine).
-pub use crate::runner::{AgentRunner, ECHO_WARNING, agent_runner, host_agent, is_echo};
+pub use crate::runner::{AgentRunner, ECHO_WARNING, LoginCheck, agent_runner, host_agent, is_echo};
 pub use deliver::{deliver_due, settle_run};
 pub use steps::{catch_up, step_id, take_steps};
 pub use turn::{TurnResult, channel_of_row, run_turn};

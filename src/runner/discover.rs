@@ -106,14 +106,23 @@ fn version_of(program: &Path, cache: &mut Cache) -> String {
 /// The first line `program --version` prints (at most 100 characters), or "" when it prints
 /// nothing, fails or takes longer than [`VERSION_TIMEOUT`].
 fn ask_version(program: &Path) -> String {
-    let child = Command::new(program)
-        .arg("--version")
+    let Some(out) = ask(program, &["--version"], VERSION_TIMEOUT) else { return String::new() };
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().next().unwrap_or_default().trim().chars().take(100).collect()
+}
+
+/// Runs `program args…` with no input and its stderr dropped; None when it cannot start or takes
+/// longer than `timeout` (it is killed then). A CLI's self-checks are short: a hung one must not
+/// hold a start or a `doctor`.
+pub(crate) fn ask(program: &Path, args: &[&str], timeout: Duration) -> Option<std::process::Output> {
+    let mut child = Command::new(program)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn();
-    let Ok(mut child) = child else { return String::new() };
-    let deadline = Instant::now() + VERSION_TIMEOUT;
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + timeout;
     loop {
         match child.try_wait() {
             Ok(Some(_)) => break,
@@ -121,13 +130,11 @@ fn ask_version(program: &Path) -> String {
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return String::new();
+                return None;
             }
         }
     }
-    let Ok(out) = child.wait_with_output() else { return String::new() };
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().next().unwrap_or_default().trim().chars().take(100).collect()
+    child.wait_with_output().ok()
 }
 
 #[cfg(test)]

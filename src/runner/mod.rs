@@ -11,6 +11,7 @@
 pub mod adapters;
 mod asking;
 pub mod discover;
+pub mod login;
 pub mod mcp_config;
 pub mod orphans;
 pub mod protocol;
@@ -34,8 +35,8 @@ use crate::store::NewMessage;
 pub use crate::store::RunStatus;
 
 pub use spec::{
-    AgentRunner, ECHO_WARNING, RunnerSpec, agent_runner, effective_runner, host_agent, is_echo, missing_adapter_flags,
-    resolve_runner,
+    AgentRunner, ECHO_WARNING, LoginCheck, RunnerSpec, agent_runner, effective_runner, host_agent, is_echo,
+    missing_adapter_flags, resolve_runner,
 };
 
 use adapters::Decoder;

@@ -119,10 +119,21 @@ pub struct AgentRunner {
     pub version: Option<String>,
     /// Why it is not available, or that it is the echo agent.
     pub note: Option<String>,
+    /// Its CLI's login, as the CLI says it (None: not a preset's CLI, or not answered yet).
+    pub login: Option<String>,
 }
 
-/// What `agent` runs and whether it can (a PATH lookup, no process started).
-pub fn agent_runner(config: &Config, agent: &AgentId) -> AgentRunner {
+/// Whether to wait for a CLI's login answer (`doctor`) or take what is known (a tool call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginCheck {
+    Wait,
+    Known,
+}
+
+/// What `agent` runs and whether it can: its program on PATH, and for a preset's CLI its login
+/// (asked as `check` says; docs/AGENTS.md, Login). A CLI that says it is not logged in is not
+/// available, with the command that logs it in.
+pub fn agent_runner(config: &Config, agent: &AgentId, check: LoginCheck) -> AgentRunner {
     let r = effective_runner(config, agent);
     let version = config.agent(agent).and_then(|a| a.discovered.clone()).filter(|v| !v.is_empty());
     let runner = match r.preset {
@@ -134,18 +145,28 @@ pub fn agent_runner(config: &Config, agent: &AgentId) -> AgentRunner {
     if runs_echo(&r) {
         let note =
             "the built-in echo agent: it answers \"ECHO: <input>\" and does no work (no real agent is configured)";
-        return AgentRunner { runner, available: true, version, note: Some(note.into()) };
+        return AgentRunner { runner, available: true, version, note: Some(note.into()), login: None };
     }
     let Some(command) = r.command else {
         let note =
             "no runner is configured: set agents.list[].runner.preset (claude, codex, gemini, echo) or runner.command";
-        return AgentRunner { runner: "none".into(), available: false, version, note: Some(note.into()) };
+        return AgentRunner { runner: "none".into(), available: false, version, note: Some(note.into()), login: None };
     };
-    let available = which::which(&command).is_ok();
-    let note = (!available).then(|| {
-        format!("\"{command}\" is not installed or not on PATH: install it, or set agents.list[].runner.command")
+    let Ok(program) = which::which(&command) else {
+        let note =
+            format!("\"{command}\" is not installed or not on PATH: install it, or set agents.list[].runner.command");
+        return AgentRunner { runner, available: false, version, note: Some(note), login: None };
+    };
+    let login = r.preset.and_then(|preset| {
+        let login = match check {
+            LoginCheck::Wait => Some(super::login::check(preset, &program)),
+            LoginCheck::Known => super::login::known_or_ask(preset, &program),
+        };
+        login.map(|l| (l.clone(), l.describe(preset)))
     });
-    AgentRunner { runner, available, version, note }
+    let logged_out = login.as_ref().is_some_and(|(l, _)| *l == super::login::Login::No);
+    let note = logged_out.then(|| format!("{agent}: {}", login.as_ref().map_or("", |(_, d)| d.as_str())));
+    AgentRunner { runner, available: !logged_out, version, note, login: login.map(|(_, d)| d) }
 }
 
 /// What an adapter needs in `args` that a runner block lacks, said as the fix (doctor's check):

@@ -37,11 +37,15 @@ pub struct AgentInfo {
     pub discovered: bool,
     /// What it runs: a preset (claude, codex, gemini, echo) or `command` (a runner block of its own).
     pub runner: String,
-    /// Whether it can start now (its program is installed).
+    /// Whether it can start now: its program is installed, and its CLI does not say it is logged out.
     pub available: bool,
     /// Its CLI's version, as discovery read it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// Its CLI's login as the CLI says it without a model call: "logged in (how)", "not logged in:
+    /// <what to run>", "unknown (why)"; absent until first asked (a minute's cache).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub login: Option<String>,
     /// Why it is not available, or that it is the echo agent, which does no work.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -69,7 +73,7 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<AgentsListOk, Too
         .into_iter()
         .map(|id| {
             let entry = config.agent(&id);
-            let runner = crate::engine::agent_runner(config, &id);
+            let runner = crate::engine::agent_runner(config, &id, crate::engine::LoginCheck::Known);
             AgentInfo {
                 name: entry.and_then(|e| e.name.as_deref()).map(str::trim).filter(|n| !n.is_empty()).map(String::from),
                 configured: config.is_configured(&id),
@@ -78,6 +82,7 @@ fn list(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<AgentsListOk, Too
                 runner: runner.runner,
                 available: runner.available,
                 version: runner.version,
+                login: runner.login,
                 note: runner.note,
             }
         })

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use common::{Client, TestEnv};
 use serde_json::{Value, json};
 
-/// A fake `claude`: `--version` prints a version; otherwise it appends its arguments and working
+/// A fake `claude`: `--version` prints a version; `auth status` says it is logged in (not, when
+/// `answer` is a not-logged-in error); otherwise it appends its arguments and working
 /// directory to `starts.log` beside it, reads the stream-json user message and answers with the
 /// first line of the README.md of its working directory (as `result`, `usage`, a session id).
 /// It calls tools by absolute path: the server's PATH in these tests holds the fakes only.
@@ -23,9 +24,11 @@ fn fake_claude(dir: &Path, answer: Option<&str>) -> PathBuf {
         r#"{"type":"result","subtype":"success","is_error":false,"result":"CLAUDE read: $first","session_id":"fake-1","total_cost_usd":0.001,"usage":{"input_tokens":5,"output_tokens":3}}"#
             .to_string()
     });
+    let logged_in = !answer.is_some_and(|a| a.contains("Not logged in"));
     let body = format!(
         r#"#!/bin/sh
 if [ "$1" = "--version" ]; then echo "2.1.999 (Claude Code)"; exit 0; fi
+if [ "$1" = "auth" ]; then echo '{{"loggedIn": {logged_in}, "authMethod": "claude.ai"}}'; exit 0; fi
 {{ printf 'cwd=%s args=' "$(pwd)"; printf '%s' "$*" | /usr/bin/tr '\n' ' '; echo; }} >> '{log}'
 read -r message
 first=$(/usr/bin/head -n 1 README.md 2>/dev/null | /usr/bin/tr -d '"\\')
@@ -351,6 +354,23 @@ fn a_claude_that_is_not_logged_in_fails_in_one_line_that_says_what_to_do() {
     let not_logged_in = r#"{"type":"result","subtype":"success","is_error":true,"result":"Not logged in · Please run /login","session_id":"fake-1"}"#;
     fake_claude(bin.path(), Some(not_logged_in));
     let mut c = serve_discovering(&env, bin.path());
+    // agents_list says so as soon as the CLI has answered `claude auth status` (asked in the
+    // background: a tool call never waits for a CLI).
+    let claude = common::wait_until(std::time::Duration::from_secs(20), "the login answer", || {
+        let agents = c.call("agents_list", json!({}));
+        let claude = agents["agents"][1].clone();
+        claude.get("login").is_some().then_some(claude)
+    });
+    assert_eq!(claude["available"], false, "{claude}");
+    let login = "not logged in: run `claude` once and log in with /login, or pass ANTHROPIC_API_KEY";
+    assert_eq!(claude["login"], login, "{claude}");
+    assert_eq!(claude["note"], format!("claude: {login}"), "{claude}");
+    let doctor =
+        env.command(&["doctor"]).env("PATH", bin.path()).env("SESSIONS_MCP_DISCOVERY", "path").output().unwrap();
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(said.contains(&format!("runner problem: main: {login}\n")), "{said}");
+    assert!(!doctor.status.success(), "{said}");
+
     let r = spawn(&mut c, json!({"task": "anything"}));
     let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
     let status = text.lines().next().unwrap();
@@ -408,6 +428,7 @@ fn doctor_shows_a_preset_expanded_under_the_agents_own_keys() {
     assert!(said.contains("2.1.999 (Claude Code)"), "the CLI's version: {said}");
     assert!(said.contains("runner main expanded: kind claude-stream-json, args [\"-p\", \"--input-format\""), "{said}");
     assert!(said.contains("home inherit, passthrough [\"MY_KEY\"]"), "the agent's own key wins: {said}");
+    assert!(said.contains("runner main login: logged in (claude.ai)\n"), "{said}");
     assert!(!said.contains("runner problem"), "{said}");
 }
 
@@ -481,6 +502,7 @@ fn fake_codex(dir: &Path) {
     let body = format!(
         r#"#!/bin/sh
 if [ "$1" = "--version" ]; then echo "codex-cli 0.171.0"; exit 0; fi
+if [ "$1" = "login" ]; then echo "Logged in using ChatGPT"; exit 0; fi
 echo started >> '{log}'
 /bin/cat > /dev/null
 echo '{{"type":"thread.started","thread_id":"thread-1"}}'
