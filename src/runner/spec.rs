@@ -88,7 +88,7 @@ fn runs_echo(r: &RunnerConfig) -> bool {
 }
 
 /// What every answer that shows an echo agent's work says about it.
-pub const ECHO_WARNING: &str = "no real agent is configured: this child ran the built-in echo agent, which answers \"ECHO: <task>\" and does no work. Install Claude Code, Codex or Gemini CLI (the server finds them on PATH when it starts) or set agents.list[].runner.preset; agents_list says what is available.";
+pub const ECHO_WARNING: &str = "no real agent is configured, so the built-in echo agent runs sub-agents here: it answers \"ECHO: <task>\" and does no work. Install Claude Code, Codex or Gemini CLI (the server finds them on PATH when it starts) or set agents.list[].runner.preset; agents_list says what is available.";
 
 /// The agent a spawn with no `agentId` runs when the calling host's own CLI was discovered: a
 /// user working in Codex gets a Codex child, in Gemini CLI a Gemini one, even when Claude Code

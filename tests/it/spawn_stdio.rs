@@ -413,7 +413,7 @@ fn a_zero_config_spawn_announces_the_echoed_task_without_notes() {
     let r = spawn(&mut c, json!({"task": "say hi"}));
     let child = child_of(&r);
     let text = text_of(&wait_announce(&mut c, after_seq(&r), &child, 20)["content"]);
-    assert!(text.starts_with("Status: completed successfully\nResult: ECHO: say hi\nWarning: no real agent is configured: this child ran the built-in echo agent"), "{text}");
+    assert!(text.starts_with("Status: completed successfully\nResult: ECHO: say hi\nWarning: no real agent is configured, so the built-in echo agent runs sub-agents here"), "{text}");
     assert!(line(&text, "Notes:").is_none() && !text.contains("Write short notes"), "{text}");
     assert_eq!(text.lines().count(), 4, "Status, Result, Warning, Stats: {text}");
     let show = env.show(&child);
