@@ -4,7 +4,8 @@
     python_sdk.py ME http URL TOKEN       (streamable HTTP)
     python_sdk.py ME sse URL TOKEN        (the legacy HTTP+SSE transport, URL ends in /sse)
 
-ME is the session key the client acts as.
+ME is the session key the client acts as. With SESSIONS_MCP_ROOT set, the client declares that
+directory as its one root, and a spawn asked to work in the project must work there.
 
 Over each transport: list the tools, list sessions, read history, subscribe to the caller's own
 transcript, spawn a sub-agent, wait for the transcript-updated notification its announce causes,
@@ -12,6 +13,7 @@ read the transcript as a resource, then send to the child and wait for the reply
 `ok <transport>` and exits 0, or raises (non-zero exit) with what went wrong.
 """
 
+import os
 import sys
 from contextlib import asynccontextmanager
 
@@ -59,9 +61,18 @@ async def exercise(me, kind, args):
             updated_uris.append(message.params.uri)
             updated.set()
 
+    root = os.environ.get("SESSIONS_MCP_ROOT")
+
+    async def list_roots(context):
+        return types.ListRootsResult(roots=[types.Root(uri=f"file://{root}", name="project")])
+
+    roots = {"list_roots_callback": list_roots} if root else {}
     async with connect(kind, args) as (read, write):
-        async with mcp.ClientSession(read, write, message_handler=on_message) as session:
+        async with mcp.ClientSession(read, write, message_handler=on_message, **roots) as session:
             await session.initialize()
+            if root:
+                spawn = structured(await session.call_tool("sessions_spawn", {"task": "where", "workspace": "project"}))
+                assert spawn["workspace"] == {"mode": "project", "path": root}, spawn
             tools = {t.name for t in (await session.list_tools()).tools}
             assert tools == TOOLS, f"tools: {tools}"
 

@@ -33,7 +33,16 @@ fn script() -> PathBuf {
 }
 
 fn run_client(python: &str, args: &[&str]) {
-    let out = Command::new(python).arg(script()).args(args).stdin(Stdio::null()).output().unwrap();
+    run_client_in(python, args, None);
+}
+
+/// [`run_client`] declaring `root` as the client's one root.
+fn run_client_in(python: &str, args: &[&str], root: Option<&std::path::Path>) {
+    let mut cmd = Command::new(python);
+    if let Some(root) = root {
+        cmd.env("SESSIONS_MCP_ROOT", root);
+    }
+    let out = cmd.arg(script()).args(args).stdin(Stdio::null()).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains(&format!("ok {}", args[1])),
@@ -60,7 +69,10 @@ fn the_python_sdk_drives_streamable_http_and_legacy_sse() {
         TestEnv::with_config(&format!("{{server: {{tokens: [{{sha256: '{sha}', sessionKey: 'agent:main:desk'}}]}}}}"));
     let server = env.serve_http(&[]);
     let base = format!("http://127.0.0.1:{}", server.port);
-    run_client(&python, &["agent:main:desk", "http", &format!("{base}/mcp"), token]);
+    // Over HTTP the server's own directory says nothing of the caller's project: its roots do.
+    let project = tempfile::tempdir().unwrap();
+    let project = std::fs::canonicalize(project.path()).unwrap();
+    run_client_in(&python, &["agent:main:desk", "http", &format!("{base}/mcp"), token], Some(&project));
     run_client(&python, &["agent:main:desk", "sse", &format!("{base}/sse"), token]);
     drop(server);
 }
