@@ -182,7 +182,7 @@ fn api_key_settings() -> Value {
 /// Presets: the server cannot wire them into Gemini CLI).
 #[test]
 fn with_no_config_gemini_on_path_is_discovered_and_a_spawn_runs_it_in_the_clients_root() {
-    let Some(gemini) = common::real_cli_or_skip("SESSIONS_MCP_GEMINI", "gemini", "Gemini CLI") else { return };
+    let Some(gemini) = common::real_cli_or_skip("SESSIONS_MCP_GEMINI", "gemini", "Gemini") else { return };
     let spawned = spawn_read_and_list(&std::fs::canonicalize(&gemini).unwrap(), &api_key_settings());
     let outcome = &spawned.outcome;
     assert!(
@@ -200,7 +200,7 @@ fn with_no_config_gemini_on_path_is_discovered_and_a_spawn_runs_it_in_the_client
 /// own tree as itself.
 #[test]
 fn a_sessions_entry_in_the_users_gemini_settings_lets_the_child_call_sessions_list_as_itself() {
-    let Some(gemini) = common::real_cli_or_skip("SESSIONS_MCP_GEMINI", "gemini", "Gemini CLI") else { return };
+    let Some(gemini) = common::real_cli_or_skip("SESSIONS_MCP_GEMINI", "gemini", "Gemini") else { return };
     let mut settings = api_key_settings();
     let vars = ["SESSIONS_MCP_TOKEN", "SESSIONS_MCP_SOCKET", "SESSIONS_MCP_RUN_ID", "SESSIONS_MCP_SESSION_KEY"];
     let env: serde_json::Map<String, Value> = vars.iter().map(|v| (v.to_string(), json!(format!("${v}")))).collect();
