@@ -24,6 +24,7 @@ mod degraded;
 mod faults;
 mod first_use;
 mod fuzz_regressions;
+mod gemini_cli;
 mod http;
 mod import_export;
 mod load;
