@@ -115,19 +115,37 @@ fn own_provider(var: &dyn Fn(&str) -> Option<String>) -> bool {
         .any(|l| l.split('=').next().is_some_and(|k| k.trim() == "model_provider"))
 }
 
-/// Gemini CLI has no status command: a key variable, Vertex AI, or the Google sign-in it keeps
-/// in `~/.gemini/oauth_creds.json` (GEMINI_CLI_HOME in place of HOME).
+/// Gemini CLI has no status command: its own start-up check, mirrored. The sign-in type is the
+/// user settings' `security.auth.selectedType` (`~/.gemini/settings.json`, GEMINI_CLI_HOME in
+/// place of HOME), else what the variables choose; then that type's credentials: the API key
+/// (GEMINI_API_KEY, or the key Gemini saved in `gemini-credentials.json`), the Google sign-in
+/// (`oauth_creds.json`, or GOOGLE_APPLICATION_CREDENTIALS). Vertex AI and Cloud credentials are
+/// Google Cloud's to check, and `.env` files are not read: unknown.
 fn gemini(var: &dyn Fn(&str) -> Option<String>) -> Login {
-    if let Some(key) = ["GEMINI_API_KEY", "GOOGLE_API_KEY"].into_iter().find(|k| var(k).is_some()) {
-        return Login::Yes(format!("api key via {key}"));
-    }
-    if var("GOOGLE_GENAI_USE_VERTEXAI").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
-        return Login::Unknown("Vertex AI credentials are checked by Google Cloud".into());
-    }
-    let home = var("GEMINI_CLI_HOME").or_else(|| var("HOME"));
-    match home.map(|h| Path::new(&h).join(".gemini").join("oauth_creds.json")) {
-        Some(creds) if creds.is_file() => Login::Yes("Google sign-in".into()),
-        _ => Login::No,
+    let dir = var("GEMINI_CLI_HOME").or_else(|| var("HOME")).map(|h| Path::new(&h).join(".gemini"));
+    let is = |name: &str| var(name).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let selected = dir.as_ref().and_then(|d| std::fs::read(d.join("settings.json")).ok()).and_then(|b| {
+        let settings: serde_json::Value = serde_json::from_slice(&b).ok()?;
+        settings.pointer("/security/auth/selectedType")?.as_str().map(String::from)
+    });
+    let chosen = selected.or_else(|| {
+        let by_env = [
+            (is("GOOGLE_GENAI_USE_GCA"), "oauth-personal"),
+            (is("GOOGLE_GENAI_USE_VERTEXAI"), "vertex-ai"),
+            (var("GEMINI_API_KEY").is_some(), "gemini-api-key"),
+        ];
+        by_env.into_iter().find(|(set, _)| *set).map(|(_, t)| t.to_string())
+    });
+    let has = |file: &str| dir.as_ref().is_some_and(|d| d.join(file).is_file());
+    match chosen.as_deref() {
+        Some("gemini-api-key") if var("GEMINI_API_KEY").is_some() => Login::Yes("api key via GEMINI_API_KEY".into()),
+        Some("gemini-api-key") if has("gemini-credentials.json") => Login::Yes("its saved API key".into()),
+        Some("oauth-personal") if has("oauth_creds.json") => Login::Yes("Google sign-in".into()),
+        Some("oauth-personal") if var("GOOGLE_APPLICATION_CREDENTIALS").is_some() => {
+            Login::Yes("Google credentials via GOOGLE_APPLICATION_CREDENTIALS".into())
+        }
+        Some("gemini-api-key" | "oauth-personal") | None => Login::No,
+        Some(other) => Login::Unknown(format!("sign-in type {other} is checked by Google Cloud")),
     }
 }
 
@@ -188,13 +206,21 @@ mod tests {
     }
 
     #[test]
-    fn gemini_counts_its_key_variables_and_its_stored_sign_in() {
+    fn gemini_checks_the_credentials_of_the_sign_in_type_it_would_use() {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().to_str().unwrap();
-        assert_eq!(gemini(&vars(&[("HOME", home)])), Login::No);
+        let gemini_dir = dir.path().join(".gemini");
+        assert_eq!(gemini(&vars(&[("HOME", home)])), Login::No, "no sign-in chosen");
         assert_eq!(gemini(&vars(&[("GEMINI_API_KEY", "k")])), Login::Yes("api key via GEMINI_API_KEY".into()));
-        std::fs::create_dir(dir.path().join(".gemini")).unwrap();
-        std::fs::write(dir.path().join(".gemini/oauth_creds.json"), "{}").unwrap();
+        std::fs::create_dir(&gemini_dir).unwrap();
+        std::fs::write(gemini_dir.join("oauth_creds.json"), "{}").unwrap();
+        assert_eq!(gemini(&vars(&[("HOME", home)])), Login::No, "credentials, but no sign-in type chosen");
+        let chosen = |t: &str| std::fs::write(gemini_dir.join("settings.json"), format!(r#"{{"security":{{"auth":{{"selectedType":"{t}"}}}}}}"#)).unwrap();
+        chosen("oauth-personal");
         assert_eq!(gemini(&vars(&[("HOME", home)])), Login::Yes("Google sign-in".into()));
+        chosen("gemini-api-key");
+        assert_eq!(gemini(&vars(&[("HOME", home)])), Login::No, "the API key type without a key");
+        chosen("vertex-ai");
+        assert!(matches!(gemini(&vars(&[("HOME", home)])), Login::Unknown(_)));
     }
 }
