@@ -26,6 +26,7 @@ mod first_use;
 mod fuzz_regressions;
 mod http;
 mod import_export;
+mod install;
 mod load;
 mod mcp_apps;
 mod metrics;
