@@ -523,10 +523,16 @@ fn terminal_banner(state_dir: &Path, config: &config::Config) -> String {
         Some(Err(_)) | None => format!("SQLite {}", Store::path_in(state_dir).display()),
     };
     let found: Vec<&str> = config.agents.discovered.iter().map(|a| a.id.as_str()).collect();
+    let agents = if crate::runner::discover::setting(config) == config::Discovery::Off {
+        "agent discovery off".to_string()
+    } else if found.is_empty() {
+        "agent CLIs found on PATH: none".to_string()
+    } else {
+        format!("agent CLIs found on PATH: {}", found.join(", "))
+    };
     format!(
-        "sessions-mcp: an MCP server on stdio, waiting for a client to speak JSON-RPC on stdin (hosts start it themselves; register it with `sessions-mcp install <host>`); state dir {}, store {store}; agent CLIs found on PATH: {}; Ctrl-C stops it",
-        state_dir.display(),
-        if found.is_empty() { "none".to_string() } else { found.join(", ") }
+        "sessions-mcp: an MCP server on stdio, waiting for a client to speak JSON-RPC on stdin (hosts start it themselves; register it with `sessions-mcp install <host>`); state dir {}, store {store}; {agents}; Ctrl-C stops it",
+        state_dir.display()
     )
 }
 
