@@ -327,3 +327,29 @@ fn real_claude_and_codex_take_the_registration_and_give_it_back() {
         assert!(run("uninstall").contains("nothing changed"));
     }
 }
+
+/// Every `sessions-mcp install|uninstall` line of docs/INSTALL.md runs as written (with
+/// `--dry-run` added where it has none), against the fake CLIs in a fresh HOME.
+#[test]
+fn the_install_commands_of_the_docs_run() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/INSTALL.md")).unwrap();
+    let b = Machine::new();
+    b.fake_claude();
+    b.fake_codex();
+    let mut ran = 0;
+    for line in doc.lines() {
+        let Some(rest) = line.strip_prefix("sessions-mcp ") else { continue };
+        let command = rest.split('#').next().unwrap();
+        let mut args: Vec<&str> = command.split_whitespace().collect();
+        if !matches!(args.first(), Some(&"install" | &"uninstall")) {
+            continue;
+        }
+        if !args.contains(&"--dry-run") {
+            args.push("--dry-run");
+        }
+        let out = b.ok(&args);
+        assert!(out.starts_with("would ") || out.contains("nothing changed"), "{line}: {out}");
+        ran += 1;
+    }
+    assert!(ran >= 7, "{ran} commands in docs/INSTALL.md");
+}

@@ -32,6 +32,7 @@ mod mcp_apps;
 mod metrics;
 mod nodes;
 mod orchestration;
+mod packaging;
 mod postgres;
 mod python_sdk;
 mod readme;
