@@ -139,7 +139,11 @@ fn apply(plan: Plan, args: &HostArgs, op: Op, server: &Server) -> ExitCode {
         }
         Plan::Commands { program, display, invocations } => {
             for invocation in &invocations {
-                println!("{}: {display} {}", if args.dry_run { "would run" } else { "running" }, shell_line(invocation));
+                println!(
+                    "{}: {display} {}",
+                    if args.dry_run { "would run" } else { "running" },
+                    shell_line(invocation)
+                );
                 if !args.dry_run
                     && let Err(e) = run_host_cli(&program, display, invocation)
                 {
@@ -209,7 +213,8 @@ fn claude_code_plan(scope: Scope, op: Op, server: &Server) -> Result<Plan, Strin
     let existing = claude_code_entry(scope, &server.name)?;
     let scope_name = value_name(scope);
     let remove = vec!["mcp".into(), "remove".into(), "--scope".into(), scope_name.clone(), server.name.clone()];
-    let mut add = vec!["mcp".into(), "add".into(), "--scope".into(), scope_name.clone(), server.name.clone(), "--".into()];
+    let mut add =
+        vec!["mcp".into(), "add".into(), "--scope".into(), scope_name.clone(), server.name.clone(), "--".into()];
     add.push(server.command.clone());
     add.extend(server.args.iter().cloned());
     let invocations = match (op, existing) {
@@ -359,7 +364,9 @@ fn json_file_plan(path: &Path, op: Op, server: &Server) -> Result<Plan, String> 
             if same_command(entry, server) {
                 return Ok(Plan::Unchanged(format!("{} already has {where_} = {}", path.display(), entry)));
             }
-            let Value::Object(fields) = entry else { return Err(format!("{where_} in {} is not an object", path.display())) };
+            let Value::Object(fields) = entry else {
+                return Err(format!("{where_} in {} is not an object", path.display()));
+            };
             fields.insert("command".into(), server.command.clone().into());
             fields.insert("args".into(), server.args.clone().into());
             format!("{where_} = {entry}")

@@ -259,7 +259,10 @@ mod tests {
         let mut r = ArgReader::new(json!({"action": " "}).as_object().cloned(), vec!["action".into()]).unwrap();
         assert_eq!(r.req_choice("action", set).unwrap_err().message, "action must not be empty; allowed: list, wait");
         let mut r = ArgReader::new(json!({"action": "stop"}).as_object().cloned(), vec!["action".into()]).unwrap();
-        assert_eq!(r.req_choice("action", set).unwrap_err().message, "action \"stop\" is not allowed; allowed: list, wait");
+        assert_eq!(
+            r.req_choice("action", set).unwrap_err().message,
+            "action \"stop\" is not allowed; allowed: list, wait"
+        );
         let mut r = ArgReader::new(json!({"action": "WAIT"}).as_object().cloned(), vec!["action".into()]).unwrap();
         assert_eq!(r.req_choice("action", set).unwrap(), "wait");
     }

@@ -164,7 +164,13 @@ fn the_registry_entry_names_this_version_its_bundle_and_its_crate() {
     assert_eq!(bundle["version"], version);
     // The registry takes bundles from GitHub or GitLab releases, at a URL that says "mcp".
     let url = bundle["identifier"].as_str().unwrap();
-    assert!(url.starts_with(&format!("{}/releases/download/v{version}/sessions-mcp-{version}-", env!("CARGO_PKG_REPOSITORY"))), "{url}");
+    assert!(
+        url.starts_with(&format!(
+            "{}/releases/download/v{version}/sessions-mcp-{version}-",
+            env!("CARGO_PKG_REPOSITORY")
+        )),
+        "{url}"
+    );
     assert!(url.ends_with(".mcpb"), "{url}");
     assert!(bundle.get("fileSha256").is_none(), "the tracked entry has no digest: build.sh writes the bundle's");
 

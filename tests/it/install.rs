@@ -88,7 +88,9 @@ esac
     fn run_with_path(&self, args: &[&str], path: &str) -> Output {
         let mut c = Command::new(common::bin());
         c.args(args).current_dir(self.project()).env("HOME", self.home()).env("PATH", path);
-        for var in ["CLAUDE_CONFIG_DIR", "XDG_CONFIG_HOME", "CODEX_HOME", "SESSIONS_MCP_STATE_DIR", "SESSIONS_MCP_CONFIG"] {
+        for var in
+            ["CLAUDE_CONFIG_DIR", "XDG_CONFIG_HOME", "CODEX_HOME", "SESSIONS_MCP_STATE_DIR", "SESSIONS_MCP_CONFIG"]
+        {
             c.env_remove(var);
         }
         c.output().expect("run sessions-mcp")
@@ -178,7 +180,9 @@ fn claude_code_project_and_local_scopes_read_their_own_files() {
     b.ok(&["install", "claude-code", "--scope", "project", "--name", "sessions-work"]);
     assert_eq!(b.calls(), vec![words(&["mcp", "add", "--scope", "project", "sessions-work", "--", &exe, "serve"])]);
     write_json(&b.project().join(".mcp.json"), &json!({"mcpServers": {"sessions-work": entry}}));
-    assert!(b.ok(&["install", "claude-code", "--scope", "project", "--name", "sessions-work"]).contains("nothing changed"));
+    assert!(
+        b.ok(&["install", "claude-code", "--scope", "project", "--name", "sessions-work"]).contains("nothing changed")
+    );
     b.ok(&["uninstall", "claude-code", "--scope", "project", "--name", "sessions-work"]);
     assert_eq!(b.calls()[1], words(&["mcp", "remove", "--scope", "project", "sessions-work"]));
 }
@@ -190,7 +194,10 @@ fn a_host_cli_not_on_path_says_how_to_install_it_or_edit_the_config_instead() {
     let out = b.run_with_path(&["install", "claude-code"], &empty);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("`claude` is not on PATH") && err.contains("npm install -g @anthropic-ai/claude-code"), "{err}");
+    assert!(
+        err.contains("`claude` is not on PATH") && err.contains("npm install -g @anthropic-ai/claude-code"),
+        "{err}"
+    );
     assert!(err.contains(".mcp.json") && err.contains(&format!("\"command\":\"{}\"", exe())), "{err}");
     let out = b.run_with_path(&["install", "codex"], &empty);
     assert_eq!(out.status.code(), Some(2));
@@ -221,8 +228,11 @@ fn codex_runs_codex_mcp_add_once_and_remove_on_uninstall() {
     b.ok(&["install", "codex"]);
     assert_eq!(b.calls()[1..], [get.clone(), add]);
     let again = b.ok(&["install", "codex"]);
-    assert!(again.contains("Codex already has MCP server \"sessions\"") && again.contains("nothing changed"), "{again}");
-    assert_eq!(b.calls()[3..], [get.clone()]);
+    assert!(
+        again.contains("Codex already has MCP server \"sessions\"") && again.contains("nothing changed"),
+        "{again}"
+    );
+    assert_eq!(&b.calls()[3..], std::slice::from_ref(&get));
 
     b.ok(&["uninstall", "codex"]);
     assert_eq!(b.calls()[4..], [get.clone(), words(&["mcp", "remove", "sessions"])]);
@@ -240,25 +250,26 @@ fn json_config_round_trip(b: &Machine, args: &[&str], path: &Path) {
         "security": {"auth": {"selectedType": "gemini-api-key"}}
     });
     let before = write_json(path, &original);
+    let run = |verb: &str, extra: &[&str]| b.ok(&[&[verb], args, extra].concat());
 
-    let dry = b.ok(&[&["install"], &args[..], &["--dry-run"]].concat());
+    let dry = run("install", &["--dry-run"]);
     assert!(dry.starts_with(&format!("would write {}: mcpServers.sessions = ", path.display())), "{dry}");
     assert_eq!(std::fs::read_to_string(path).unwrap(), before, "a dry run changed the file");
 
-    let out = b.ok(&[&["install"], &args[..]].concat());
+    let out = run("install", &[]);
     assert!(out.contains(&format!("wrote {}", path.display())), "{out}");
     let mut expected = original.clone();
     expected["mcpServers"]["sessions"] = json!({"command": exe(), "args": ["serve"]});
     let after = std::fs::read_to_string(path).unwrap();
     assert_eq!(after, serde_json::to_string_pretty(&expected).unwrap() + "\n", "other keys moved or changed");
 
-    let again = b.ok(&[&["install"], &args[..]].concat());
+    let again = run("install", &[]);
     assert!(again.contains("already has mcpServers.sessions") && again.contains("nothing changed"), "{again}");
     assert_eq!(std::fs::read_to_string(path).unwrap(), after);
 
-    b.ok(&[&["uninstall"], &args[..]].concat());
+    run("uninstall", &[]);
     assert_eq!(std::fs::read_to_string(path).unwrap(), before, "uninstall did not give back the file");
-    assert!(b.ok(&[&["uninstall"], &args[..]].concat()).contains("nothing changed"));
+    assert!(run("uninstall", &[]).contains("nothing changed"));
 }
 
 #[test]
@@ -287,7 +298,8 @@ fn a_config_file_without_one_gets_one_and_a_broken_one_is_left_alone() {
     assert_eq!(read_json(&settings), json!({"mcpServers": {"sessions": {"command": exe(), "args": ["serve"]}}}));
     // An entry of the user's with the same command and more keys is theirs: left alone; with
     // another command, only its command and args change.
-    let mine = json!({"mcpServers": {"sessions": {"command": "/old", "args": ["serve"], "timeout": 5000, "trust": true}}});
+    let mine =
+        json!({"mcpServers": {"sessions": {"command": "/old", "args": ["serve"], "timeout": 5000, "trust": true}}});
     write_json(&settings, &mine);
     b.ok(&["install", "gemini"]);
     assert_eq!(

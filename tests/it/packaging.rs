@@ -8,11 +8,7 @@ use serde_json::Value;
 
 fn cargo(args: &[&str]) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run cargo");
+    let out = Command::new(cargo).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("run cargo");
     assert!(out.status.success(), "cargo {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
 }
@@ -23,12 +19,18 @@ fn cargo(args: &[&str]) -> String {
 fn the_package_holds_the_sources_and_readme_and_nothing_of_ci_or_tests() {
     let files = cargo(&["package", "--list", "--locked", "--offline", "--allow-dirty"]);
     let files: Vec<&str> = files.lines().collect();
-    for needed in ["Cargo.toml", "Cargo.lock", "README.md", "src/main.rs", "src/lib.rs", "src/bin/sessions-mcp-supervise.rs"] {
+    for needed in
+        ["Cargo.toml", "Cargo.lock", "README.md", "src/main.rs", "src/lib.rs", "src/bin/sessions-mcp-supervise.rs"]
+    {
         assert!(files.contains(&needed), "{needed} is not in the package");
     }
     let stray: Vec<&&str> = files
         .iter()
-        .filter(|f| ["target/", ".ci/", "tests/", "fixtures/", "fuzz/", "conformance/", "node_modules"].iter().any(|p| f.contains(p)))
+        .filter(|f| {
+            ["target/", ".ci/", "tests/", "fixtures/", "fuzz/", "conformance/", "node_modules"]
+                .iter()
+                .any(|p| f.contains(p))
+        })
         .collect();
     assert!(stray.is_empty(), "the package holds {stray:?}");
 }
