@@ -24,11 +24,11 @@ pub enum Host {
 /// Where the host keeps the entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scope {
-    /// Every project of this user.
+    /// Every project of yours (every host).
     User,
-    /// This directory's project config (shared through version control).
+    /// This directory's project config, shared through version control (claude-code, gemini).
     Project,
-    /// This directory, this user only (Claude Code).
+    /// This directory, for you only (claude-code).
     Local,
 }
 
@@ -37,8 +37,7 @@ pub struct HostArgs {
     /// The host to register with.
     #[arg(value_enum)]
     host: Host,
-    /// user: all your projects; project: this directory's project config (claude-code, gemini);
-    /// local: this directory, for you only (claude-code).
+    /// Where the host keeps the entry.
     #[arg(long, value_enum, default_value_t = Scope::User)]
     scope: Scope,
     /// Print what would be run or written; change nothing.
