@@ -1,6 +1,7 @@
 //! `install` and `uninstall`: register this server with an MCP host, or remove it, through the
-//! host's own mechanism — its CLI where it has one (`claude mcp add`, `codex mcp add`), its
-//! config file where it has none (Gemini CLI's settings.json, Claude Desktop's config). The
+//! host's own mechanism — its CLI where it has one (`claude mcp add`, `codex mcp add`; Codex's
+//! config.toml when the CLI is not on PATH), its config file where it has none (Gemini CLI's
+//! settings.json, Claude Desktop's config). The
 //! registered command is the absolute path of this binary with `serve`, so PATH does not matter.
 //! Idempotent: what is already as asked is reported and left alone; `--dry-run` changes nothing.
 
@@ -274,7 +275,7 @@ fn claude_code_missing(scope: Scope, server: &Server) -> String {
 // ---- Codex: `codex mcp add|remove` ----------------------------------------------------------------
 
 fn codex_plan(op: Op, server: &Server) -> Result<Plan, String> {
-    let program = host_cli("codex", codex_missing(server))?;
+    let Ok(program) = which::which("codex") else { return codex_file_plan(op, server) };
     let existing = codex_entry(&program, &server.name)?;
     let remove = vec!["mcp".into(), "remove".into(), server.name.clone()];
     let mut add = vec!["mcp".into(), "add".into(), server.name.clone(), "--".into()];
@@ -311,13 +312,54 @@ fn codex_entry(program: &Path, name: &str) -> Result<Option<Value>, String> {
     Ok(got.get("transport").cloned())
 }
 
-fn codex_missing(server: &Server) -> String {
-    format!(
-        "Codex's `codex` is not on PATH: install it (npm install -g @openai/codex), or add to ~/.codex/config.toml: [mcp_servers.{}] command = {} args = {}",
-        server.name,
-        Value::from(server.command.clone()),
-        Value::from(server.args.clone())
-    )
+/// Without the codex CLI (Codex's IDE extension and app read the same file), the table
+/// `[mcp_servers.<name>]` of `$CODEX_HOME/config.toml` (default `~/.codex`) is set or removed,
+/// the rest of the file kept as it is, comments included.
+fn codex_file_plan(op: Op, server: &Server) -> Result<Plan, String> {
+    let path = match std::env::var_os("CODEX_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("config.toml"),
+        None => home()?.join(".codex/config.toml"),
+    };
+    let original = read_text(&path)?.unwrap_or_default();
+    let mut doc: toml_edit::DocumentMut =
+        original.parse().map_err(|e| format!("{} is not TOML ({e}); add the table by hand", path.display()))?;
+    let where_ = format!("mcp_servers.{}", server.name);
+    let servers = doc.entry("mcp_servers").or_insert_with(implicit_table).as_table_like_mut();
+    let Some(servers) = servers else { return Err(format!("mcp_servers in {} is not a table", path.display())) };
+    let change = match op {
+        Op::Install => {
+            let entry = servers.entry(&server.name).or_insert(toml_edit::table());
+            let Some(fields) = entry.as_table_like_mut() else {
+                return Err(format!("{where_} in {} is not a table", path.display()));
+            };
+            if same_command(&toml_entry_json(fields), server) {
+                return Ok(Plan::Unchanged(format!("{} already has [{where_}]", path.display())));
+            }
+            fields.insert("command", toml_edit::value(server.command.as_str()));
+            fields
+                .insert("args", toml_edit::value(server.args.iter().map(String::as_str).collect::<toml_edit::Array>()));
+            format!("[{where_}] = {} (codex is not on PATH, so its config file is edited)", entry_json(server))
+        }
+        Op::Uninstall => match servers.remove(&server.name) {
+            Some(_) => format!("[{where_}] removed (codex is not on PATH, so its config file is edited)"),
+            None => return Ok(Plan::Unchanged(format!("{} has no [{where_}]", path.display()))),
+        },
+    };
+    Ok(Plan::File { path, contents: doc.to_string(), change })
+}
+
+/// A parent table that shows only through its children (`[mcp_servers.x]`, no `[mcp_servers]`).
+fn implicit_table() -> toml_edit::Item {
+    let mut table = toml_edit::Table::new();
+    table.set_implicit(true);
+    toml_edit::Item::Table(table)
+}
+
+/// A Codex table's command and args, in the shape [`same_command`] compares.
+fn toml_entry_json(fields: &dyn toml_edit::TableLike) -> Value {
+    let args: Option<Vec<&str>> =
+        fields.get("args").and_then(toml_edit::Item::as_array).map(|a| a.iter().filter_map(|v| v.as_str()).collect());
+    json!({"command": fields.get("command").and_then(toml_edit::Item::as_str), "args": args})
 }
 
 // ---- JSON config files: Gemini CLI, Claude Desktop ------------------------------------------------

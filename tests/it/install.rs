@@ -188,7 +188,7 @@ fn claude_code_project_and_local_scopes_read_their_own_files() {
 }
 
 #[test]
-fn a_host_cli_not_on_path_says_how_to_install_it_or_edit_the_config_instead() {
+fn claude_not_on_path_says_how_to_install_it_or_what_to_put_in_mcp_json() {
     let b = Machine::new();
     let empty = b.dir.path().join("empty").display().to_string();
     let out = b.run_with_path(&["install", "claude-code"], &empty);
@@ -199,10 +199,6 @@ fn a_host_cli_not_on_path_says_how_to_install_it_or_edit_the_config_instead() {
         "{err}"
     );
     assert!(err.contains(".mcp.json") && err.contains(&format!("\"command\":\"{}\"", exe())), "{err}");
-    let out = b.run_with_path(&["install", "codex"], &empty);
-    assert_eq!(out.status.code(), Some(2));
-    let err = stderr(&out);
-    assert!(err.contains("npm install -g @openai/codex") && err.contains("[mcp_servers.sessions]"), "{err}");
     // Scopes a host does not have, and a name no host takes, are refused before anything runs.
     let out = b.run(&["install", "codex", "--scope", "project"]);
     assert!(stderr(&out).contains("codex has no --scope project; allowed: user"), "{}", stderr(&out));
@@ -238,6 +234,41 @@ fn codex_runs_codex_mcp_add_once_and_remove_on_uninstall() {
     assert_eq!(b.calls()[4..], [get.clone(), words(&["mcp", "remove", "sessions"])]);
     assert!(b.ok(&["uninstall", "codex"]).contains("Codex has no MCP server \"sessions\"; nothing changed"));
     assert_eq!(b.calls()[6..], [get]);
+}
+
+/// Without `codex` on PATH, `~/.codex/config.toml` (`$CODEX_HOME`) is edited: one table set, the
+/// comments, keys and tables around it kept; uninstall gives back the file byte for byte.
+#[test]
+fn codex_without_its_cli_edits_config_toml_keeping_the_rest() {
+    let b = Machine::new();
+    let empty = b.dir.path().join("empty").display().to_string();
+    let path = b.home().join(".codex/config.toml");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let before = "# mine\nmodel = \"o3\"  # the best\n\n[mcp_servers.other]\ncommand = \"node\"\nargs = [\"x.js\"]\n\n[profiles.fast]\nmodel = \"mini\"\n";
+    std::fs::write(&path, before).unwrap();
+    let run = |args: &[&str]| {
+        let out = b.run_with_path(args, &empty);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(run(&["install", "codex", "--dry-run"]).starts_with("would write"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+    let out = run(&["install", "codex"]);
+    assert!(out.contains("codex is not on PATH, so its config file is edited"), "{out}");
+    let table = format!("[mcp_servers.sessions]\ncommand = \"{}\"\nargs = [\"serve\"]\n", exe());
+    let after = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(after, before.replace("[profiles.fast]", &format!("{table}\n[profiles.fast]")));
+    assert!(run(&["install", "codex"]).contains("nothing changed"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), after);
+    run(&["uninstall", "codex"]);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+    assert!(run(&["uninstall", "codex"]).contains("nothing changed"));
+    // Not TOML: left alone, and said so.
+    std::fs::write(&path, "model = \n").unwrap();
+    let out = b.run_with_path(&["install", "codex"], &empty);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not TOML"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "model = \n");
 }
 
 /// Install, a second install, a dry run and uninstall on a JSON config that holds other keys and
@@ -337,7 +368,29 @@ fn real_claude_and_codex_take_the_registration_and_give_it_back() {
         run("uninstall");
         assert!(!std::fs::read_to_string(b.home().join(config)).unwrap().contains(&exe()));
         assert!(run("uninstall").contains("nothing changed"));
+        if program == "codex" {
+            codex_reads_the_table_install_writes_without_it(&b, &cli, &path);
+        }
     }
+}
+
+/// The table written without the CLI is one the real `codex mcp get` reads, and `install` through
+/// the CLI then finds nothing to change.
+fn codex_reads_the_table_install_writes_without_it(b: &Machine, cli: &Path, path: &str) {
+    let empty = b.dir.path().join("empty").display().to_string();
+    assert!(b.run_with_path(&["install", "codex"], &empty).status.success());
+    let got = Command::new(cli)
+        .args(["mcp", "get", "sessions", "--json"])
+        .env("HOME", b.home())
+        .env("PATH", path)
+        .env_remove("CODEX_HOME")
+        .output()
+        .unwrap();
+    let got: Value = serde_json::from_slice(&got.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&got)));
+    assert_eq!(got["transport"]["command"], exe(), "{got}");
+    assert_eq!(got["transport"]["args"], json!(["serve"]), "{got}");
+    let out = b.run_with_path(&["install", "codex"], path);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing changed"), "{}", stderr(&out));
 }
 
 /// Every `sessions-mcp install|uninstall` line of docs/INSTALL.md runs as written (with
