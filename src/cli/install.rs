@@ -215,15 +215,10 @@ fn claude_code_plan(scope: Scope, op: Op, server: &Server) -> Result<Plan, Strin
     let remove = vec!["mcp".into(), "remove".into(), "--scope".into(), scope_name.clone(), server.name.clone()];
     let mut add =
         vec!["mcp".into(), "add".into(), "--scope".into(), scope_name.clone(), server.name.clone(), "--".into()];
-    add.push(server.command.clone());
-    add.extend(server.args.iter().cloned());
+    add.extend(command_words(server));
     let invocations = match (op, existing) {
         (Op::Install, Some(e)) if same_command(&e, server) => {
-            return Ok(Plan::Unchanged(format!(
-                "Claude Code ({scope_name} scope) already has MCP server {:?}: {}",
-                server.name,
-                shell_line(&command_words(server))
-            )));
+            return Ok(already_registered(&format!("Claude Code ({scope_name} scope)"), server));
         }
         (Op::Install, Some(_)) => vec![remove, add],
         (Op::Install, None) => vec![add],
@@ -281,13 +276,7 @@ fn codex_plan(op: Op, server: &Server) -> Result<Plan, String> {
     let mut add = vec!["mcp".into(), "add".into(), server.name.clone(), "--".into()];
     add.extend(command_words(server));
     let invocations = match (op, existing) {
-        (Op::Install, Some(e)) if same_command(&e, server) => {
-            return Ok(Plan::Unchanged(format!(
-                "Codex already has MCP server {:?}: {}",
-                server.name,
-                shell_line(&command_words(server))
-            )));
-        }
+        (Op::Install, Some(e)) if same_command(&e, server) => return Ok(already_registered("Codex", server)),
         // `codex mcp add` replaces an entry of the same name.
         (Op::Install, _) => vec![add],
         (Op::Uninstall, Some(_)) => vec![remove],
@@ -455,6 +444,11 @@ fn write_keeping_mode(path: &Path, contents: &str) -> std::io::Result<()> {
 
 fn command_words(server: &Server) -> Vec<String> {
     std::iter::once(server.command.clone()).chain(server.args.iter().cloned()).collect()
+}
+
+/// What a host whose CLI already starts this server is told.
+fn already_registered(host: &str, server: &Server) -> Plan {
+    Plan::Unchanged(format!("{host} already has MCP server {:?}: {}", server.name, shell_line(&command_words(server))))
 }
 
 fn entry_json(server: &Server) -> Value {
