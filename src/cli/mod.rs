@@ -1,5 +1,6 @@
-//! The command line: `serve`, `schemas`, `bench`, and the hidden `dev` helpers.
+//! The command line: `serve`, `install`, `schemas`, `bench`, and the hidden `dev` helpers.
 
+pub mod install;
 pub mod operator;
 pub mod postgres;
 pub mod schemas;
@@ -41,6 +42,11 @@ pub struct Paths {
 enum Command {
     /// Serve the session tools over MCP (stdio by default).
     Serve(ServeArgs),
+    /// Register this server with an MCP host (claude-code, codex, gemini, claude-desktop) through
+    /// the host's own CLI or config file; running it again changes nothing.
+    Install(install::HostArgs),
+    /// Remove what `install` registered with the host.
+    Uninstall(install::HostArgs),
     /// Write the JSON schemas of the tools and the config to schemas/ (or check them).
     Schemas {
         /// Fail if the checked-in schemas differ from the generated ones.
@@ -223,6 +229,9 @@ struct ServeArgs {
     /// with the problem (degraded mode) [env: SESSIONS_MCP_STRICT]
     #[arg(long, env = "SESSIONS_MCP_STRICT", hide_env = true, value_parser = clap::builder::FalseyValueParser::new())]
     strict: bool,
+    /// On a terminal, do not print the line that says what this is and how to stop it.
+    #[arg(long, short)]
+    quiet: bool,
     #[command(flatten)]
     paths: Paths,
 }
@@ -336,6 +345,8 @@ pub fn main() -> ExitCode {
     }
     match cli.command {
         Command::Serve(args) => block_on(serve(args)),
+        Command::Install(args) => install::install(&args),
+        Command::Uninstall(args) => install::uninstall(&args),
         Command::Schemas { check, dir, .. } => schemas::run(&dir, check),
         Command::Import { dir, json, paths } => {
             with_store(&paths, |env, store| operator::import(env, store, &dir, json))
@@ -474,12 +485,16 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     let access = Access::new(store.clone(), config.clone());
+    let banner = (std::io::stdin().is_terminal() && !args.quiet).then(|| terminal_banner(&env.state_dir, &config));
     let runtime =
         match Scheduler::start(store, config, &env.state_dir, Role::Serve, crate::server::http::owner_socket()) {
             Ok(rt) => rt,
             Err(e) => return cannot_start(e, strict).await,
         };
     tracing::info!(session = %caller.key, "serving over stdio");
+    if let Some(line) = banner {
+        eprintln!("{line}");
+    }
     let server = SessionsServer::new(access, caller, Some(runtime.clone()));
     let signal = terminate_signal();
     tokio::pin!(signal);
@@ -498,6 +513,27 @@ async fn serve(args: ServeArgs) -> ExitCode {
         _ = &mut signal => runtime.shutdown(true).await,
     }
     ExitCode::SUCCESS
+}
+
+/// The one line `serve` prints when a person starts it on a terminal (a host starts it with stdin
+/// a pipe and never sees it): what it is, what it serves from, which agents it found, how to stop it.
+fn terminal_banner(state_dir: &Path, config: &config::Config) -> String {
+    let store = match config.store.effective_url().as_deref().map(crate::store::postgres::PgTarget::parse) {
+        Some(Ok(target)) => format!("PostgreSQL {target}"),
+        Some(Err(_)) | None => format!("SQLite {}", Store::path_in(state_dir).display()),
+    };
+    let found: Vec<&str> = config.agents.discovered.iter().map(|a| a.id.as_str()).collect();
+    let agents = if crate::runner::discover::setting(config) == config::Discovery::Off {
+        "agent discovery off".to_string()
+    } else if found.is_empty() {
+        "agent CLIs found on PATH: none".to_string()
+    } else {
+        format!("agent CLIs found on PATH: {}", found.join(", "))
+    };
+    format!(
+        "sessions-mcp: an MCP server on stdio, waiting for a client to speak JSON-RPC on stdin (hosts start it themselves; register it with `sessions-mcp install <host>`); state dir {}, store {store}; {agents}; Ctrl-C stops it",
+        state_dir.display()
+    )
 }
 
 /// `serve` cannot start, and `problem` says why and what to do. Strict (see [`ServeArgs::strict`]),

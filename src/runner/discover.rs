@@ -20,7 +20,14 @@ const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Adds the agents whose CLIs are on PATH to `config`, unless discovery is off.
 pub fn apply(config: &mut Config, state_dir: &Path) {
-    let setting = match std::env::var(DISCOVERY_ENV).ok().as_deref().map(str::trim) {
+    if setting(config) == Discovery::Path {
+        config.add_discovered(&on_path(state_dir));
+    }
+}
+
+/// Whether discovery runs: `SESSIONS_MCP_DISCOVERY`, else `agents.discovery`.
+pub fn setting(config: &Config) -> Discovery {
+    match std::env::var(DISCOVERY_ENV).ok().as_deref().map(str::trim) {
         Some("off") => Discovery::Off,
         Some("path") => Discovery::Path,
         Some(other) => {
@@ -28,9 +35,6 @@ pub fn apply(config: &mut Config, state_dir: &Path) {
             config.agents.discovery
         }
         None => config.agents.discovery,
-    };
-    if setting == Discovery::Path {
-        config.add_discovered(&on_path(state_dir));
     }
 }
 

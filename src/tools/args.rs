@@ -112,6 +112,26 @@ impl ArgReader {
         })
     }
 
+    /// An optional value from a closed set, matched regardless of ASCII case; anything else is
+    /// invalid, naming the field and the set.
+    pub fn opt_choice(&mut self, name: &str, allowed: &[&'static str]) -> Result<Option<&'static str>, ToolError> {
+        let Some(v) = self.opt_string(name, 64)? else { return Ok(None) };
+        match allowed.iter().find(|a| a.eq_ignore_ascii_case(&v)) {
+            Some(a) => Ok(Some(a)),
+            None => Err(ToolError::invalid(format!("{name} {v:?} is not allowed; allowed: {}", allowed.join(", ")))),
+        }
+    }
+
+    /// A required value from a closed set: missing, it is named with the set too, so a caller
+    /// learns what to pass from the first error.
+    pub fn req_choice(&mut self, name: &str, allowed: &[&'static str]) -> Result<&'static str, ToolError> {
+        let present = self.has(name);
+        self.opt_choice(name, allowed)?.ok_or_else(|| {
+            let problem = if present { "must not be empty" } else { "required" };
+            ToolError::invalid(format!("{name} {problem}; allowed: {}", allowed.join(", ")))
+        })
+    }
+
     /// An optional non-negative number, floored, clamped to `bounds.max` (reported), and at least
     /// `bounds.min` (below it is invalid).
     pub fn opt_number(&mut self, name: &str, bounds: Bounds) -> Result<Option<u64>, ToolError> {
@@ -229,6 +249,22 @@ mod tests {
         assert!(e.message.contains("given twice"));
         let e = reader(json!({"bogus": 1})).err().unwrap();
         assert!(e.message.contains("allowed: sessionKey, limit, includeTools"), "{}", e.message);
+    }
+
+    #[test]
+    fn choices_name_the_field_and_the_set_when_missing_or_wrong() {
+        let set = &["list", "wait"];
+        let mut r = ArgReader::new(json!({}).as_object().cloned(), vec!["action".into()]).unwrap();
+        assert_eq!(r.req_choice("action", set).unwrap_err().message, "action required; allowed: list, wait");
+        let mut r = ArgReader::new(json!({"action": " "}).as_object().cloned(), vec!["action".into()]).unwrap();
+        assert_eq!(r.req_choice("action", set).unwrap_err().message, "action must not be empty; allowed: list, wait");
+        let mut r = ArgReader::new(json!({"action": "stop"}).as_object().cloned(), vec!["action".into()]).unwrap();
+        assert_eq!(
+            r.req_choice("action", set).unwrap_err().message,
+            "action \"stop\" is not allowed; allowed: list, wait"
+        );
+        let mut r = ArgReader::new(json!({"action": "WAIT"}).as_object().cloned(), vec!["action".into()]).unwrap();
+        assert_eq!(r.req_choice("action", set).unwrap(), "wait");
     }
 
     #[test]

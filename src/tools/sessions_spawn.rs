@@ -252,14 +252,6 @@ pub fn check_model(model: &str, allowlist: Option<&[String]>) -> Result<(), Tool
     }
 }
 
-fn one_of(a: &mut super::args::ArgReader, field: &str, allowed: &[&str]) -> Result<Option<String>, ToolError> {
-    match a.opt_string(field, 64)? {
-        Some(v) if allowed.contains(&v.to_ascii_lowercase().as_str()) => Ok(Some(v.to_ascii_lowercase())),
-        Some(v) => Err(ToolError::invalid(format!("{field} {v:?} is not allowed; allowed: {}", allowed.join(", ")))),
-        None => Ok(None),
-    }
-}
-
 fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, ToolError> {
     if let Some(key) = args.as_ref().and_then(|a| DELIVERY_KEYS.iter().find(|k| a.contains_key(**k))) {
         return Err(ToolError::invalid(format!(
@@ -293,9 +285,9 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
     };
     let run_timeout = a.opt_number("runTimeoutSeconds", Bounds { min: 0, max: u32::MAX as u64 })?;
     let thread = a.opt_bool("thread")?.unwrap_or(false);
-    let mode = one_of(&mut a, "mode", &["run", "session"])?;
+    let mode = a.opt_choice("mode", &["run", "session"])?;
     // As the reference: mode defaults to "session" with a thread, and "session" needs one.
-    let thread_mode = match (thread, mode.as_deref()) {
+    let thread_mode = match (thread, mode) {
         (false, Some("session")) => {
             return Err(ToolError::invalid(
                 "mode=\"session\" requires thread=true so the subagent can stay bound to a thread; pass thread: true (your channel must open threads) or use mode \"run\"",
@@ -305,9 +297,9 @@ fn parse(ctx: &Ctx, args: Option<Map<String, Value>>) -> Result<SpawnRequest, To
         (true, Some("run")) => Some(BindingMode::Run),
         (true, _) => Some(BindingMode::Session),
     };
-    let cleanup_delete = one_of(&mut a, "cleanup", &["delete", "keep"])?.as_deref() == Some("delete");
-    let require_sandbox = one_of(&mut a, "sandbox", &["inherit", "require"])?.as_deref() == Some("require");
-    let workspace = match one_of(&mut a, "workspace", &["project", "worktree", "isolated"])?.as_deref() {
+    let cleanup_delete = a.opt_choice("cleanup", &["delete", "keep"])? == Some("delete");
+    let require_sandbox = a.opt_choice("sandbox", &["inherit", "require"])? == Some("require");
+    let workspace = match a.opt_choice("workspace", &["project", "worktree", "isolated"])? {
         Some("project") => Some(crate::config::WorkspaceMode::Project),
         Some("worktree") => Some(crate::config::WorkspaceMode::Worktree),
         Some(_) => Some(crate::config::WorkspaceMode::Isolated),

@@ -389,19 +389,15 @@ pub async fn run(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Output<Suba
 
 async fn act(ctx: &Ctx<'_>, args: Option<Map<String, Value>>) -> Result<SubagentsOk, ToolError> {
     let mut a = super::reader(ToolName::Subagents, args)?;
-    let action = a.req_string("action", 16)?;
-    let Some((_, takes)) = ARGS.iter().find(|(name, _)| *name == action) else {
-        return Err(ToolError::invalid(format!(
-            "action {action:?} is not an action; allowed: list, wait, cancel, steer, respond"
-        )));
-    };
+    let action = a.req_choice("action", &ARGS.map(|(name, _)| name))?;
+    let takes = ARGS.iter().find(|(name, _)| *name == action).map(|(_, takes)| *takes).unwrap_or_default();
     if let Some(other) = ARGS.iter().flat_map(|(_, names)| names.iter()).find(|n| a.has(n) && !takes.contains(n)) {
         return Err(ToolError::invalid(format!(
             "{other} is not an argument of action {action:?}; it takes: {}",
             if takes.is_empty() { "nothing else".to_string() } else { takes.join(", ") }
         )));
     }
-    match action.as_str() {
+    match action {
         "list" => list(ctx, a).map(SubagentsOk::List),
         "wait" => wait(ctx, a).await.map(SubagentsOk::Wait),
         "cancel" => cancel(ctx, a).await.map(SubagentsOk::Cancel),
@@ -516,10 +512,9 @@ fn decode_cursor(raw: &str) -> Result<i64, ToolError> {
 
 async fn wait(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<WaitOk, ToolError> {
     let keys = a.opt_string_list("childSessionKeys", MAX_WAIT_CHILDREN)?;
-    let until = match a.opt_string("until", 16)?.as_deref() {
-        None | Some("any") => WaitUntil::Any,
+    let until = match a.opt_choice("until", &["any", "all"])? {
         Some("all") => WaitUntil::All,
-        Some(other) => return Err(ToolError::invalid(format!("until {other:?} is not allowed; allowed: any, all"))),
+        _ => WaitUntil::Any,
     };
     let timeout = a.opt_number("timeoutSeconds", Bounds { min: 0, max: MAX_WAIT_SECONDS })?;
     a.finish()?;
@@ -737,10 +732,9 @@ async fn steer(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<SteerOk, ToolError> {
 
 fn respond(ctx: &Ctx, mut a: ArgReader) -> Result<RespondOk, ToolError> {
     let id = a.req_string("requestId", 64)?;
-    let decision = match a.req_string("decision", 16)?.to_ascii_lowercase().as_str() {
+    let decision = match a.req_choice("decision", &["allow", "deny"])? {
         "allow" => AskDecision::Allow,
-        "deny" => AskDecision::Deny,
-        other => return Err(ToolError::invalid(format!("decision {other:?} is not allowed; allowed: allow, deny"))),
+        _ => AskDecision::Deny,
     };
     let text = a.opt_string("text", super::sessions_spawn::MAX_TASK_BYTES)?;
     a.finish()?;

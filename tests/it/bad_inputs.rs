@@ -408,6 +408,50 @@ fn camel_case_and_its_snake_case_alias_together_are_invalid() {
     run_table("alias and camelCase together", cases);
 }
 
+/// Every tool called with `{}`: each field its input schema requires is named as required, with
+/// its allowed values when the schema gives an enum (read from tools/list, so a tool added later
+/// is held to it too). Then the fields an action of `subagents` requires, the same way.
+#[test]
+fn missing_required_arguments_are_named_with_their_allowed_values() {
+    let env = seeded();
+    let mut client = env.serve(None);
+    let list = client.request("tools/list", json!({}));
+    let mut cases: Vec<(String, Value, Vec<String>)> = vec![];
+    for tool in list["result"]["tools"].as_array().unwrap() {
+        let schema = &tool["inputSchema"];
+        let Some(required) = schema["required"].as_array() else { continue };
+        let field = required[0].as_str().unwrap();
+        let mut needles = vec![format!("{field} required")];
+        if let Some(values) = schema["properties"][field]["enum"].as_array() {
+            let values: Vec<&str> = values.iter().map(|v| v.as_str().unwrap()).collect();
+            needles.push(format!("allowed: {}", values.join(", ")));
+        }
+        cases.push((tool["name"].as_str().unwrap().to_string(), json!({}), needles));
+    }
+    let names: Vec<&str> = cases.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(names.len(), 4, "tools with a required field: {names:?}");
+    for (args, needles) in [
+        (json!({"action": "cancel"}), vec!["childSessionKey required"]),
+        (json!({"action": "steer", "childSessionKey": CHILD}), vec!["message required"]),
+        (json!({"action": "respond"}), vec!["requestId required"]),
+        (json!({"action": "respond", "requestId": "r1"}), vec!["decision required; allowed: allow, deny"]),
+        (json!({"action": " "}), vec!["action must not be empty; allowed: list, wait, cancel, steer, respond"]),
+    ] {
+        cases.push(("subagents".into(), args, needles.into_iter().map(String::from).collect()));
+    }
+    cases.push(("sessions_send".into(), json!({"message": "hi"}), vec!["sessionKey or label required".into()]));
+    let before = env.fingerprint();
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(tool, args, needles)| {
+            let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+            check(tool, args, "invalid", &needles, &client.call(tool, args.clone()))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(env.fingerprint(), before);
+}
+
 #[test]
 fn unknown_kinds_are_invalid_listing_the_kinds() {
     let many: Vec<&str> = std::iter::repeat_n("main", 17).collect();

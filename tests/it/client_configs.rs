@@ -142,10 +142,12 @@ fn the_bundle_manifest_starts_the_server_it_describes() {
 }
 
 /// `server.json` against the 2025-12-11 schema's required fields and limits, and the registry's
-/// rules for MCPB packages. The schema itself is not vendored; `packaging/mcpb/build.sh` adds the
-/// bundle's `fileSha256` to the copy it writes beside the bundle.
+/// rules for its two packages: the MCPB bundle (a release URL; `packaging/mcpb/build.sh` adds the
+/// bundle's `fileSha256` to the copy it writes beside the bundle) and the crate (`cargo install`
+/// puts the binary on PATH by the crate's name; `serve` is its argument). The schema itself is
+/// not vendored.
 #[test]
-fn the_registry_entry_names_this_version_and_its_bundle() {
+fn the_registry_entry_names_this_version_its_bundle_and_its_crate() {
     let entry = load("server.json");
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(entry["$schema"], "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json");
@@ -154,17 +156,48 @@ fn the_registry_entry_names_this_version_and_its_bundle() {
     let description = entry["description"].as_str().unwrap();
     assert!((1..=100).contains(&description.chars().count()), "the registry takes 1-100 characters: {description}");
     assert_eq!(entry["version"], version, "the entry's version is Cargo.toml's");
+    assert_eq!(entry["repository"], json!({"url": env!("CARGO_PKG_REPOSITORY"), "source": "github"}));
 
-    let [package] = entry["packages"].as_array().unwrap().as_slice() else { panic!("one package: {entry}") };
-    assert_eq!(package["registryType"], "mcpb");
-    assert_eq!(package["transport"], json!({"type": "stdio"}));
-    assert_eq!(package["version"], version);
+    let [bundle, krate] = entry["packages"].as_array().unwrap().as_slice() else { panic!("two packages: {entry}") };
+    assert_eq!(bundle["registryType"], "mcpb");
+    assert_eq!(bundle["transport"], json!({"type": "stdio"}));
+    assert_eq!(bundle["version"], version);
     // The registry takes bundles from GitHub or GitLab releases, at a URL that says "mcp".
-    let url = package["identifier"].as_str().unwrap();
-    assert!(url.starts_with("https://github.com/"), "{url}");
-    assert!(url.contains(&format!("/releases/download/v{version}/sessions-mcp-{version}-")), "{url}");
+    let url = bundle["identifier"].as_str().unwrap();
+    assert!(
+        url.starts_with(&format!(
+            "{}/releases/download/v{version}/sessions-mcp-{version}-",
+            env!("CARGO_PKG_REPOSITORY")
+        )),
+        "{url}"
+    );
     assert!(url.ends_with(".mcpb"), "{url}");
-    assert!(package.get("fileSha256").is_none(), "the tracked entry has no digest: build.sh writes the bundle's");
+    assert!(bundle.get("fileSha256").is_none(), "the tracked entry has no digest: build.sh writes the bundle's");
+
+    assert_eq!(
+        krate,
+        &json!({
+            "registryType": "cargo",
+            "identifier": env!("CARGO_PKG_NAME"),
+            "version": version,
+            "transport": {"type": "stdio"},
+            "packageArguments": [{"type": "positional", "value": "serve"}]
+        })
+    );
+}
+
+/// The registry proves the crate is ours by an `mcp-name: <name>` in the README crates.io
+/// renders, which drops HTML comments: the line must be visible text, and end at a boundary.
+#[test]
+fn the_readme_carries_the_registry_name_as_visible_text() {
+    let name = load("server.json")["name"].as_str().unwrap().to_string();
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    assert_eq!(env!("CARGO_PKG_README"), "README.md");
+    let token = format!("mcp-name: {name}");
+    let line = readme.lines().find(|l| l.contains(&token)).unwrap_or_else(|| panic!("README has no {token:?}"));
+    assert!(!line.contains("<!--"), "inside an HTML comment crates.io does not show it: {line}");
+    let after = &line[line.find(&token).unwrap() + token.len()..];
+    assert!(after.is_empty() || after.starts_with([' ', '`', '<']), "no boundary after the name: {line}");
 }
 
 #[test]

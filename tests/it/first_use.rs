@@ -603,3 +603,65 @@ fn a_spawn_into_a_project_that_siblings_work_in_says_so() {
     }
     c.close();
 }
+
+/// `serve` started by a person in a terminal (stdin a TTY, under util-linux `script`): one line on
+/// stderr says it is an MCP server waiting for a client, its state dir and store, the agent CLIs
+/// it found and how to stop it; nothing goes to stdout. `--quiet` drops the line. Ctrl-D (end of
+/// input) ends it, so no step depends on timing.
+#[test]
+fn serve_on_a_terminal_says_what_it_is_in_one_line_and_quiet_drops_it() {
+    let script = Path::new("/usr/bin/script");
+    if !script.is_file() {
+        eprintln!("skipped: util-linux script is not installed (no pty to run serve in)");
+        return;
+    }
+    let env = TestEnv::sqlite();
+    let bin = tempfile::tempdir().unwrap();
+    fake_claude(bin.path(), None);
+    for quiet in [false, true] {
+        let stderr_file = env.dir.path().join(format!("stderr-{quiet}.txt"));
+        let serve = env.command(&if quiet { vec!["serve", "--quiet"] } else { vec!["serve"] });
+        let words: Vec<String> = std::iter::once(serve.get_program())
+            .chain(serve.get_args())
+            .map(|w| format!("'{}'", w.to_str().unwrap()))
+            .collect();
+        let line = format!("exec {} 2>'{}'", words.join(" "), stderr_file.display());
+        let mut cmd = std::process::Command::new(script);
+        cmd.args(["-qec", &line, "/dev/null"]).env("SHELL", "/bin/sh");
+        for (key, value) in serve.get_envs() {
+            match value {
+                Some(v) => cmd.env(key, v),
+                None => cmd.env_remove(key),
+            };
+        }
+        cmd.env("PATH", bin.path()).env("SESSIONS_MCP_DISCOVERY", "path");
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("script");
+        let mut stdin = child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut stdin, b"\x04").unwrap();
+        let status = common::wait_until(std::time::Duration::from_secs(60), "serve to end at Ctrl-D", || {
+            child.try_wait().unwrap()
+        });
+        drop(stdin);
+        let mut terminal = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut terminal).unwrap();
+        let stderr = std::fs::read_to_string(&stderr_file).unwrap();
+        assert!(status.success(), "{status:?}: {stderr}");
+        assert!(!terminal.contains("jsonrpc") && !terminal.contains("sessions-mcp"), "stdout: {terminal:?}");
+        if quiet {
+            assert_eq!(stderr, "", "--quiet printed: {stderr}");
+            continue;
+        }
+        assert_eq!(stderr.lines().count(), 1, "not one line: {stderr}");
+        let state = env.state_dir().display().to_string();
+        for needle in [
+            "an MCP server on stdio, waiting for a client",
+            &format!("state dir {state}"),
+            &format!("store SQLite {state}/sessions.db"),
+            "agent CLIs found on PATH: claude",
+            "Ctrl-C stops it",
+        ] {
+            assert!(stderr.contains(needle), "{needle:?} missing from: {stderr}");
+        }
+    }
+}

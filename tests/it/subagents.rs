@@ -560,7 +560,7 @@ fn bad_input_is_refused_by_name_and_changes_nothing() {
     let mut c = env.serve(None);
     for (args, says) in [
         (json!({}), "action"),
-        (json!({"action": "stop"}), "action \"stop\" is not an action; allowed: list, wait, cancel, steer"),
+        (json!({"action": "stop"}), "action \"stop\" is not allowed; allowed: list, wait, cancel, steer, respond"),
         (json!({"action": "steer", "childSessionKey": "x"}), "message"),
         (json!({"action": "cancel", "message": "x"}), "message is not an argument of action \"cancel\""),
         (json!({"action": "list", "childSessionKey": "x"}), "childSessionKey is not an argument of action \"list\""),
