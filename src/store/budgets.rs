@@ -362,10 +362,14 @@ impl Store {
         })
     }
 
-    /// A live usage report of a running run (its totals so far): recorded, and the first limit it
-    /// makes an account cross, with the runs to stop.
-    pub fn record_usage(&self, run_id: &str, tokens: i64, cost_micros: i64) -> Result<Option<Crossing>> {
+    /// A live usage report of a running run (this turn's usage so far): recorded on the run and
+    /// its session (`live_usage`), and, when the run draws on a budget, the first limit it makes
+    /// an account cross, with the runs to stop.
+    pub fn record_usage(&self, run_id: &str, report: &serde_json::Value) -> Result<Option<Crossing>> {
+        let spend = super::live_usage::Spend::of(Some(report), None);
+        let (tokens, cost_micros) = (spend.tokens(), spend.cost.map_or(0, crate::policy::budget::micros));
         self.write_sql(|tx| -> Result<Option<Crossing>> {
+            super::live_usage::record(tx, run_id, report)?;
             let updated = tx.execute(
                 &format!(
                     "UPDATE budget_live SET tokens = {g}(tokens, ?2), cost_micros = {g}(cost_micros, ?3), reported = 1

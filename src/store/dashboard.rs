@@ -357,7 +357,7 @@ impl Store {
     }
 
     /// A cheap mark that changes when anything the dashboard shows does: messages, runs starting
-    /// or ending, the ledger, asks. The live view polls it for writers that announce nothing.
+    /// or ending, the ledger, asks, the usage running runs reported. The live view polls it for writers that announce nothing.
     pub fn dashboard_mark(&self) -> Result<String> {
         self.read(|c| {
             c.query_row(
@@ -367,13 +367,19 @@ impl Store {
                         (SELECT count(*) FROM runs WHERE status = 'running'),
                         (SELECT coalesce(max({}), 0) FROM runs),
                         (SELECT coalesce(max(updated_at), 0) FROM deliveries),
-                        (SELECT count(*) FROM asks WHERE state = 'open')",
-                    c.dialect().runs_order()
+                        (SELECT count(*) FROM asks WHERE state = 'open'),
+                        (SELECT {} FROM runs WHERE status = 'running')",
+                    c.dialect().runs_order(),
+                    c.dialect().sum_int(&format!(
+                        "coalesce({}, 0) + coalesce({}, 0)",
+                        c.dialect().json_int("usage", "inputTokens"),
+                        c.dialect().json_int("usage", "outputTokens")
+                    )),
                 ),
                 args![],
                 |r| {
                     let n = |i: usize| -> Result<i64> { r.get(i) };
-                    Ok(format!("{}.{}.{}.{}.{}.{}", n(0)?, n(1)?, n(2)?, n(3)?, n(4)?, n(5)?))
+                    Ok(format!("{}.{}.{}.{}.{}.{}.{}", n(0)?, n(1)?, n(2)?, n(3)?, n(4)?, n(5)?, n(6)?))
                 },
             )
         })

@@ -18,6 +18,7 @@ mod cancel;
 mod dashboard;
 mod import;
 mod ledger;
+mod live_usage;
 mod messages;
 mod operator;
 pub mod postgres;
