@@ -12,6 +12,7 @@
 //! (across every process sharing the database), read snapshots, embedded versioned migrations,
 //! a newer schema refused; `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
 
+mod access_tokens;
 mod asks;
 mod budgets;
 mod cancel;
@@ -44,6 +45,7 @@ use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 use sql::{Sql, args};
 
+pub use access_tokens::{AccessKind, AccessToken, MintRefused};
 pub use asks::{Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk};
 pub use budgets::{Crossing, Meter};
 pub use cancel::CancelRequest;
