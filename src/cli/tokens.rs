@@ -1,6 +1,6 @@
 //! `sessions-mcp token create|list|revoke` (docs/TOKENS.md): the operator mints the HTTP server's
 //! bearer tokens instead of inventing a string and putting its sha256 in the config. A token is
-//! 256 bits from the OS's random source (uuid v4, as run tokens are made), printed once; the store
+//! 244 random bits from the OS (two uuid v4, as run tokens are made), printed once; the store
 //! keeps only its sha256. Exits 0 on success, 1 when the store failed or nothing matched, 2 on a
 //! usage problem.
 
