@@ -187,6 +187,17 @@ impl RunMeter {
         }
     }
 
+    /// The run starts (`true`) or stops waiting for an answer: a runtime budget does not count
+    /// the time a person takes to answer.
+    pub fn on_waiting(&self, waiting: bool) {
+        if !self.drawing {
+            return;
+        }
+        if let Err(e) = self.rt.store.hold_runtime(&self.run_id, waiting) {
+            tracing::error!(run = %self.run_id, error = %e, "holding the run's runtime while it waits failed");
+        }
+    }
+
     /// The status a run ends with: a cancel of a run whose account crossed is the budget's.
     pub fn outcome(&self, status: RunStatus, error: Option<String>) -> (RunStatus, Option<String>) {
         if !self.drawing || status != RunStatus::Cancelled {

@@ -466,7 +466,9 @@ UPDATE idempotency SET caller = 'channel_bridge:' || caller WHERE tool = 'channe
 /// Version 13: the bearer tokens `sessions-mcp token create` mints for the HTTP server (an
 /// operator's, or a client's acting as a session), kept as sha256 hashes only; a revoked one
 /// keeps its row (for `token list`) with `revoked_at` set. A label names at most one live token.
+/// And since when a live run waits for an answer (its runtime stands still meanwhile).
 const V13: &str = r#"
+ALTER TABLE budget_live ADD COLUMN waiting_since INTEGER;
 CREATE TABLE access_tokens (
     id          TEXT PRIMARY KEY,
     hash        TEXT NOT NULL UNIQUE,

@@ -412,8 +412,9 @@ UPDATE budgets SET spent_cost_micros = 0 WHERE spent_cost_micros < 0;
 UPDATE budget_live SET tokens = 0 WHERE tokens < 0;
 "#;
 
-/// Version 6: the SQLite store's version 13, the minted bearer tokens.
+/// Version 6: the SQLite store's version 13, the minted bearer tokens and `budget_live.waiting_since`.
 const V6: &str = r#"
+ALTER TABLE budget_live ADD COLUMN waiting_since BIGINT;
 CREATE TABLE access_tokens (
     id          TEXT PRIMARY KEY,
     hash        TEXT NOT NULL UNIQUE,
