@@ -685,7 +685,8 @@ mod tests {
         conn.execute_batch(
             "UPDATE sessions SET tokens_in = 9223372036854775807, tokens_out = -5,
                  tokens_total = 9223372036854775807 + 2;
-             DELETE FROM schema_version WHERE version >= 11;",
+             DELETE FROM schema_version WHERE version >= 11;
+             DROP TABLE access_tokens; ALTER TABLE budget_live DROP COLUMN waiting_since;",
         )
         .unwrap();
         let kind: String = conn.query_row("SELECT typeof(tokens_total) FROM sessions", [], |r| r.get(0)).unwrap();
