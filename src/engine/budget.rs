@@ -133,21 +133,31 @@ pub fn reserve(tx: &Tx, config: &Config, r: &Reservation) -> Result<Reserved, Bu
 }
 
 /// A run's meter: opened before the agent starts, fed every usage report (recorded on the run and
-/// its session at once, and counted against the budgets it draws on), asked at the end whether a
-/// cancel was the budget's.
+/// its session, and counted against the budgets it draws on), asked at the end whether a cancel
+/// was the budget's.
 pub struct RunMeter {
     rt: Arc<Scheduler>,
     run_id: String,
     drawing: bool,
     /// A CLI that reports its own session's running totals (Codex): what they were before this turn.
     totals_before: Option<Value>,
-    /// When a report was last recorded, for a run that draws on no budget (see `on_usage`).
-    last_recorded: std::sync::Mutex<Option<std::time::Instant>>,
+    /// For a run that draws on no budget: its reports are recorded at most once per
+    /// [`LIVE_USAGE_EVERY`] (see `on_usage`).
+    live: Arc<std::sync::Mutex<LiveReports>>,
 }
 
-/// The least time between two recorded reports of a run that draws on no budget: an agent that
-/// prints usage lines in a tight loop costs the store one write per this, not one per line.
+/// The least time between two recorded reports of a run that draws on no budget, and from its
+/// start to its first: an agent that prints usage in a tight loop costs one store write per this,
+/// and a run shorter than this (its end records its usage) costs none.
 const LIVE_USAGE_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The reports of a run on no budget not yet recorded.
+struct LiveReports {
+    /// When the next report may be recorded.
+    due: tokio::time::Instant,
+    /// The newest report not yet recorded; a write is scheduled for it at `due`.
+    pending: Option<Value>,
+}
 
 impl RunMeter {
     /// Opens the meter; `Err(text)` when an account the run would draw on has nothing left (the
@@ -165,26 +175,43 @@ impl RunMeter {
             Meter::Drawing => true,
             Meter::Unlimited => false,
         };
-        let last_recorded = std::sync::Mutex::new(None);
-        Ok(Ok(RunMeter { rt: rt.clone(), run_id: run_id.to_string(), drawing, totals_before, last_recorded }))
+        let live = LiveReports { due: tokio::time::Instant::now() + LIVE_USAGE_EVERY, pending: None };
+        let live = Arc::new(std::sync::Mutex::new(live));
+        Ok(Ok(RunMeter { rt: rt.clone(), run_id: run_id.to_string(), drawing, totals_before, live }))
     }
 
     /// One usage report (the run's totals so far): recorded, and the runs of an account it makes
-    /// cross are stopped. A run on a budget records every report (a crossing is found at once);
-    /// any other records at most one per [`LIVE_USAGE_EVERY`] (the run's end records the last).
+    /// cross are stopped. A run on a budget records every report at once (a crossing is found at
+    /// once); any other records one per [`LIVE_USAGE_EVERY`] at most, the newest report of each
+    /// window at its end, so a figure shows within that time (the run's end records the last).
     pub fn on_usage(&self, usage: &Value) {
-        if !self.drawing {
-            let mut last = self.last_recorded.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|at| at.elapsed() < LIVE_USAGE_EVERY) {
-                return;
+        let turn = turn_of(usage, self.totals_before.as_ref());
+        if self.drawing {
+            return record(&self.rt, &self.run_id, &turn);
+        }
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let now = tokio::time::Instant::now();
+        if live.pending.is_none() && now >= live.due {
+            live.due = now + LIVE_USAGE_EVERY;
+            drop(live);
+            return record(&self.rt, &self.run_id, &turn);
+        }
+        if live.pending.replace(turn).is_some() {
+            return; // its write is already scheduled, and takes this newer report
+        }
+        let (rt, run_id, reports, due) = (self.rt.clone(), self.run_id.clone(), self.live.clone(), live.due);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(due).await;
+            let turn = {
+                let mut live = reports.lock().unwrap_or_else(|e| e.into_inner());
+                live.due = tokio::time::Instant::now() + LIVE_USAGE_EVERY;
+                live.pending.take()
+            };
+            // A run that ended meanwhile is not running: its end recorded its usage.
+            if let Some(turn) = turn {
+                record(&rt, &run_id, &turn);
             }
-            *last = Some(std::time::Instant::now());
-        }
-        match self.rt.store.record_usage(&self.run_id, &turn_of(usage, self.totals_before.as_ref())) {
-            Ok(Some(crossing)) => stop(&self.rt, &crossing),
-            Ok(None) => {}
-            Err(e) => tracing::error!(run = %self.run_id, error = %e, "recording live usage failed"),
-        }
+        });
     }
 
     /// The run starts (`true`) or stops waiting for an answer: a runtime budget does not count
@@ -211,6 +238,15 @@ impl RunMeter {
                 (status, error)
             }
         }
+    }
+}
+
+/// Records one report of a running run, and stops the runs of an account it makes cross.
+fn record(rt: &Arc<Scheduler>, run_id: &str, turn: &Value) {
+    match rt.store.record_usage(run_id, turn) {
+        Ok(Some(crossing)) => stop(rt, &crossing),
+        Ok(None) => {}
+        Err(e) => tracing::error!(run = %run_id, error = %e, "recording live usage failed"),
     }
 }
 
