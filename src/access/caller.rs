@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use crate::config::{Config, configured_sandbox, key_scope};
 use crate::keys::{AgentId, KeyScope, SessionKey, SessionRef, parse_ref};
 use crate::policy::CallerRole;
-use crate::store::{NewSession, Store, StoreError, now_ms, sha256_hex};
+use crate::store::{AccessKind, NewSession, Store, StoreError, now_ms, sha256_hex};
 
 /// The run a run-token caller is inside.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,13 +101,22 @@ pub fn resolve(creds: &Credentials, config: &Config, store: &Store) -> Result<Ca
     external_caller(raw, config, store)
 }
 
-/// A caller from a bearer token: a static `server.tokens[]` entry or a live run token.
+/// A caller from a bearer token: a static `server.tokens[]` entry, a live client token minted by
+/// `sessions-mcp token create --client` (looked up at every call: a revoke takes effect at once),
+/// or a live run token.
 pub fn by_token(token: &str, config: &Config, store: &Store) -> Result<Option<Caller>, IdentityError> {
     let hash = sha256_hex(token);
     if let Some(t) = config.server.tokens.iter().find(|t| t.sha256.eq_ignore_ascii_case(&hash)) {
         let mut caller = external_caller(&t.session_key, config, store)?;
         caller.sandboxed |= t.sandboxed;
         return Ok(Some(caller));
+    }
+    if let Some(minted) = store.live_access_token(&hash)? {
+        return match (minted.kind, minted.session_key) {
+            (AccessKind::Client, Some(key)) => external_caller(&key, config, store).map(Some),
+            // An operator's token signs in to the operator's views, not to `/mcp` as a session.
+            _ => Ok(None),
+        };
     }
     let Some(row) = store.run_token(&hash, now_ms())? else { return Ok(None) };
     let key = SessionKey::from_canonical(row.session_key);
@@ -164,5 +173,21 @@ impl super::Access {
     /// The caller a bearer token stands for (HTTP and the run socket).
     pub fn caller_by_token(&self, token: &str) -> Result<Option<Caller>, IdentityError> {
         by_token(token, &self.config, &self.store)
+    }
+
+    /// Whether a bearer token is an operator's: its sha256 in `server.operatorTokens`, or a live
+    /// operator token minted by `sessions-mcp token create --operator`.
+    pub fn is_operator_token(&self, token: &str) -> bool {
+        let hash = sha256_hex(token);
+        if self.config.server.operator_tokens.iter().any(|t| t.sha256.eq_ignore_ascii_case(&hash)) {
+            return true;
+        }
+        match self.store.live_access_token(&hash) {
+            Ok(minted) => minted.is_some_and(|t| t.kind == AccessKind::Operator),
+            Err(e) => {
+                tracing::error!(error = %e, "reading the minted tokens failed");
+                false
+            }
+        }
     }
 }

@@ -85,7 +85,7 @@ impl Access {
             .collect();
         view["trees"] = json!({"rootsTotal": page.roots_total, "roots": roots});
         view["runs"] = store.dashboard_runs(scope, RUNS)?.iter().map(run_json).collect();
-        view["deliveries"] = serde_json::to_value(store.dashboard_deliveries(scope, DELIVERIES)?).unwrap_or_default();
+        view["deliveries"] = deliveries_json(store.dashboard_deliveries(scope, DELIVERIES)?);
         view["asks"] = store.open_asks_in(scope, ASKS)?.iter().map(ask_json).collect();
         let now = now_ms();
         let usage =
@@ -159,20 +159,40 @@ fn node_state(run: Option<&LatestRun>, open_asks: i64) -> &'static str {
     }
 }
 
+/// The most of a task a row shows.
+const TASK_CHARS: usize = 200;
+
+/// A task as a row shows it: masked like every transcript text, its first [`TASK_CHARS`].
+fn task_excerpt(task: Option<&str>) -> Option<String> {
+    let task = crate::sanitize::run_text(task.map(str::trim).filter(|t| !t.is_empty()))?;
+    let mut cut: String = task.chars().take(TASK_CHARS).collect();
+    if cut.len() < task.len() {
+        cut.push('…');
+    }
+    Some(cut)
+}
+
 fn run_fields(run: &LatestRun) -> Value {
     // Only for ended runs: a running one's ticks on the page, so the view does not change by itself.
     let runtime = run.started_at.zip(run.ended_at).map(|(s, e)| e - s);
+    let error = crate::sanitize::run_text(run.error.as_deref());
+    // Why a run that did not succeed ended, in one line: what a row shows without the transcript.
+    let reason = error.as_deref().filter(|_| run.status.is_finished() && run.status != RunStatus::Ok).map(|e| {
+        let first = e.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or(run.status.as_str());
+        first.to_string()
+    });
     json!({
         "runId": run.run_id, "mode": run.mode.as_str(), "status": run.status.as_str(),
         "createdAt": run.created_at, "startedAt": run.started_at, "endedAt": run.ended_at,
-        "runtimeMs": runtime, "error": run.error.as_deref().and_then(|e| crate::sanitize::run_text(Some(e))),
+        "runtimeMs": runtime, "error": error, "reason": reason,
     })
 }
 
 fn node_json(n: &TreeNode) -> Value {
     let r = &n.row;
     json!({
-        "key": r.key.as_str(), "label": r.label, "agent": r.agent_id.as_str(), "depth": r.spawn_depth,
+        "key": r.key.as_str(), "label": r.label, "task": task_excerpt(n.task.as_deref()),
+        "agent": r.agent_id.as_str(), "depth": r.spawn_depth,
         "parent": r.spawned_by.as_ref().map(SessionKey::as_str), "role": r.subagent_role,
         "state": node_state(n.run.as_ref(), n.open_asks), "run": n.run.as_ref().map(run_fields),
         "startedAt": n.first_started_at,
@@ -215,12 +235,22 @@ fn run_json(line: &crate::store::RunLine) -> Value {
     let state = node_state(Some(&line.run), line.open_asks);
     run["state"] = state.into();
     run["sessionKey"] = line.session_key.clone().into();
+    run["label"] = json!(line.label);
+    run["task"] = json!(task_excerpt(line.task.as_deref()));
     run["agent"] = line.agent_id.clone().into();
     run["requester"] = json!(line.requester);
     run["tokens"] = json!({"in": line.tokens_in, "out": line.tokens_out});
     run["costUsd"] = json!(line.cost);
-    run["deliveries"] = serde_json::to_value(&line.deliveries).unwrap_or_default();
+    run["deliveries"] = deliveries_json(line.deliveries.clone());
     run
+}
+
+/// Ledger rows with their session's task as a row shows it.
+fn deliveries_json(mut lines: Vec<crate::store::DeliveryLine>) -> Value {
+    for d in &mut lines {
+        d.task = task_excerpt(d.task.as_deref());
+    }
+    serde_json::to_value(lines).unwrap_or_default()
 }
 
 fn ask_json(a: &crate::store::AskRow) -> Value {

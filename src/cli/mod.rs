@@ -1,10 +1,12 @@
-//! The command line: `serve`, `install`, `schemas`, `bench`, and the hidden `dev` helpers.
+//! The command line: `serve`, `install`, `schemas`, `bench`, the operator's commands (`operator`,
+//! `token` in `tokens`), and the hidden `dev` helpers.
 
 pub mod install;
 pub mod operator;
 pub mod postgres;
 pub mod schemas;
 pub mod seed;
+pub mod tokens;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -143,6 +145,11 @@ enum Command {
         #[command(flatten)]
         paths: Paths,
     },
+    /// Make, list and revoke the HTTP server's bearer tokens (operator: the dashboard and
+    /// /metrics; client: /mcp as one session). Only their sha256 is kept, in the store; a change
+    /// takes effect at once, without a restart.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Own the runtime (runs, deliveries, sweeps) without serving a client; outlives editors.
     Daemon {
         /// Run even if the state directory holds an OpenClaw store.
@@ -250,6 +257,43 @@ impl ServeArgs {
     fn strict(&self) -> bool {
         self.strict || self.http.is_some() || std::io::stdin().is_terminal()
     }
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Mint a token and print it once (only its sha256 is kept: it cannot be shown again).
+    Create {
+        /// An operator's token: every tree on the dashboard, its acts, /metrics.
+        #[arg(long, required_unless_present = "client", conflicts_with = "client")]
+        operator: bool,
+        /// A client's token acting as session KEY on /mcp and the dashboard (as a
+        /// server.tokens entry does).
+        #[arg(long, value_name = "KEY")]
+        client: Option<String>,
+        /// A name to list and revoke it by (one live token per label).
+        #[arg(long)]
+        label: Option<String>,
+        /// Print {id, kind, sessionKey, label, token} as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// List the minted tokens: id, kind, session, label, created, revoked, the hash's last 4
+    /// characters (never a token).
+    List {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Revoke a minted token by its id or label: it stops working at once.
+    Revoke {
+        /// The id (`tok_…`, see `token list`) or the label.
+        token: String,
+        #[command(flatten)]
+        paths: Paths,
+    },
 }
 
 #[derive(Subcommand)]
@@ -368,6 +412,13 @@ pub fn main() -> ExitCode {
             operator::doctor(&paths, fix_modes, store_url.as_deref().filter(|u| !u.trim().is_empty()))
         }
         Command::Migrate { to, paths } => postgres::migrate(&paths, &to),
+        Command::Token(TokenCommand::Create { operator: _, client, label, json, paths }) => {
+            with_store(&paths, |env, store| tokens::create(env, store, client.as_deref(), label.as_deref(), json))
+        }
+        Command::Token(TokenCommand::List { json, paths }) => with_store(&paths, |_, store| tokens::list(store, json)),
+        Command::Token(TokenCommand::Revoke { token, paths }) => {
+            with_store(&paths, |_, store| tokens::revoke(store, &token))
+        }
         Command::Daemon { force, http, insecure_remote, paths } => {
             block_on(daemon(paths, force, http.as_deref(), insecure_remote))
         }

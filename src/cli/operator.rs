@@ -22,7 +22,8 @@ fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).expect("JSON serialises"));
 }
 
-fn failed(message: impl std::fmt::Display) -> ExitCode {
+/// A command that failed: one line on stderr, exit code 1.
+pub(super) fn failed(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("sessions-mcp: {message}");
     ExitCode::FAILURE
 }

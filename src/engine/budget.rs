@@ -132,14 +132,31 @@ pub fn reserve(tx: &Tx, config: &Config, r: &Reservation) -> Result<Reserved, Bu
     Ok(Reserved { granted, shared })
 }
 
-/// A run's budget meter: opened before the agent starts, fed every usage report, asked at the end
-/// whether a cancel was the budget's.
+/// A run's meter: opened before the agent starts, fed every usage report (recorded on the run and
+/// its session, and counted against the budgets it draws on), asked at the end whether a cancel
+/// was the budget's.
 pub struct RunMeter {
     rt: Arc<Scheduler>,
     run_id: String,
     drawing: bool,
     /// A CLI that reports its own session's running totals (Codex): what they were before this turn.
     totals_before: Option<Value>,
+    /// For a run that draws on no budget: its reports are recorded at most once per
+    /// [`LIVE_USAGE_EVERY`] (see `on_usage`).
+    live: Arc<std::sync::Mutex<LiveReports>>,
+}
+
+/// The least time between two recorded reports of a run that draws on no budget, and from its
+/// start to its first: an agent that prints usage in a tight loop costs one store write per this,
+/// and a run shorter than this (its end records its usage) costs none.
+const LIVE_USAGE_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The reports of a run on no budget not yet recorded.
+struct LiveReports {
+    /// When the next report may be recorded.
+    due: tokio::time::Instant,
+    /// The newest report not yet recorded; a write is scheduled for it at `due`.
+    pending: Option<Value>,
 }
 
 impl RunMeter {
@@ -158,22 +175,53 @@ impl RunMeter {
             Meter::Drawing => true,
             Meter::Unlimited => false,
         };
-        Ok(Ok(RunMeter { rt: rt.clone(), run_id: run_id.to_string(), drawing, totals_before }))
+        let live = LiveReports { due: tokio::time::Instant::now() + LIVE_USAGE_EVERY, pending: None };
+        let live = Arc::new(std::sync::Mutex::new(live));
+        Ok(Ok(RunMeter { rt: rt.clone(), run_id: run_id.to_string(), drawing, totals_before, live }))
     }
 
-    /// Whether the runner should hand usage reports over at all.
-    pub fn is_drawing(&self) -> bool {
-        self.drawing
-    }
-
-    /// One usage report (the run's totals so far): counted, and the runs of an account it makes
-    /// cross are stopped.
+    /// One usage report (the run's totals so far): recorded, and the runs of an account it makes
+    /// cross are stopped. A run on a budget records every report at once (a crossing is found at
+    /// once); any other records one per [`LIVE_USAGE_EVERY`] at most, the newest report of each
+    /// window at its end, so a figure shows within that time (the run's end records the last).
     pub fn on_usage(&self, usage: &Value) {
-        let (tokens, cost_micros) = spend_of(usage, self.totals_before.as_ref());
-        match self.rt.store.record_usage(&self.run_id, tokens, cost_micros) {
-            Ok(Some(crossing)) => stop(&self.rt, &crossing),
-            Ok(None) => {}
-            Err(e) => tracing::error!(run = %self.run_id, error = %e, "recording live usage failed"),
+        let turn = turn_of(usage, self.totals_before.as_ref());
+        if self.drawing {
+            return record(&self.rt, &self.run_id, &turn);
+        }
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let now = tokio::time::Instant::now();
+        if live.pending.is_none() && now >= live.due {
+            live.due = now + LIVE_USAGE_EVERY;
+            drop(live);
+            return record(&self.rt, &self.run_id, &turn);
+        }
+        if live.pending.replace(turn).is_some() {
+            return; // its write is already scheduled, and takes this newer report
+        }
+        let (rt, run_id, reports, due) = (self.rt.clone(), self.run_id.clone(), self.live.clone(), live.due);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(due).await;
+            let turn = {
+                let mut live = reports.lock().unwrap_or_else(|e| e.into_inner());
+                live.due = tokio::time::Instant::now() + LIVE_USAGE_EVERY;
+                live.pending.take()
+            };
+            // A run that ended meanwhile is not running: its end recorded its usage.
+            if let Some(turn) = turn {
+                record(&rt, &run_id, &turn);
+            }
+        });
+    }
+
+    /// The run starts (`true`) or stops waiting for an answer: a runtime budget does not count
+    /// the time a person takes to answer.
+    pub fn on_waiting(&self, waiting: bool) {
+        if !self.drawing {
+            return;
+        }
+        if let Err(e) = self.rt.store.hold_runtime(&self.run_id, waiting) {
+            tracing::error!(run = %self.run_id, error = %e, "holding the run's runtime while it waits failed");
         }
     }
 
@@ -193,16 +241,23 @@ impl RunMeter {
     }
 }
 
-/// Tokens (input plus output) and micro-dollars of a usage report; a CLI's running session totals
-/// count only what this turn added, by the same rule the run's end records them with.
-fn spend_of(usage: &Value, before: Option<&Value>) -> (i64, i64) {
+/// Records one report of a running run, and stops the runs of an account it makes cross.
+fn record(rt: &Arc<Scheduler>, run_id: &str, turn: &Value) {
+    match rt.store.record_usage(run_id, turn) {
+        Ok(Some(crossing)) => stop(rt, &crossing),
+        Ok(None) => {}
+        Err(e) => tracing::error!(run = %run_id, error = %e, "recording live usage failed"),
+    }
+}
+
+/// This turn's usage of a report: a CLI's running session totals count only what this turn
+/// added, by the same rule the run's end records them with.
+fn turn_of(usage: &Value, before: Option<&Value>) -> Value {
     let mut turn = usage.clone();
     if usage.get("cumulative") == Some(&Value::Bool(true)) {
         super::turn::turn_usage(&mut turn, before);
     }
-    let count = |f: &str| turn.get(f).and_then(Value::as_i64).unwrap_or(0);
-    let cost = usage.get("costUsd").and_then(Value::as_f64).map_or(0, budget::micros);
-    (count("inputTokens").saturating_add(count("outputTokens")), cost)
+    turn
 }
 
 /// Stops every run drawing on an account that crossed, through the cancel path.
@@ -361,7 +416,7 @@ mod tests {
             let (run_id, total) = self.nodes[n].run.clone().unwrap();
             self.spent += delta;
             self.nodes[n].run = Some((run_id.clone(), total + delta));
-            if let Some(crossing) = self.store.record_usage(&run_id, total + delta, 0).unwrap() {
+            if let Some(crossing) = self.store.record_usage(&run_id, &json!({"inputTokens": total + delta})).unwrap() {
                 // The cancel path: every stopped run ends with what it reported.
                 let stopped: Vec<usize> = (0..self.nodes.len())
                     .filter(|m| self.nodes[*m].run.as_ref().is_some_and(|(id, _)| crossing.runs.contains(id)))
@@ -516,9 +571,8 @@ mod tests {
         let mut usage = None;
         for r in reports {
             if let Some(kept) = so_far.take(r) {
-                let (tokens, cost) = spend_of(&kept, None);
                 if drawing {
-                    store.record_usage(&run_id, tokens, cost).unwrap();
+                    store.record_usage(&run_id, &turn_of(&kept, None)).unwrap();
                 }
                 usage = Some(kept);
             }
@@ -540,12 +594,15 @@ mod tests {
     }
 
     #[test]
-    fn a_report_counts_input_and_output_and_a_clis_totals_only_past_the_last_turn() {
+    fn a_report_is_the_turns_and_a_clis_totals_count_only_past_the_last_turn() {
         let usage = json!({"inputTokens": 120, "outputTokens": 30, "cacheReadTokens": 900, "costUsd": 0.0125});
-        assert_eq!(spend_of(&usage, None), (150, 12_500), "cache reads are not counted");
+        assert_eq!(turn_of(&usage, None), usage);
         let totals = json!({"inputTokens": 500, "outputTokens": 100, "cumulative": true});
         let before = json!({"inputTokens": 300, "outputTokens": 50});
-        assert_eq!(spend_of(&totals, Some(&before)), (250, 0));
-        assert_eq!(spend_of(&json!({"inputTokens": 1, "cumulative": true}), Some(&before)), (0, 0), "never below 0");
+        let turn = turn_of(&totals, Some(&before));
+        assert_eq!((turn["inputTokens"].as_i64(), turn["outputTokens"].as_i64()), (Some(200), Some(50)));
+        assert!(turn.get("cumulative").is_none(), "{turn}");
+        let below = turn_of(&json!({"inputTokens": 1, "cumulative": true}), Some(&before));
+        assert_eq!(below["inputTokens"], 0, "never below 0");
     }
 }

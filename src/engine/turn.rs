@@ -303,8 +303,14 @@ pub async fn run_turn(
         Launch { run_id: run.run_id.clone(), program: spec.command.clone(), args: argv, env, workdir, uid_gid: None }
     };
     let on_usage = |usage: &Value| meter.on_usage(usage);
-    let on_usage: Option<&(dyn Fn(&Value) + Send + Sync)> = meter.is_drawing().then_some(&on_usage);
-    let hooks = Hooks { on_spawn: &on_spawn, on_delta, on_input: Some(&asks), on_usage };
+    let on_waiting = |waiting: bool| meter.on_waiting(waiting);
+    let hooks = Hooks {
+        on_spawn: &on_spawn,
+        on_delta,
+        on_input: Some(&asks),
+        on_usage: Some(&on_usage),
+        on_waiting: Some(&on_waiting),
+    };
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &hooks, Some(steers)).await;
     crate::engine::steer::settled_for(rt, &run.run_id).await;
     let (status, error) = match outcome.status {

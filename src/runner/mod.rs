@@ -251,12 +251,16 @@ pub struct Hooks<'a> {
     /// [`Outcome::usage`] would keep it: the run's usage so far (with `"cumulative": true`, the
     /// CLI's own session totals), each one replacing the one before.
     pub on_usage: Option<&'a (dyn Fn(&Value) + Send + Sync)>,
+    /// True when the run starts waiting for an answer to its input requests, false when the
+    /// last open one is answered: the run's deadline stands still meanwhile (a person reading
+    /// is not the run's time), and so may whatever else counts the run's time (a runtime budget).
+    pub on_waiting: Option<&'a (dyn Fn(bool) + Send + Sync)>,
 }
 
 impl Hooks<'static> {
     /// Hooks that listen to nothing, for reading a stdout without a run.
     fn silent() -> Self {
-        Hooks { on_spawn: &|_| {}, on_delta: &|_| {}, on_input: None, on_usage: None }
+        Hooks { on_spawn: &|_| {}, on_delta: &|_| {}, on_input: None, on_usage: None, on_waiting: None }
     }
 }
 
@@ -490,7 +494,16 @@ impl Runner {
         let mut collected = Collected::new(&launch.run_id);
         let stop = if written {
             let asking = Asking::new(hooks.on_input, &launch.run_id);
-            let mut reading = Reading { spec, deadline, cancel: &cancel, hooks, stdin: &mut stdin, asking };
+            let mut reading = Reading {
+                spec,
+                deadline,
+                waiting_since: None,
+                supervisor: pid,
+                cancel: &cancel,
+                hooks,
+                stdin: &mut stdin,
+                asking,
+            };
             reading.events(&mut lines, decoder.as_mut(), &mut collected).await
         } else {
             Some(Stop::Timeout)
@@ -576,7 +589,12 @@ impl Runner {
 /// the turn's open input requests.
 struct Reading<'r, 'h> {
     spec: &'r RunnerSpec,
+    /// When the run times out; moved later by the time it waited for answers.
     deadline: tokio::time::Instant,
+    /// Since when the run has been waiting for an answer (its deadline stands still).
+    waiting_since: Option<tokio::time::Instant>,
+    /// The supervisor, whose own deadline (the backstop) stands still with ours.
+    supervisor: Option<i32>,
     cancel: &'r CancellationToken,
     hooks: &'r Hooks<'h>,
     stdin: &'r mut AgentStdin,
@@ -594,8 +612,9 @@ enum Wake {
 impl Reading<'_, '_> {
     /// Reads stdout until `final` (past it, to EOF, for a CLI that ran a steer as a further
     /// turn), EOF (then the decoder's end events) or a stop condition, writing steers and the
-    /// answers to input requests meanwhile. The idle timer does not run while a request is open;
-    /// it starts afresh when the last one is answered.
+    /// answers to input requests meanwhile. Neither the idle timer nor the deadline runs while a
+    /// request is open: the idle timer starts afresh when the last one is answered, and the
+    /// deadline moves later by the time waited (the request's own timeout bounds the wait).
     async fn events(
         &mut self,
         lines: &mut FramedRead<tokio::process::ChildStdout, LinesCodec>,
@@ -614,6 +633,7 @@ impl Reading<'_, '_> {
                     continue;
                 }
                 Wake::Answer(id, answer) => {
+                    self.follow_waiting();
                     self.stdin.write_answer(&id, &answer, self.cancel, self.deadline).await;
                     if !self.asking.waiting() {
                         idle_at = idle_from_now();
@@ -653,9 +673,38 @@ impl Reading<'_, '_> {
                     self.stdin.write_answer(&id, &refusal, self.cancel, self.deadline).await;
                 }
             }
+            self.follow_waiting();
             if collected.take(events, self.hooks) && !self.stdin.reads_past_final() {
                 return None;
             }
+        }
+    }
+
+    /// Holds the deadline (ours, the supervisor's, the hook's listeners') when the run starts
+    /// waiting for an answer, and moves it later by the time waited when the last one came.
+    fn follow_waiting(&mut self) {
+        let now = tokio::time::Instant::now();
+        let waiting = match (self.asking.waiting(), self.waiting_since) {
+            (true, None) => {
+                self.waiting_since = Some(now);
+                true
+            }
+            (false, Some(since)) => {
+                self.deadline += now - since;
+                self.waiting_since = None;
+                false
+            }
+            _ => return,
+        };
+        if let Some(pid) = self.supervisor {
+            let signal = if waiting { supervise::HOLD_SIGNAL } else { supervise::RELEASE_SIGNAL };
+            // SAFETY: kill has no memory-safety preconditions; the supervisor is our unreaped child.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+        if let Some(on_waiting) = self.hooks.on_waiting {
+            on_waiting(waiting);
         }
     }
 
@@ -671,10 +720,16 @@ impl Reading<'_, '_> {
                 None => std::future::pending().await,
             }
         };
+        let deadline = async {
+            match self.waiting_since {
+                None => tokio::time::sleep_until(self.deadline).await,
+                Some(_) => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             _ = self.cancel.cancelled() => Wake::Stopped(Stop::Cancelled),
-            _ = tokio::time::sleep_until(self.deadline) => Wake::Stopped(Stop::Timeout),
+            _ = deadline => Wake::Stopped(Stop::Timeout),
             _ = idle => Wake::Stopped(Stop::Idle),
             next = lines.next() => Wake::Line(next),
             steer = self.stdin.next_steer() => Wake::Steer(steer),

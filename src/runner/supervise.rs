@@ -58,6 +58,14 @@ pub struct Args {
 
 /// The signal that asked us to stop (0 = none yet).
 static STOP: AtomicI32 = AtomicI32::new(0);
+/// Whether the deadline stands still: the server holds it while the run waits for an answer to
+/// one of its input requests (a person reading is not the run's time), and releases it after.
+static HELD: AtomicBool = AtomicBool::new(false);
+
+/// The server's signal: the run waits for an answer; the deadline stands still.
+pub const HOLD_SIGNAL: libc::c_int = libc::SIGUSR1;
+/// The server's signal: the answers came; the deadline moves later by the time held.
+pub const RELEASE_SIGNAL: libc::c_int = libc::SIGUSR2;
 /// The write end of the self-pipe (-1 until it exists).
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 /// Whether we are the run's child subreaper (Linux): then every process of our session, so every
@@ -77,8 +85,13 @@ fn errno_location() -> *mut libc::c_int {
 }
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    if sig != libc::SIGCHLD {
-        let _ = STOP.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+    match sig {
+        libc::SIGCHLD => {}
+        HOLD_SIGNAL => HELD.store(true, Ordering::SeqCst),
+        RELEASE_SIGNAL => HELD.store(false, Ordering::SeqCst),
+        _ => {
+            let _ = STOP.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+        }
     }
     let fd = WAKE_FD.load(Ordering::SeqCst);
     if fd >= 0 {
@@ -130,7 +143,7 @@ impl Wake {
 }
 
 fn install_handlers() {
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD, HOLD_SIGNAL, RELEASE_SIGNAL] {
         // SAFETY: a zeroed sigaction with our handler; the handler only touches atomics and
         // write(2), which are async-signal-safe.
         unsafe {
@@ -223,9 +236,11 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 /// Waits for the agent's exit (its status), until `until` (None when it passed) or, when
-/// `stop_ends`, until a stop signal came (None).
+/// `stop_ends`, until a stop signal came (None). When `stop_ends` (the run's own wait, not the
+/// escalation's), `until` stands still while the server holds it.
 fn wait_agent(child: &mut Child, wake: &Wake, until: Option<Instant>, stop_ends: bool) -> Option<ExitStatus> {
     use std::os::unix::process::ExitStatusExt;
+    let (mut until, mut held_since) = (until, None);
     loop {
         match child.try_wait() {
             Ok(Some(status)) => return Some(status),
@@ -235,7 +250,10 @@ fn wait_agent(child: &mut Child, wake: &Wake, until: Option<Instant>, stop_ends:
         if stop_ends && STOP.load(Ordering::SeqCst) != 0 {
             return None;
         }
-        let left = match until {
+        if stop_ends {
+            (until, held_since) = follow_hold(until, held_since);
+        }
+        let left = match until.filter(|_| held_since.is_none()) {
             Some(at) => match at.checked_duration_since(Instant::now()) {
                 Some(left) if !left.is_zero() => Some(left),
                 _ => return None,
@@ -243,6 +261,16 @@ fn wait_agent(child: &mut Child, wake: &Wake, until: Option<Instant>, stop_ends:
             None => None,
         };
         wake.sleep(left);
+    }
+}
+
+/// The deadline and since when it is held, after the server's last hold or release: a release
+/// moves the deadline later by the time held.
+fn follow_hold(until: Option<Instant>, held_since: Option<Instant>) -> (Option<Instant>, Option<Instant>) {
+    match (HELD.load(Ordering::SeqCst), held_since) {
+        (true, None) => (until, Some(Instant::now())),
+        (false, Some(since)) => (until.map(|at| at + since.elapsed()), None),
+        (_, held) => (until, held),
     }
 }
 
@@ -434,6 +462,22 @@ fn processes() -> Vec<i32> {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn a_held_deadline_stands_still_and_moves_later_by_the_time_held_at_its_release() {
+        let at = Instant::now() + Duration::from_secs(5);
+        HELD.store(true, Ordering::SeqCst);
+        let (until, held) = follow_hold(Some(at), None);
+        assert_eq!(until, Some(at));
+        let since = held.expect("held");
+        assert_eq!(follow_hold(until, held), (Some(at), Some(since)), "still held");
+        std::thread::sleep(Duration::from_millis(30));
+        HELD.store(false, Ordering::SeqCst);
+        let (moved, held) = follow_hold(until, held);
+        assert_eq!(held, None);
+        assert!(moved.unwrap() >= at + Duration::from_millis(30), "moved by the time held");
+        assert_eq!(follow_hold(moved, None), (moved, None), "released stays put");
+    }
 
     #[test]
     fn the_server_s_argv_parses_and_the_agent_s_own_flags_stay_its_own() {

@@ -146,10 +146,12 @@ fn viewer(ui: &Ui, headers: &HeaderMap) -> Result<Viewer, Box<Response>> {
             Some(caller) if headers.get(header::AUTHORIZATION).is_none() => {
                 Ok(Viewer::Session(Box::new(caller.clone())))
             }
-            _ => Err(unauthorized("a token is required: an operator token (server.operatorTokens) or a client token")),
+            _ => Err(unauthorized(
+                "a token is required: an operator token (`sessions-mcp token create --operator`, or server.operatorTokens) or a client token",
+            )),
         };
     };
-    if super::http::bears_one_of(headers, &ui.access.config().server.operator_tokens) {
+    if ui.access.is_operator_token(token) {
         return Ok(Viewer::Operator);
     }
     match ui.access.caller_by_token(token) {

@@ -359,7 +359,11 @@ async fn bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Respo
     let resolved = tokio::task::spawn_blocking(move || access.caller_by_token(&token)).await;
     match resolved {
         Ok(Ok(Some(caller))) => {
-            if caller.run.is_none() {
+            // Only the config's tokens are kept: a minted one is looked up again at every
+            // request, so that its revoke takes effect at once.
+            if caller.run.is_none()
+                && auth.access.config().server.tokens.iter().any(|t| t.sha256.eq_ignore_ascii_case(&hash))
+            {
                 auth.static_callers.lock().expect("static callers").insert(hash.clone(), caller.clone());
             }
             req.extensions_mut().insert(caller);

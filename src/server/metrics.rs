@@ -1,5 +1,6 @@
-//! `GET /metrics` (docs/OPERATING.md, Metrics): the Prometheus exposition of [`crate::metrics`], for operator
-//! tokens (`server.operatorTokens`), or for anyone on a loopback bind with
+//! `GET /metrics` (docs/OPERATING.md, Metrics): the Prometheus exposition of [`crate::metrics`], for
+//! operator tokens (minted by `sessions-mcp token create --operator`, or `server.operatorTokens`),
+//! or for anyone on a loopback bind with
 //! `server.metricsPublic` (serve refuses that flag on any other bind). An `agent` label is a
 //! configured agent's id, or `_other` for all the rest.
 
@@ -15,9 +16,9 @@ pub fn router(access: Access) -> axum::Router {
 
 async fn scrape(State(access): State<Access>, headers: HeaderMap) -> Response {
     let server = &access.config().server;
-    if !server.metrics_public && !super::http::bears_one_of(&headers, &server.operator_tokens) {
-        let why =
-            "an operator token is required: Authorization: Bearer <token>, whose sha256 is in server.operatorTokens";
+    let operator = super::http::bearer_token(&headers).is_some_and(|token| access.is_operator_token(token));
+    if !server.metrics_public && !operator {
+        let why = "an operator token is required: Authorization: Bearer <token>, made by `sessions-mcp token create --operator` or whose sha256 is in server.operatorTokens";
         return (StatusCode::UNAUTHORIZED, axum::Json(serde_json::json!({"error": why}))).into_response();
     }
     match access.metric_counts() {

@@ -43,7 +43,8 @@ fn live_of(c: &dyn Sql, account: i64, now: i64) -> Result<Amounts> {
                 (SELECT {} FROM budget_live WHERE runtime_account = ?1)",
         d.sum_int("tokens"),
         d.sum_int("cost_micros"),
-        d.sum_int(&format!("{}(?2 - started_at, 0)", d.greatest()))
+        // A run waiting for an answer uses no runtime meanwhile: its time stops at `waiting_since`.
+        d.sum_int(&format!("{}(coalesce(waiting_since, ?2) - started_at, 0)", d.greatest()))
     );
     c.query_row(&sql, args![account, now], |r| {
         Ok(Amounts { tokens: r.get(0)?, cost_micros: r.get(1)?, runtime_ms: r.get(2)? })
@@ -258,16 +259,17 @@ fn subtree_runs(c: &dyn Sql, session: i64) -> Result<Vec<String>> {
 pub(super) fn settle_run(c: &dyn Sql, run_id: &str, usage: Option<(i64, i64)>, now: i64) -> Result<()> {
     let row = c
         .query_row(
-            "SELECT tokens_account, cost_account, runtime_account, tokens, cost_micros, reported, started_at
+            "SELECT tokens_account, cost_account, runtime_account, tokens, cost_micros, reported,
+                 coalesce(waiting_since, ?2) - started_at
              FROM budget_live WHERE run_id = ?1",
-            args![run_id],
+            args![run_id, now],
             |r| {
                 let accounts: [Option<i64>; 3] = [r.get(0)?, r.get(1)?, r.get(2)?];
                 Ok((accounts, r.get::<i64>(3)?, r.get::<i64>(4)?, r.get::<bool>(5)?, r.get::<i64>(6)?))
             },
         )
         .optional()?;
-    let Some(([tokens_acct, cost_acct, runtime_acct], live_tokens, live_cost, reported, started)) = row else {
+    let Some(([tokens_acct, cost_acct, runtime_acct], live_tokens, live_cost, reported, ran_ms)) = row else {
         return Ok(());
     };
     c.execute("DELETE FROM budget_live WHERE run_id = ?1", args![run_id])?;
@@ -275,8 +277,7 @@ pub(super) fn settle_run(c: &dyn Sql, run_id: &str, usage: Option<(i64, i64)>, n
     // and the budget already saw (and may have stopped runs on) the higher figure.
     let (tokens, cost) = usage.map_or((live_tokens, live_cost), |(t, c)| (t.max(live_tokens), c.max(live_cost)));
     let spend = [(Dim::Tokens, tokens_acct, tokens), (Dim::CostUsd, cost_acct, cost)];
-    for (dim, account, amount) in spend.into_iter().chain([(Dim::RuntimeSeconds, runtime_acct, (now - started).max(0))])
-    {
+    for (dim, account, amount) in spend.into_iter().chain([(Dim::RuntimeSeconds, runtime_acct, ran_ms.max(0))]) {
         let Some(account) = account else { continue };
         let (_, spent) = amount_columns(dim);
         let add = c.dialect().saturating_add(spent, "?2");
@@ -355,17 +356,21 @@ impl Store {
                  ON CONFLICT (run_id) DO UPDATE SET session = excluded.session,
                      tokens_account = excluded.tokens_account, cost_account = excluded.cost_account,
                      runtime_account = excluded.runtime_account, started_at = excluded.started_at,
-                     tokens = 0, cost_micros = 0, reported = 0",
+                     tokens = 0, cost_micros = 0, reported = 0, waiting_since = NULL",
                 args![run_id, session, draws[0].1, draws[1].1, draws[2].1, now],
             )?;
             Ok(Meter::Drawing)
         })
     }
 
-    /// A live usage report of a running run (its totals so far): recorded, and the first limit it
-    /// makes an account cross, with the runs to stop.
-    pub fn record_usage(&self, run_id: &str, tokens: i64, cost_micros: i64) -> Result<Option<Crossing>> {
+    /// A live usage report of a running run (this turn's usage so far): recorded on the run and
+    /// its session (`live_usage`), and, when the run draws on a budget, the first limit it makes
+    /// an account cross, with the runs to stop.
+    pub fn record_usage(&self, run_id: &str, report: &serde_json::Value) -> Result<Option<Crossing>> {
+        let spend = super::live_usage::Spend::of(Some(report), None);
+        let (tokens, cost_micros) = (spend.tokens(), spend.cost.map_or(0, crate::policy::budget::micros));
         self.write_sql(|tx| -> Result<Option<Crossing>> {
+            super::live_usage::record(tx, run_id, report)?;
             let updated = tx.execute(
                 &format!(
                     "UPDATE budget_live SET tokens = {g}(tokens, ?2), cost_micros = {g}(cost_micros, ?3), reported = 1
@@ -383,6 +388,22 @@ impl Store {
                 (Dim::RuntimeSeconds, None),
             ]);
             first_crossing(tx, &draws, now_ms())
+        })
+    }
+
+    /// A live run starts (`true`) or stops waiting for an answer: while it waits its runtime
+    /// stands still; when it stops, its start moves later by the time waited.
+    pub fn hold_runtime(&self, run_id: &str, waiting: bool) -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
+            let now = now_ms();
+            let sql = if waiting {
+                "UPDATE budget_live SET waiting_since = ?2 WHERE run_id = ?1 AND waiting_since IS NULL"
+            } else {
+                "UPDATE budget_live SET started_at = started_at + (?2 - waiting_since), waiting_since = NULL
+                 WHERE run_id = ?1 AND waiting_since IS NOT NULL"
+            };
+            tx.execute(sql, args![run_id, now])?;
+            Ok(())
         })
     }
 

@@ -58,6 +58,8 @@ pub struct TreeNode {
     pub first_started_at: Option<i64>,
     pub open_asks: i64,
     pub budget: Option<Account>,
+    /// The task it was spawned with (none for a session nobody spawned).
+    pub task: Option<String>,
 }
 
 /// A page of trees: its roots (newest activity first) and their descendants.
@@ -77,8 +79,10 @@ pub struct TreesPage {
 pub struct DeliveryLine {
     pub id: i64,
     pub run_id: Option<String>,
-    /// The session whose run it carries out.
+    /// The session whose run it carries out, its label and the task it was spawned with.
     pub session_key: Option<String>,
+    pub label: Option<String>,
+    pub task: Option<String>,
     pub kind: String,
     pub mode: String,
     pub status: String,
@@ -99,6 +103,10 @@ pub struct RunLine {
     pub session_key: String,
     pub agent_id: String,
     pub requester: Option<String>,
+    /// The session's label and the task it was spawned with, to tell a run apart by more than its
+    /// key.
+    pub label: Option<String>,
+    pub task: Option<String>,
     pub tokens_in: i64,
     pub tokens_out: i64,
     pub cost: Option<f64>,
@@ -127,7 +135,17 @@ pub enum LedgerAct {
 }
 
 const DELIVERY_COLUMNS: &str = "d.id, d.run_id, s.key, d.kind, d.mode, d.status, d.target_key, d.channel, d.attempts,
-    d.last_error, d.next_attempt_at, d.deadline_at, d.created_at, d.updated_at";
+    d.last_error, d.next_attempt_at, d.deadline_at, d.created_at, d.updated_at, s.label";
+
+/// The task session `s` was spawned with: its spawn run's input (`{role, content: TASK}`).
+fn task_of_s(c: &dyn Sql) -> String {
+    format!("(SELECT {} FROM runs t WHERE t.run_id = s.spawn_run)", c.dialect().json_text("t.input", "content"))
+}
+
+/// The delivery ledger's select: its columns, then the session's task.
+fn delivery_select(c: &dyn Sql) -> String {
+    format!("SELECT {DELIVERY_COLUMNS}, {}", task_of_s(c))
+}
 
 fn delivery_from_row(r: &Row) -> Result<DeliveryLine> {
     Ok(DeliveryLine {
@@ -145,6 +163,8 @@ fn delivery_from_row(r: &Row) -> Result<DeliveryLine> {
         deadline_at: r.get(11)?,
         created_at: r.get(12)?,
         updated_at: r.get(13)?,
+        label: r.get(14)?,
+        task: r.get(15)?,
     })
 }
 
@@ -176,7 +196,15 @@ fn node(c: &dyn Sql, row: SessionRow, now: i64) -> Result<TreeNode> {
         c.query_row("SELECT min(started_at) FROM runs WHERE session = ?1", args![row.id], |r| r.get(0))?;
     let open_asks = open_asks_of(c, row.id)?;
     let budget = super::budgets::account(c, row.id, now)?;
-    Ok(TreeNode { row, run, first_started_at, open_asks, budget })
+    let task = match &row.spawn_run {
+        Some(run_id) => c.query_opt(
+            &format!("SELECT {} FROM runs t WHERE t.run_id = ?1", c.dialect().json_text("t.input", "content")),
+            args![run_id],
+            |r| r.get(0),
+        )?,
+        None => None,
+    };
+    Ok(TreeNode { row, run, first_started_at, open_asks, budget, task })
 }
 
 fn open_asks_of(c: &dyn Sql, session: i64) -> Result<i64> {
@@ -246,9 +274,10 @@ impl Store {
     pub fn dashboard_runs(&self, scope: Scope, limit: usize) -> Result<Vec<RunLine>> {
         self.read(|c| {
             let select = format!(
-                "SELECT {RUN_COLUMNS}, s.key, s.agent_id, r.requester_key, r.usage, r.cost, r.session
+                "SELECT {RUN_COLUMNS}, s.key, s.agent_id, r.requester_key, r.usage, r.cost, r.session, s.label, {}
                  FROM runs r JOIN sessions s ON s.id = r.session WHERE {} AND r.status {{}}
                  ORDER BY r.created_at DESC, r.{} DESC LIMIT ?2",
+                task_of_s(c),
                 in_scope("r.session"),
                 c.dialect().runs_order()
             );
@@ -264,6 +293,8 @@ impl Store {
                             session_key: r.get(7)?,
                             agent_id: r.get(8)?,
                             requester: r.get(9)?,
+                            label: r.get(13)?,
+                            task: r.get(14)?,
                             tokens_in: tokens("inputTokens"),
                             tokens_out: tokens("outputTokens"),
                             cost: r.get(11)?,
@@ -279,8 +310,9 @@ impl Store {
                     }
                     line.deliveries = c.query_map(
                         &format!(
-                            "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
-                             LEFT JOIN sessions s ON s.id = r.session WHERE d.run_id = ?1 ORDER BY d.id"
+                            "{} FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
+                             LEFT JOIN sessions s ON s.id = r.session WHERE d.run_id = ?1 ORDER BY d.id",
+                            delivery_select(c)
                         ),
                         args![&line.run.run_id],
                         delivery_from_row,
@@ -298,9 +330,10 @@ impl Store {
         self.read(|c| {
             c.query_map(
                 &format!(
-                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
+                    "{} FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
                  LEFT JOIN sessions s ON s.id = r.session WHERE {}
                  ORDER BY d.status IN ('failed', 'expired', 'undeliverable') DESC, d.id DESC LIMIT ?2",
+                    delivery_select(c),
                     in_scope("r.session")
                 ),
                 args![scope.root(), limit as i64],
@@ -314,11 +347,12 @@ impl Store {
         self.read(|c| {
             c.query_row(
                 &format!(
-                    "SELECT {DELIVERY_COLUMNS}, r.session FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
-                 LEFT JOIN sessions s ON s.id = r.session WHERE d.id = ?1"
+                    "{}, r.session FROM deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
+                 LEFT JOIN sessions s ON s.id = r.session WHERE d.id = ?1",
+                    delivery_select(c)
                 ),
                 args![id],
-                |r| Ok((delivery_from_row(r)?, r.get(14)?)),
+                |r| Ok((delivery_from_row(r)?, r.get(16)?)),
             )
             .optional()
         })
@@ -357,7 +391,7 @@ impl Store {
     }
 
     /// A cheap mark that changes when anything the dashboard shows does: messages, runs starting
-    /// or ending, the ledger, asks. The live view polls it for writers that announce nothing.
+    /// or ending, the ledger, asks, the usage running runs reported. The live view polls it for writers that announce nothing.
     pub fn dashboard_mark(&self) -> Result<String> {
         self.read(|c| {
             c.query_row(
@@ -367,13 +401,19 @@ impl Store {
                         (SELECT count(*) FROM runs WHERE status = 'running'),
                         (SELECT coalesce(max({}), 0) FROM runs),
                         (SELECT coalesce(max(updated_at), 0) FROM deliveries),
-                        (SELECT count(*) FROM asks WHERE state = 'open')",
-                    c.dialect().runs_order()
+                        (SELECT count(*) FROM asks WHERE state = 'open'),
+                        (SELECT {} FROM runs WHERE status = 'running')",
+                    c.dialect().runs_order(),
+                    c.dialect().sum_int(&format!(
+                        "coalesce({}, 0) + coalesce({}, 0)",
+                        c.dialect().json_int("usage", "inputTokens"),
+                        c.dialect().json_int("usage", "outputTokens")
+                    )),
                 ),
                 args![],
                 |r| {
                     let n = |i: usize| -> Result<i64> { r.get(i) };
-                    Ok(format!("{}.{}.{}.{}.{}.{}", n(0)?, n(1)?, n(2)?, n(3)?, n(4)?, n(5)?))
+                    Ok(format!("{}.{}.{}.{}.{}.{}.{}", n(0)?, n(1)?, n(2)?, n(3)?, n(4)?, n(5)?, n(6)?))
                 },
             )
         })

@@ -12,12 +12,14 @@
 //! (across every process sharing the database), read snapshots, embedded versioned migrations,
 //! a newer schema refused; `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
 
+mod access_tokens;
 mod asks;
 mod budgets;
 mod cancel;
 mod dashboard;
 mod import;
 mod ledger;
+mod live_usage;
 mod messages;
 mod operator;
 pub mod postgres;
@@ -43,6 +45,7 @@ use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 use sql::{Sql, args};
 
+pub use access_tokens::{AccessKind, AccessToken, MintRefused};
 pub use asks::{Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk};
 pub use budgets::{Crossing, Meter};
 pub use cancel::CancelRequest;
@@ -682,7 +685,8 @@ mod tests {
         conn.execute_batch(
             "UPDATE sessions SET tokens_in = 9223372036854775807, tokens_out = -5,
                  tokens_total = 9223372036854775807 + 2;
-             DELETE FROM schema_version WHERE version >= 11;",
+             DELETE FROM schema_version WHERE version >= 11;
+             DROP TABLE access_tokens; ALTER TABLE budget_live DROP COLUMN waiting_since;",
         )
         .unwrap();
         let kind: String = conn.query_row("SELECT typeof(tokens_total) FROM sessions", [], |r| r.get(0)).unwrap();

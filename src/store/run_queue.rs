@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use super::sql::{Optional, Row, Sql, args};
 use serde_json::Value;
 
+use super::live_usage::Spend;
 use super::messages::append_message;
 use super::text_enum::text_enum;
 use super::{NewMessage, Result, Store, now_ms};
@@ -511,7 +512,16 @@ impl Store {
             for m in &f.messages {
                 append_message(tx, session, m)?;
             }
-            let cost = f.cost.filter(|c| c.is_finite()).map(|c| c.clamp(0.0, crate::policy::usage::MAX_RUN_COST_USD));
+            // What the run reported live is already on its row and its session: the run settles
+            // at the larger of that and its last report, and the session gets what is left.
+            let (_, live_usage, live) = super::live_usage::recorded(tx, run_id)?.unwrap_or_default();
+            let reported = f.usage.as_ref().map(|u| Spend::of(Some(u), f.cost));
+            let settled = reported.map(|r| r.max(live));
+            let usage = match (settled, &f.usage) {
+                (Some(s), final_usage) => Some(s.written_into(final_usage.as_ref())),
+                (None, _) => live_usage,
+            };
+            let cost = settled.map_or(live.cost, |s| s.cost);
             let now = now_ms();
             tx.execute(
                 "UPDATE runs SET status = ?2, reply = ?3, usage = ?4, cost = ?5, model = coalesce(?6, model),
@@ -521,7 +531,7 @@ impl Store {
                     run_id,
                     f.status.as_str(),
                     f.reply,
-                    f.usage.as_ref().map(Value::to_string),
+                    usage.as_ref().map(Value::to_string),
                     cost,
                     f.model,
                     f.error,
@@ -529,32 +539,18 @@ impl Store {
                     now
                 ],
             )?;
-            // The runner kept only checked amounts (policy::usage); bounded again here because
-            // these feed sums that must never overflow, whoever built `f`.
-            let tokens = |k: &str| {
-                let n = f.usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_i64).unwrap_or(0);
-                n.clamp(0, crate::policy::usage::MAX_RUN_TOKENS)
-            };
-            let (tin, tout) = (tokens("inputTokens"), tokens("outputTokens"));
-            let final_usage = f.usage.as_ref().map(|_| (tin + tout, cost.map_or(0, crate::policy::budget::micros)));
+            let final_usage = settled.map(|s| (s.tokens(), s.cost.map_or(0, crate::policy::budget::micros)));
             super::budgets::settle_run(tx, run_id, final_usage, now)?;
+            super::live_usage::credit(tx, session, live, settled.unwrap_or(live))?;
             tx.execute(
                 &format!(
-                    "UPDATE sessions SET tokens_in = {}, tokens_out = {}, tokens_total = {},
-                     cost = CASE WHEN CAST(?4 AS DOUBLE PRECISION) IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END,
-                     model = coalesce(?5, model), aborted_last_run = ?6, updated_at = {}(updated_at, ?7),
-                     external_session_id = ?8, cli_usage_total = ?9
+                    "UPDATE sessions SET model = coalesce(?2, model), aborted_last_run = ?3, updated_at = {}(updated_at, ?4),
+                     external_session_id = ?5, cli_usage_total = ?6
                  WHERE id = ?1",
-                    tx.dialect().saturating_add("tokens_in", "?2"),
-                    tx.dialect().saturating_add("tokens_out", "?3"),
-                    tx.dialect().saturating_add("tokens_total", "?2 + ?3"),
                     tx.dialect().greatest()
                 ),
                 args![
                     session,
-                    tin,
-                    tout,
-                    cost,
                     f.model,
                     f.status != RunStatus::Ok,
                     now,

@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -461,4 +461,22 @@ UPDATE budget_live SET tokens = max(CAST(tokens AS INTEGER), 0) WHERE typeof(tok
 /// message m-1 a duplicate, nor the other way round. The rows written before move there.
 const V12: &str = r#"
 UPDATE idempotency SET caller = 'channel_bridge:' || caller WHERE tool = 'channel_bridge';
+"#;
+
+/// Version 13: the bearer tokens `sessions-mcp token create` mints for the HTTP server (an
+/// operator's, or a client's acting as a session), kept as sha256 hashes only; a revoked one
+/// keeps its row (for `token list`) with `revoked_at` set. A label names at most one live token.
+/// And since when a live run waits for an answer (its runtime stands still meanwhile).
+const V13: &str = r#"
+ALTER TABLE budget_live ADD COLUMN waiting_since INTEGER;
+CREATE TABLE access_tokens (
+    id          TEXT PRIMARY KEY,
+    hash        TEXT NOT NULL UNIQUE,
+    kind        TEXT NOT NULL CHECK (kind IN ('operator', 'client')),
+    session_key TEXT,
+    label       TEXT,
+    created_at  INTEGER NOT NULL,
+    revoked_at  INTEGER
+);
+CREATE UNIQUE INDEX access_tokens_label ON access_tokens (label) WHERE label IS NOT NULL AND revoked_at IS NULL;
 "#;

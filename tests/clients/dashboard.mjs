@@ -3,6 +3,7 @@
 //
 //   node dashboard.mjs check  '{"base", "operator", "desk", "child", "otherChild", "screenshots"?}'
 //   node dashboard.mjs bench  '{"base", "operator", "rounds"}'
+//   node dashboard.mjs reasons '{"base", "token", "child"}'
 //
 // $SESSIONS_MCP_PUPPETEER is the node_modules folder holding puppeteer-core (.ci/run installs it
 // in .ci/browser); $SESSIONS_MCP_CHROMIUM the browser (default /usr/bin/chromium). Prints one JSON
@@ -128,6 +129,24 @@ async function check() {
   return out;
 }
 
+/// A failed child's reason and its label, read from the tree, the Runs table and the ledger
+/// without opening a transcript, on a page signed in with `args.token`.
+async function reasons() {
+  const { page, errors } = await signedIn(args.token);
+  const node = `#tree-list li[data-key="${args.child}"][data-state=failed]`;
+  await page.waitForSelector(node + " > .node-row .reason", { timeout: 30000 });
+  const out = { ok: true, errors };
+  out.treeReason = await page.$eval(node + " > .node-row .reason", (e) => e.textContent);
+  out.treeLabel = await page.$eval(node + " > .node-row button.open strong", (e) => e.textContent);
+  const row = "#runs-table tr[data-state=failed]";
+  await page.waitForSelector(row + " .reason");
+  out.runReason = await page.$eval(row + " .reason", (e) => e.textContent);
+  out.runSession = await page.$eval(row + " td", (td) => td.textContent);
+  out.ledgerSessions = await page.$$eval("#deliveries-table tbody tr td:nth-child(2)", (tds) => tds.map((td) => td.textContent));
+  out.transcriptOpen = await page.$eval("#transcript", (t) => !t.hidden);
+  return out;
+}
+
 /// First paint: from navigation to the first rendered view, the token already in the tab.
 async function bench() {
   const context = await browser.createBrowserContext();
@@ -157,7 +176,7 @@ async function bench() {
 }
 
 try {
-  const result = mode === "bench" ? await bench() : await check();
+  const result = mode === "bench" ? await bench() : mode === "reasons" ? await reasons() : await check();
   console.log(JSON.stringify(result));
 } catch (e) {
   console.log(JSON.stringify({ ok: false, error: String(e && e.stack || e) }));

@@ -361,3 +361,56 @@ fn a_driven_parent_gets_a_childs_burst_of_asks_in_one_turn_not_one_turn_each() {
     assert_eq!(first, 6, "every ask reached the parent once");
     c.close();
 }
+
+/// The budget part of an announce's Stats: `budget 0.2s/5.0s`.
+fn budget_stat(outcome: &str) -> &str {
+    outcome.split(" • ").find(|s| s.starts_with("budget ")).unwrap_or_else(|| panic!("no budget in {outcome}"))
+}
+
+#[test]
+fn a_run_whose_approval_is_answered_after_its_deadline_would_have_passed_goes_on_and_completes() {
+    let env = env_with(json!({}));
+    let mut c = env.serve(None);
+    let r = c.call(
+        "sessions_spawn",
+        json!({"task": "ask for slow.txt", "runTimeoutSeconds": 5, "budget": {"runtimeSeconds": 5}}),
+    );
+    assert_eq!(r["status"], "accepted", "{r}");
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let id = w["requests"][0]["requestId"].as_str().unwrap().to_string();
+    // The person takes longer than the run's deadline and its runtime budget.
+    std::thread::sleep(Duration::from_secs(8));
+    let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "go"}));
+    assert_eq!(ok["status"], "ok", "the run was still waiting: {ok}");
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    let outcome = outcome_of(&w);
+    assert!(outcome.starts_with("Status: completed successfully\nResult: decision=allow answer=go\n"), "{outcome}");
+    // `budget 0.2s/5.0s`: the 8 s the person took are not the run's.
+    let spent = budget_stat(&outcome).trim_start_matches("budget ").split('s').next().unwrap();
+    assert!(spent.parse::<f64>().unwrap() < 5.0, "{outcome}");
+    c.close();
+}
+
+#[test]
+fn an_unanswered_ask_ends_by_its_own_timeout_past_the_runs_deadline_with_its_outcome_in_the_announce() {
+    let env = env_with(json!({"approvals": {"timeoutSeconds": 6}}));
+    let mut c = env.serve(None);
+    let r = c.call("sessions_spawn", json!({"task": "ask for late.txt", "runTimeoutSeconds": 3}));
+    let child = r["childSessionKey"].as_str().unwrap().to_string();
+    let finished = wait_until(Duration::from_secs(40), "the ask to time out", || {
+        let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 5}));
+        (w["status"] == "ok" && !w["finished"].as_array().unwrap().is_empty()).then_some(w)
+    });
+    let outcome = outcome_of(&finished);
+    assert!(
+        outcome.starts_with(
+            "Status: completed successfully\nResult: decision=deny answer=no answer within approvals.timeoutSeconds (6 s)\n"
+        ),
+        "the ask's timeout ended the wait, not the run's 3 s deadline: {outcome}"
+    );
+    let texts: Vec<String> =
+        env.show(&child)["messages"].as_array().unwrap().iter().map(|m| text_of(&m["content"])).collect();
+    assert!(texts.iter().any(|t| t.contains("no answer within approvals.timeoutSeconds (6 s)")), "{texts:?}");
+    c.close();
+}

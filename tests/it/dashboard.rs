@@ -23,7 +23,7 @@ pub(crate) fn sha(token: &str) -> String {
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
-/// Agent `main` answers tasks (`slow …` after 3 s, `long …` after 8 s, `ask …` with an approval first, `leak …` with a
+/// Agent `main` answers tasks (`slow …` after 3 s, `long …` after 8 s, `fail …` with an error, `ask …` with an approval first, `leak …` with a
 /// question full of secrets first); two client
 /// tokens (desk, other) and an operator token; sessions see their own tree.
 pub(crate) fn env_with() -> TestEnv {
@@ -37,6 +37,7 @@ fn env_seeing(visibility: &str, deliver: Option<&str>, streams_per_credential: u
     let script = json!({"rules": [
         {"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
         {"match": {"inputRegex": "^long"}, "sleepMs": 8000, "reply": "long done"},
+        {"match": {"inputRegex": "^fail"}, "error": {"code": "build_failed", "message": "the build broke: exit 2\nsee the log for more"}},
         {"match": {"inputRegex": "^slow"}, "sleepMs": 3000, "reply": "slow done", "usage": {"inputTokens": 700, "outputTokens": 50, "costUsd": 0.02}},
         {"match": {"inputRegex": "^ask"}, "ask": {"kind": "approval", "text": "May I deploy?", "details": {"toolName": "Bash"}},
          "reply": "decision={decision} answer={answer}"},

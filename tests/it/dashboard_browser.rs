@@ -2,7 +2,9 @@
 //! puppeteer-core (`tests/clients/dashboard.mjs`). It loads `/ui`, signs in, sees a tree made by
 //! real spawns, watches a run go from running to completed without a reload, opens a transcript
 //! with the keyboard, answers a child's approval with a click, checks that every control has a name, that a client token's page holds only
-//! that session's tree, and that a phone-sized screen does not scroll sideways.
+//! that session's tree, and that a phone-sized screen does not scroll sideways. A failed child's
+//! reason and label show in the tree, Runs and the ledger without opening its transcript, on a
+//! page signed in with a token `sessions-mcp token create` made.
 //!
 //! `$SESSIONS_MCP_PUPPETEER` (a node_modules holding puppeteer-core; default `.ci/browser`'s, which
 //! `.ci/run` installs) and `$SESSIONS_MCP_CHROMIUM` (default /usr/bin/chromium). Without them the
@@ -104,4 +106,32 @@ fn the_dashboard_in_headless_chromium_shows_the_tree_live_opens_a_transcript_and
     assert_eq!(r["unnamed"], json!([]), "every control has a name: {r}");
     assert_eq!(r["errors"], json!([]), "no script errors: {r}");
     assert!(r["phoneOverflow"].as_i64().unwrap() <= 0, "no sideways scroll on a phone: {r}");
+}
+
+#[test]
+fn a_failed_childs_reason_and_label_show_without_its_transcript_on_a_page_signed_in_with_a_minted_token() {
+    if browser().is_none() {
+        return;
+    }
+    let env = env_with();
+    let out = env.run(&["token", "create", "--operator", "--label", "browser"]);
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let server = env.serve_http(&[]);
+    let child =
+        Mcp::legacy(server.port, DESK).call("sessions_spawn", json!({"task": "fail the build", "label": "breaker"}));
+    let child = child["childSessionKey"].as_str().unwrap().to_string();
+    let r =
+        drive("reasons", &json!({"base": format!("http://127.0.0.1:{}", server.port), "token": token, "child": child}));
+    assert_eq!(r["ok"], true, "{r}");
+    let reason = r["treeReason"].as_str().unwrap();
+    assert!(reason.contains("the build broke: exit 2") && !reason.contains("see the log"), "the first line: {r}");
+    assert_eq!(r["runReason"], r["treeReason"], "{r}");
+    assert_eq!(r["treeLabel"], "breaker", "{r}");
+    let run_session = r["runSession"].as_str().unwrap();
+    assert!(run_session.contains("breaker") && run_session.contains("fail the build"), "label and task: {r}");
+    let ledger = r["ledgerSessions"].as_array().unwrap();
+    assert!(ledger.iter().any(|s| s.as_str().unwrap().contains("breaker")), "the ledger names it: {r}");
+    assert_eq!(r["transcriptOpen"], false, "{r}");
+    assert_eq!(r["errors"], json!([]), "no script errors: {r}");
 }

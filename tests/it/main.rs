@@ -47,6 +47,7 @@ mod steering;
 mod subagents;
 mod tasks;
 mod text_agent;
+mod tokens;
 mod tools_stdio;
 mod usage;
 mod visibility_props;

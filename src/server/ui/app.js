@@ -113,6 +113,21 @@ async function act(body, label) {
 }
 
 // ---- trees ----
+/// Why a run that did not succeed ended (the first line of its error), shown beside its state.
+function reasonOf(run) {
+  return run && run.reason ? el("span", { class: "reason error-text", "data-reason": "", text: run.reason }) : null;
+}
+
+/// A session as a row names it: its label, its key, and the task it was spawned with.
+function sessionCell(key, label, task) {
+  if (!key) return el("td", { text: "—" });
+  const open = el("button", { type: "button", class: "link", onclick: () => openTranscript(key),
+    "aria-label": "Open the transcript of " + (label ? label + ", " : "") + key });
+  if (label) open.append(el("strong", { text: label }), " ");
+  open.append(el("span", { class: "key-inline", text: key }));
+  return el("td", {}, open, task ? el("div", { class: "meta task", text: task }) : null);
+}
+
 function treeNode(node, isRoot) {
   const row = el("div", { class: "node-row" });
   const open = el("button", { type: "button", class: "link open", "data-key": node.key,
@@ -123,6 +138,8 @@ function treeNode(node, isRoot) {
   row.append(
     badge(node.state),
     open,
+    node.task ? el("span", { class: "meta task", text: node.task }) : null,
+    reasonOf(node.run),
     el("span", { class: "meta", text: node.agent }),
     el("span", { class: "meta" }, "runtime ", runtimeCell(node)),
     el("span", { class: "meta", text: num(node.tokens.in + node.tokens.out) + " tokens" }),
@@ -164,9 +181,9 @@ function deliveryBadges(ds) {
 
 function renderRuns(view) {
   const rows = view.runs.map((r) => el("tr", { "data-run-id": r.runId, "data-status": r.status, "data-state": r.state },
-    el("td", {}, el("button", { type: "button", class: "link", text: r.sessionKey, onclick: () => openTranscript(r.sessionKey) })),
+    sessionCell(r.sessionKey, r.label, r.task),
     el("td", { text: r.mode }),
-    el("td", {}, badge(r.state)),
+    el("td", {}, badge(r.state), reasonOf(r)),
     el("td", { text: when(r.startedAt || r.createdAt) }),
     el("td", {}, runtimeCell(r)),
     el("td", { text: num(r.tokens.in + r.tokens.out) }),
@@ -192,7 +209,7 @@ function renderDeliveries(view) {
     }
     return el("tr", { "data-delivery-id": d.id, "data-status": d.status },
       el("td", { text: "#" + d.id }),
-      el("td", { text: d.sessionKey || "—" }),
+      sessionCell(d.sessionKey, d.label, d.task),
       el("td", { text: d.kind }),
       el("td", { text: d.channel ? d.mode + " (" + d.channel + ")" : d.mode }),
       el("td", {}, el("span", { class: "badge d-" + d.status, text: d.status })),
@@ -215,6 +232,8 @@ function renderAsks(view) {
       el("p", {}, el("strong", { text: a.kind === "approval" ? "Approval" : "Question" }), " from ",
         el("button", { type: "button", class: "link", text: a.sessionKey, onclick: () => openTranscript(a.sessionKey) }),
         el("span", { class: "meta", text: " asked of " + a.askedOf + ", until " + when(a.deadlineAt) })),
+      // What the store records of its routes: whom it was put to; the operator can always answer.
+      el("p", { class: "meta routes", text: "Routes: put to " + a.askedOf + " (its host or its model); open to the operator here and by `sessions-mcp respond " + a.requestId + "`." }),
       el("p", { class: "ask-text", text: a.text }),
       a.details ? el("pre", { class: "details", text: JSON.stringify(a.details, null, 2) }) : null,
       el("div", { class: "ask-acts" },

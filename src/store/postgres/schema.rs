@@ -15,14 +15,14 @@
 
 /// The SQLite schema version whose semantics these migrations reproduce. A test fails when the
 /// SQLite store moves on without a PostgreSQL migration that follows it.
-pub const MIRRORS_SQLITE_VERSION: i64 = 12;
+pub const MIRRORS_SQLITE_VERSION: i64 = 13;
 
 /// The marker table: its one row says that sessions-mcp created this database's schema.
 pub const MARKER_TABLE: &str = "sessions_mcp";
 /// The version table, one row per applied migration.
 pub const VERSION_TABLE: &str = "schema_version";
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The tables a copy fills, parents before the tables that reference them (every foreign key
 /// points at `sessions`). The version and marker tables are not data.
@@ -41,6 +41,7 @@ pub const DATA_TABLES: &[&str] = &[
     "budgets",
     "budget_live",
     "thread_bindings",
+    "access_tokens",
 ];
 
 /// Columns PostgreSQL has and SQLite does not, as `(table, column)`: each has a default, so a
@@ -409,4 +410,19 @@ UPDATE sessions SET tokens_total = 0 WHERE tokens_total < 0;
 UPDATE budgets SET spent_tokens = 0 WHERE spent_tokens < 0;
 UPDATE budgets SET spent_cost_micros = 0 WHERE spent_cost_micros < 0;
 UPDATE budget_live SET tokens = 0 WHERE tokens < 0;
+"#;
+
+/// Version 6: the SQLite store's version 13, the minted bearer tokens and `budget_live.waiting_since`.
+const V6: &str = r#"
+ALTER TABLE budget_live ADD COLUMN waiting_since BIGINT;
+CREATE TABLE access_tokens (
+    id          TEXT PRIMARY KEY,
+    hash        TEXT NOT NULL UNIQUE,
+    kind        TEXT NOT NULL CHECK (kind IN ('operator', 'client')),
+    session_key TEXT,
+    label       TEXT,
+    created_at  BIGINT NOT NULL,
+    revoked_at  BIGINT
+);
+CREATE UNIQUE INDEX access_tokens_label ON access_tokens (label) WHERE label IS NOT NULL AND revoked_at IS NULL;
 "#;

@@ -64,7 +64,8 @@ pub async fn execute_asking(
         workdir: spec.workdir.clone(),
         uid_gid: None,
     };
-    let hooks = Hooks { on_spawn: &|_| {}, on_delta: &|_| {}, on_input: asks.as_ref(), on_usage: None };
+    let hooks =
+        Hooks { on_spawn: &|_| {}, on_delta: &|_| {}, on_input: asks.as_ref(), on_usage: None, on_waiting: None };
     let runner = Runner::at(super::bin().into());
     runner.execute(spec, &launch, &input, cancel, &hooks, Some(steers)).await
 }
