@@ -215,7 +215,13 @@ mod tests {
         std::fs::create_dir(&gemini_dir).unwrap();
         std::fs::write(gemini_dir.join("oauth_creds.json"), "{}").unwrap();
         assert_eq!(gemini(&vars(&[("HOME", home)])), Login::No, "credentials, but no sign-in type chosen");
-        let chosen = |t: &str| std::fs::write(gemini_dir.join("settings.json"), format!(r#"{{"security":{{"auth":{{"selectedType":"{t}"}}}}}}"#)).unwrap();
+        let chosen = |t: &str| {
+            std::fs::write(
+                gemini_dir.join("settings.json"),
+                format!(r#"{{"security":{{"auth":{{"selectedType":"{t}"}}}}}}"#),
+            )
+            .unwrap()
+        };
         chosen("oauth-personal");
         assert_eq!(gemini(&vars(&[("HOME", home)])), Login::Yes("Google sign-in".into()));
         chosen("gemini-api-key");

@@ -86,7 +86,10 @@ fn with_no_agent_cli_on_path_every_answer_says_only_the_echo_agent_exists() {
     let r = spawn(&mut c, json!({"task": "Read README.md and summarise it"}));
     assert!(r["warning"].as_str().unwrap().starts_with("no real agent is configured"), "{r}");
     let text = outcome(&mut c, r["childSessionKey"].as_str().unwrap());
-    assert!(text.contains("\nWarning: no real agent is configured, so the built-in echo agent runs sub-agents here"), "{text}");
+    assert!(
+        text.contains("\nWarning: no real agent is configured, so the built-in echo agent runs sub-agents here"),
+        "{text}"
+    );
     c.close();
 }
 
