@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -461,4 +461,12 @@ UPDATE budget_live SET tokens = max(CAST(tokens AS INTEGER), 0) WHERE typeof(tok
 /// message m-1 a duplicate, nor the other way round. The rows written before move there.
 const V12: &str = r#"
 UPDATE idempotency SET caller = 'channel_bridge:' || caller WHERE tool = 'channel_bridge';
+"#;
+
+/// Version 13: who an ask was put to and how each way to a person went (`routes`, a JSON array of
+/// `{route, outcome, client?, ms?, at}`), and the MCP client of the person who answered at a host
+/// (`answered_host`).
+const V13: &str = r#"
+ALTER TABLE asks ADD COLUMN routes TEXT;
+ALTER TABLE asks ADD COLUMN answered_host TEXT;
 "#;

@@ -66,6 +66,9 @@ pub struct Ctx<'a> {
     pub progress: Option<Progress>,
     /// The MCP client's name (`clientInfo.name`): which host is calling, when it says.
     pub host: Option<String>,
+    /// The client shows the caller's asks to a person (form elicitation, and not a host known to
+    /// answer elicitations by itself).
+    pub elicits: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -74,10 +77,15 @@ impl<'a> Ctx<'a> {
         crate::engine::Engine::new(self.access, self.runtime)
     }
 
+    /// The caller's host, as the engine weighs who may answer an ask.
+    pub fn host(&self) -> crate::engine::ask::Host<'_> {
+        crate::engine::ask::Host { client: self.host.as_deref(), elicits: self.elicits }
+    }
+
     /// A context without runtime, cancellation or progress (in-process calls).
     pub fn plain(access: &'a Access, caller: &'a Caller) -> Self {
         let cancel = tokio_util::sync::CancellationToken::new();
-        Ctx { access, caller, runtime: None, cancel, progress: None, host: None }
+        Ctx { access, caller, runtime: None, cancel, progress: None, host: None, elicits: false }
     }
 }
 

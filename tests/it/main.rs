@@ -7,6 +7,7 @@ mod answer_budget_props;
 mod asks;
 // The layer order and the invariants of docs/ARCHITECTURE.md, read from src/.
 mod architecture;
+mod approvals;
 mod asking;
 mod attachments;
 mod bad_inputs;

@@ -22,7 +22,7 @@ pub const MARKER_TABLE: &str = "sessions_mcp";
 /// The version table, one row per applied migration.
 pub const VERSION_TABLE: &str = "schema_version";
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The tables a copy fills, parents before the tables that reference them (every foreign key
 /// points at `sessions`). The version and marker tables are not data.
@@ -409,4 +409,11 @@ UPDATE sessions SET tokens_total = 0 WHERE tokens_total < 0;
 UPDATE budgets SET spent_tokens = 0 WHERE spent_tokens < 0;
 UPDATE budgets SET spent_cost_micros = 0 WHERE spent_cost_micros < 0;
 UPDATE budget_live SET tokens = 0 WHERE tokens < 0;
+"#;
+
+/// Version 6: the SQLite store's version 13 — the routes an ask was put to and how each went, and
+/// the MCP client of the person who answered it at a host.
+const V6: &str = r#"
+ALTER TABLE asks ADD COLUMN routes TEXT;
+ALTER TABLE asks ADD COLUMN answered_host TEXT;
 "#;
