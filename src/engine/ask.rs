@@ -79,14 +79,24 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         target: target.as_ref().map_or(&child.key, |t| &t.key),
         deadline_at: now_ms() + (approvals.timeout_seconds * 1000) as i64,
     };
+    let by_rule = rule.map(|decision| Answer {
+        decision: decided(decision),
+        text: Some("decided by approvals.rules"),
+        by: "rule",
+        via: AnsweredVia::Rule,
+        host: None,
+    });
     let recorded = rt.store.write(|tx| -> Result<bool, StoreError> {
         if tx.open_asks_of_run(&run.run_id)? >= i64::from(cap) {
             return Ok(false);
         }
         tx.add_ask(&ask)?;
         tx.append_message(child.id, &asked_message(run, &ask))?;
-        if rule.is_none()
-            && let Some(target) = &target
+        // Decided in the same transaction, so no wait ever sees it open.
+        if let Some(answer) = &by_rule {
+            tx.close_ask(&id, AskState::Answered, answer)?;
+            tx.append_message(child.id, &answer_message(&id, &run.run_id, AskState::Answered, answer))?;
+        } else if let Some(target) = &target
             && (target.external || model_may_answer_driven(&rt.config, &run.agent_id, kind, tool.as_deref()))
         {
             put_to(tx, run, &child, target, &ask, &rt.config)?;
@@ -102,16 +112,6 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         return Ok(());
     }
     rt.asks.lock().expect("asks").insert(id.clone(), request.answer);
-    if let Some(decision) = rule {
-        let answer = Answer {
-            decision: decided(decision),
-            text: Some("decided by approvals.rules"),
-            by: "rule",
-            via: AnsweredVia::Rule,
-            host: None,
-        };
-        close(rt, &id, AskState::Answered, &answer)?;
-    }
     rt.wake();
     Ok(())
 }
@@ -372,7 +372,7 @@ pub fn close_in(store: &Store, id: &str, state: AskState, answer: &Answer) -> Re
         if !tx.close_ask(id, state, answer)? {
             return Ok(false);
         }
-        tx.append_message(ask.session, &answer_message(&ask, state, answer))?;
+        tx.append_message(ask.session, &answer_message(&ask.id, &ask.run_id, state, answer))?;
         leave_turn(tx, &ask)?;
         Ok(true)
     })
@@ -380,13 +380,12 @@ pub fn close_in(store: &Store, id: &str, state: AskState, answer: &Answer) -> Re
 
 /// The record that closes an ask in the asking session: who answered and how, or that it was
 /// withdrawn (so a transcript never ends on a question nobody closed).
-fn answer_message(ask: &AskRow, state: AskState, answer: &Answer) -> NewMessage {
+fn answer_message(id: &str, run_id: &str, state: AskState, answer: &Answer) -> NewMessage {
     let text = answer.text.map(|t| format!(": {t}")).unwrap_or_default();
     let line = match state {
-        AskState::Withdrawn => format!("[input request {} withdrawn{text}]", ask.id),
+        AskState::Withdrawn => format!("[input request {id} withdrawn{text}]"),
         _ => format!(
-            "[answer to {} by {} via {}, {}] {}{text}",
-            ask.id,
+            "[answer to {id} by {} via {}, {}] {}{text}",
             answer.by,
             answer.via.as_str(),
             answerer_words(answer.via, answer.host),
@@ -407,9 +406,9 @@ fn answer_message(ask: &AskRow, state: AskState, answer: &Answer) -> NewMessage 
     NewMessage {
         role: "user".into(),
         content: json!([{"type": "text", "text": line}]),
-        run_id: Some(ask.run_id.clone()),
+        run_id: Some(run_id.to_string()),
         provenance: Some(provenance.to_json()),
-        extra: Some(serde_json::Map::from_iter([("requestId".to_string(), Value::from(ask.id.clone()))])),
+        extra: Some(serde_json::Map::from_iter([("requestId".to_string(), Value::from(id))])),
         ..Default::default()
     }
 }
