@@ -124,7 +124,8 @@ pub fn pending(store: &Store, as_json: bool) -> ExitCode {
         .iter()
         .map(|a| {
             json!({"requestId": a.id, "session": a.child.as_str(), "kind": a.kind.as_str(), "text": a.text,
-                   "details": a.details, "askedOf": a.target.as_str(), "expiresAt": a.deadline_at})
+                   "details": a.details, "askedOf": a.target.as_str(), "expiresAt": a.deadline_at,
+                   "routes": a.routes})
         })
         .collect();
     if as_json {

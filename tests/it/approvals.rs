@@ -111,6 +111,16 @@ fn a_host_that_declines_at_once_denies_nothing_and_the_ask_goes_to_the_model() {
     assert_eq!(w["requests"][0]["waitsFor"], "person", "{w}");
     let asked = pushed(&mut c);
     answer_elicitation(&mut c, &asked, json!({"action": "decline"}));
+    // The operator sees which routes were tried and how they went.
+    let routes = wait_until(Duration::from_secs(20), "the host's unseen decline recorded", || {
+        let out = env.run(&["ls", "--pending", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let routes = v["pending"][0]["routes"].as_array()?.clone();
+        routes.iter().any(|r| r["outcome"] == "unseen").then_some(routes)
+    });
+    assert_eq!(routes[0]["outcome"], "shown", "{routes:?}");
+    assert_eq!(routes[1]["client"], "auto-declining-host", "{routes:?}");
+    assert!(routes[1]["ms"].as_u64().is_some(), "{routes:?}");
 
     let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
     assert_eq!(w["status"], "attention", "{w}");
