@@ -388,7 +388,7 @@ fn answer_message(id: &str, run_id: &str, state: AskState, answer: &Answer) -> N
             "[answer to {id} by {} via {}, {}] {}{text}",
             answer.by,
             answer.via.as_str(),
-            answerer_words(answer.via, answer.host),
+            answerer_words(answer.via, answer.by, answer.host),
             answer.decision.as_str()
         ),
     };
@@ -415,8 +415,9 @@ fn answer_message(id: &str, run_id: &str, state: AskState, answer: &Answer) -> N
 
 /// Who gave an answer, in words: the model, a person (at which host), the operator, a rule, the
 /// timeout.
-pub fn answerer_words(via: AnsweredVia, host: Option<&str>) -> String {
+pub fn answerer_words(via: AnsweredVia, by: &str, host: Option<&str>) -> String {
     match via {
+        AnsweredVia::Dashboard if by == OPERATOR => "the operator at the dashboard".into(),
         AnsweredVia::Subagents => "the model".into(),
         AnsweredVia::Elicitation => format!("a person at {}", host.unwrap_or("the host")),
         AnsweredVia::Operator => "the operator".into(),

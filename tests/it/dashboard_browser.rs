@@ -92,7 +92,7 @@ fn the_dashboard_in_headless_chromium_shows_the_tree_live_opens_a_transcript_and
         .as_array()
         .unwrap()
         .iter()
-        .any(|m| common::text_of(&m["content"]).contains("by operator via dashboard] allow: ship it"));
+        .any(|m| common::text_of(&m["content"]).contains("by operator via dashboard, the operator at the dashboard] allow: ship it"));
     assert!(answer, "the answer is in the child's transcript with who gave it: {show}");
     let mut desk_keys: Vec<String> = serde_json::from_value(r["deskKeys"].clone()).unwrap();
     desk_keys.sort();
