@@ -16,7 +16,7 @@
 //! Who answers (docs/APPROVALS.md): a question may go to the requester's model; an approval goes to
 //! a person while one is reachable — the answerer's host shows it (elicitation), or an operator
 //! watches (`approvals.operatorWatches`) — and the model answers it only as
-//! `approvals.modelMayAnswer` (per rule or for all) allows ([`answerer`]). A host that declines or
+//! `approvals.modelMayAnswer` (per rule or for all) allows ([`pending`]). A host that declines or
 //! cancels faster than a person reads is no person: that route ends ([`note_route`]) and the ask
 //! falls to the next. Every answer records who gave it (the model, a person at which host, the
 //! operator, a rule, the timeout), in the ask and in the asking session.
@@ -138,8 +138,8 @@ pub struct Host<'a> {
     pub elicits: bool,
 }
 
-/// Who may answer `ask` when `caller` (at `host`) looks at it, and where the ways to a person stand.
-pub fn answerer(config: &crate::config::Config, caller: &SessionKey, host: Host, ask: &AskRow) -> (Answerer, PersonRoutes) {
+/// Who may answer `ask` when `caller` (at `host`) looks at it, and why.
+pub fn pending(config: &crate::config::Config, caller: &SessionKey, host: Host, ask: AskRow) -> Pending {
     let approvals = &config.agents.defaults.subagents.approvals;
     let host_route = if ask.target != *caller || !host.elicits {
         HostRoute::None
@@ -152,7 +152,37 @@ pub fn answerer(config: &crate::config::Config, caller: &SessionKey, host: Host,
     let routes = PersonRoutes { host: host_route, operator: approvals.operator_watches, timed_out };
     let agent = ask.child.agent_id(&config.default_agent());
     let may = crate::policy::model_may_answer(config, &agent, tool_name(ask.details.as_ref()).as_deref());
-    (crate::policy::who_answers(ask.kind == AskKind::Approval, may, routes), routes)
+    let approval = ask.kind == AskKind::Approval;
+    let who = crate::policy::who_answers(approval, may, routes);
+    let why = approval.then(|| why_words(who, routes, may, host));
+    Pending { ask, who, why }
+}
+
+/// Why an approval waits for whom it waits for, in words for the model.
+fn why_words(who: Answerer, routes: PersonRoutes, may: crate::config::ModelMayAnswer, host: Host) -> String {
+    use crate::config::ModelMayAnswer;
+    if who == Answerer::Person {
+        let mut ways = Vec::new();
+        if routes.host == HostRoute::Asked {
+            ways.push(format!("it is shown to the person at your host ({})", host.client.unwrap_or("your MCP client")));
+        }
+        if routes.operator {
+            ways.push("the operator answers it (dashboard, sessions-mcp respond)".to_string());
+        }
+        if ways.is_empty() {
+            ways.push("no person can be reached, and approvals.modelMayAnswer is never for it: it ends at approvals.timeoutSeconds with onTimeout".to_string());
+        }
+        return ways.join("; ");
+    }
+    match (may, routes.host) {
+        (ModelMayAnswer::Always, _) => "approvals.modelMayAnswer is always for it: you may answer it".into(),
+        _ if routes.timed_out => "no person answered within approvals.personTimeoutSeconds: you may answer it (a person still may, first)".into(),
+        (_, HostRoute::Ended) => format!(
+            "no person answered at your host ({}): it answered the form by itself or the person dismissed it; you may answer it",
+            host.client.unwrap_or("your MCP client")
+        ),
+        _ => "no person was asked: your host shows no elicitations (or is known to answer them by itself) and no operator watches; you may answer it".into(),
+    }
 }
 
 /// A host route event after which no person there will answer.
@@ -502,7 +532,7 @@ impl Engine<'_> {
 
     /// Answers `ask` (resolved by the façade among the caller's tree) as the caller, through
     /// `via` (the `subagents` tool: the caller's model; an elicitation: the person at `host`; the
-    /// dashboard). The model is refused an approval that waits for a person ([`answerer`]).
+    /// dashboard). The model is refused an approval that waits for a person ([`pending`]).
     pub fn respond(
         &self,
         caller: &Caller,
@@ -515,12 +545,12 @@ impl Engine<'_> {
         self.access.check_can_act(caller)?;
         let rt = self.runtime("subagents")?;
         if via == AnsweredVia::Subagents && ask.state == AskState::Open {
-            let (who, routes) = answerer(&rt.config, &caller.key, host, ask);
-            if who == Answerer::Person {
+            let seen = pending(&rt.config, &caller.key, host, ask.clone());
+            if seen.who == Answerer::Person {
                 return Err(ToolError::forbidden(format!(
-                    "requestId {} is an approval for a person, not for you: {}. Tell the user it waits for them, and wait (subagents {{\"action\": \"wait\"}} returns once it is answered); your answer was not used",
+                    "requestId {} is an approval for a person, not for you: {}. Tell the user it waits for them, and wait (subagents {{\"action\": \"wait\"}} returns once the child goes on); your answer was not used",
                     ask.id,
-                    person_words(routes, host)
+                    seen.why.unwrap_or_default()
                 )));
             }
         }
@@ -532,27 +562,13 @@ impl Engine<'_> {
     }
 }
 
-/// Why an approval waits for a person, in words for the model (wait's note, a refused respond).
-pub fn person_words(routes: PersonRoutes, host: Host) -> String {
-    let mut ways = Vec::new();
-    if routes.host == HostRoute::Asked {
-        ways.push(format!("it is shown to the person at your host ({})", host.client.unwrap_or("your MCP client")));
-    }
-    if routes.operator {
-        ways.push("the operator answers it (dashboard, sessions-mcp respond)".to_string());
-    }
-    if ways.is_empty() {
-        ways.push("no person can be reached, and approvals.modelMayAnswer is never for it: it ends at approvals.timeoutSeconds with onTimeout".to_string());
-    }
-    ways.join("; ")
-}
-
 /// An open ask put to the caller, with who may answer it as the caller sees it now.
 #[derive(Debug, Clone)]
 pub struct Pending {
     pub ask: AskRow,
     pub who: Answerer,
-    pub routes: PersonRoutes,
+    /// For an approval: why it waits for whom it waits for.
+    pub why: Option<String>,
 }
 
 impl Scheduler {

@@ -80,10 +80,7 @@ impl Engine<'_> {
             let attention = access
                 .asks_for(caller)?
                 .into_iter()
-                .map(|ask| {
-                    let (who, routes) = super::ask::answerer(&rt.config, &caller.key, host, &ask);
-                    Pending { ask, who, routes }
-                })
+                .map(|ask| super::ask::pending(&rt.config, &caller.key, host, ask))
                 .collect();
             Ok(WaitOutcome { finished, unfinished, attention, timed_out: false })
         };

@@ -173,7 +173,8 @@ pub struct Request {
     /// Who it waits for: "you" (answer it with respond) or "person" (an approval a person decides
     /// — at your host, or the operator — or that policy keeps from you: tell the user, and wait).
     pub waits_for: WaitsFor,
-    /// Why, when it waits for a person.
+    /// For an approval: why it waits for whom it waits for (which person is asked, or why you may
+    /// answer: no person was asked, the host answered by itself, …).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
 }
@@ -503,8 +504,7 @@ fn child_row(ctx: &Ctx, c: &Child, last: Option<&Value>) -> ChildRow {
 
 /// The ask with who may answer it, as the caller at its host sees it.
 fn pending(ctx: &Ctx, ask: &AskRow) -> Pending {
-    let (who, routes) = crate::engine::ask::answerer(ctx.access.config(), &ctx.caller.key, ctx.host(), ask);
-    Pending { ask: ask.clone(), who, routes }
+    crate::engine::ask::pending(ctx.access.config(), &ctx.caller.key, ctx.host(), ask.clone())
 }
 
 fn request(ctx: &Ctx, p: &Pending) -> Request {
@@ -526,7 +526,7 @@ fn request(ctx: &Ctx, p: &Pending) -> Request {
             Answerer::Model => WaitsFor::You,
             Answerer::Person => WaitsFor::Person,
         },
-        why: (p.who == Answerer::Person).then(|| crate::engine::ask::person_words(p.routes, ctx.host())),
+        why: p.why.clone(),
     }
 }
 

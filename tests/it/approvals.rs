@@ -126,6 +126,7 @@ fn a_host_that_declines_at_once_denies_nothing_and_the_ask_goes_to_the_model() {
     assert_eq!(w["status"], "attention", "{w}");
     assert_eq!(w["requests"][0]["requestId"], id.as_str(), "{w}");
     assert_eq!(w["requests"][0]["waitsFor"], "you", "the host's decline was no person's: {w}");
+    assert!(w["requests"][0]["why"].as_str().unwrap().contains("no person answered at your host (auto-declining-host)"), "{w}");
     assert!(w["note"].as_str().unwrap().contains("\"respond\""), "{w}");
     let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "model ok"}));
     assert_eq!(ok["status"], "ok", "{ok}");
@@ -177,6 +178,7 @@ fn with_no_elicitation_the_model_answers_only_as_the_policy_allows() {
     let (child, w) = spawn_and_wait_for_the_ask(&mut c);
     let id = w["requests"][0]["requestId"].as_str().unwrap().to_string();
     assert_eq!(w["requests"][0]["waitsFor"], "you", "{w}");
+    assert!(w["requests"][0]["why"].as_str().unwrap().starts_with("no person was asked"), "{w}");
     let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "deny", "text": "no"}));
     assert_eq!(ok["status"], "ok", "{ok}");
     assert!(finished_outcome(&mut c).contains("deny by the model\n"));
