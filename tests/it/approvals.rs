@@ -199,3 +199,30 @@ fn with_no_elicitation_the_model_answers_only_as_the_policy_allows() {
     assert!(answer_line(&transcript(&env, &child), &id).contains("by timeout via timeout, no one in time] deny"));
     c.close();
 }
+
+/// The official TypeScript SDK as the host (`tests/clients/ts_elicit.mjs`): the person answers the
+/// pushed elicitation after 3 s; the script's model answers what the wait calls its own and is
+/// refused the approval, so the child gets the person's answer.
+#[test]
+fn a_typescript_sdk_host_gets_its_persons_answer_not_the_models() {
+    let Some(sdk) = crate::mcp_apps::ext_apps(false) else { return };
+    let env = crate::asks::env_with(json!({}));
+    let serve = env.command(&["serve"]);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/ts_elicit.mjs");
+    let out = std::process::Command::new("node")
+        .arg(&script)
+        .arg(&sdk)
+        .arg("--")
+        .arg(serve.get_program())
+        .args(serve.get_args())
+        .envs(serve.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("ok"),
+        "the TypeScript SDK host failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
