@@ -146,7 +146,8 @@ pub fn respond(store: &Store, id: &str, decision: &str, text: Option<&str>) -> E
         "deny" => crate::store::AskDecision::Deny,
         other => return super::fail(format!("decision {other:?} is not allowed; allowed: allow, deny")),
     };
-    let answer = crate::store::Answer { decision, text, by: "operator", via: crate::store::AnsweredVia::Operator, host: None };
+    let answer =
+        crate::store::Answer { decision, text, by: "operator", via: crate::store::AnsweredVia::Operator, host: None };
     match crate::engine::ask::close_in(store, id, crate::store::AskState::Answered, &answer) {
         Ok(true) => {
             println!("answered {id}: {}", decision.as_str());

@@ -118,7 +118,12 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
 
 /// Whether a driven answerer's model may be given the ask: it has no host, so only the operator
 /// is a person to wait for.
-fn model_may_answer_driven(config: &crate::config::Config, agent: &crate::keys::AgentId, kind: AskKind, tool: Option<&str>) -> bool {
+fn model_may_answer_driven(
+    config: &crate::config::Config,
+    agent: &crate::keys::AgentId,
+    kind: AskKind,
+    tool: Option<&str>,
+) -> bool {
     let may = crate::policy::model_may_answer(config, agent, tool);
     let routes = PersonRoutes {
         host: HostRoute::None,
@@ -200,7 +205,13 @@ pub const ROUTE_SHOWN: &str = "shown";
 /// Records how the host route of open ask `ask` went: in the ask, and, when it ended the route,
 /// in the asking session's transcript; wakes the waiters (the ask may now fall to the model).
 /// False when the ask closed first.
-fn note_route(rt: &Scheduler, ask: &AskRow, outcome: &str, client: Option<&str>, ms: Option<u64>) -> Result<bool, StoreError> {
+fn note_route(
+    rt: &Scheduler,
+    ask: &AskRow,
+    outcome: &str,
+    client: Option<&str>,
+    ms: Option<u64>,
+) -> Result<bool, StoreError> {
     let event = json!({"route": "host", "outcome": outcome, "client": client, "ms": ms, "at": now_ms()});
     let at = client.unwrap_or("the host");
     let line = match outcome {
@@ -367,7 +378,11 @@ fn question_text(child: &SessionKey, ask: &NewAsk, person_first: bool) -> String
     } else {
         format!("Answer with {how}.")
     };
-    format!("Your sub-agent {child} asks ({kind}): {text}{options}{details}\n{answer}", kind = ask.kind.as_str(), text = words.text)
+    format!(
+        "Your sub-agent {child} asks ({kind}): {text}{options}{details}\n{answer}",
+        kind = ask.kind.as_str(),
+        text = words.text
+    )
 }
 
 /// The ask, in the asking session's transcript.
@@ -478,8 +493,13 @@ pub fn deliver_answers(rt: &Arc<Scheduler>) {
         }
     }
     for ask in rt.store.stranded_asks().unwrap_or_default() {
-        let answer =
-            Answer { decision: AskDecision::Deny, text: Some(WITHDRAWN), by: "server", via: AnsweredVia::Timeout, host: None };
+        let answer = Answer {
+            decision: AskDecision::Deny,
+            text: Some(WITHDRAWN),
+            by: "server",
+            via: AnsweredVia::Timeout,
+            host: None,
+        };
         let _ = close(rt, &ask.id, AskState::Withdrawn, &answer);
     }
     let held: Vec<String> = rt.asks.lock().expect("asks").keys().cloned().collect();
@@ -524,7 +544,13 @@ pub enum Responded {
 impl Engine<'_> {
     /// Records how showing `ask` to the person at the host `client` went (`outcome`: shown,
     /// unseen, dismissed), `ms` after it was shown when known.
-    pub fn note_host_route(&self, ask: &AskRow, outcome: &str, client: Option<&str>, ms: Option<u64>) -> Result<(), ToolError> {
+    pub fn note_host_route(
+        &self,
+        ask: &AskRow,
+        outcome: &str,
+        client: Option<&str>,
+        ms: Option<u64>,
+    ) -> Result<(), ToolError> {
         let rt = self.runtime("subagents")?;
         note_route(rt, ask, outcome, client, ms)?;
         Ok(())

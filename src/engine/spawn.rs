@@ -682,7 +682,11 @@ fn asked_line(rt: &Scheduler, run: &RunRow) -> Option<String> {
                 (Some(d), Some(via)) if a.state != crate::store::AskState::Withdrawn => format!(
                     "{} by {}",
                     d.as_str(),
-                    crate::engine::ask::answerer_words(via, a.answered_by.as_deref().unwrap_or_default(), a.answered_host.as_deref())
+                    crate::engine::ask::answerer_words(
+                        via,
+                        a.answered_by.as_deref().unwrap_or_default(),
+                        a.answered_host.as_deref()
+                    )
                 ),
                 _ => a.state.as_str().to_string(),
             };

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::ask::{Host, Pending};
 use super::scheduler::Waited;
 use super::{Engine, TurnResult, spawn, take_steps};
 use crate::access::caller::Caller;
 use crate::access::{Child, RunStatus, ToolError};
 use crate::keys::SessionKey;
-use super::ask::{Host, Pending};
 use crate::policy::Answerer;
 use crate::store::SessionRow;
 

@@ -10,7 +10,8 @@ pub mod usage;
 mod visibility;
 
 pub use approvals::{
-    Answerer, HostRoute, PersonRoutes, answered_unseen, approval_by_rule, auto_answering_client, model_may_answer, who_answers,
+    Answerer, HostRoute, PersonRoutes, answered_unseen, approval_by_rule, auto_answering_client, model_may_answer,
+    who_answers,
 };
 pub use send_policy::{SendDecision, SendPolicySource, SendTarget, resolve_send_policy};
 pub use tool_set::{CallerRole, ToolName, spawnable, tools_for};

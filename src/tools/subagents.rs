@@ -25,9 +25,9 @@ use super::args::{ArgReader, Bounds};
 use super::{Ctx, Output, ToolError, ToolSpec};
 use crate::access::{AnnounceState, AnsweredVia, AskDecision, AskRow, Child, RunState, SessionRow};
 use crate::engine::ask::{Pending, Responded};
-use crate::policy::Answerer;
 use crate::engine::steer::{Disposition, SteerRequest};
 use crate::engine::subagents::{CancelOutcome, Until, WaitOutcome};
+use crate::policy::Answerer;
 use crate::policy::ToolName;
 use crate::policy::budget::Account;
 use crate::sanitize::json_len;
@@ -581,7 +581,8 @@ async fn wait(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<WaitOk, ToolError> {
         WaitUntil::Any => Until::Any,
         WaitUntil::All => Until::All,
     };
-    let Some(outcome) = ctx.engine().wait_subagents(ctx.caller, ctx.host(), &rows, engine_until, timeout, &ctx.cancel).await?
+    let Some(outcome) =
+        ctx.engine().wait_subagents(ctx.caller, ctx.host(), &rows, engine_until, timeout, &ctx.cancel).await?
     else {
         return Err(ToolError::error("the wait was cancelled before it returned; no outcome was consumed"));
     };

@@ -45,7 +45,10 @@ fn the_model_is_refused(c: &mut Client, id: &str) {
     let r = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow"}));
     assert_eq!(r["status"], "forbidden", "{r}");
     let error = r["error"].as_str().unwrap();
-    assert!(error.contains("is an approval for a person, not for you") && error.contains("your answer was not used"), "{r}");
+    assert!(
+        error.contains("is an approval for a person, not for you") && error.contains("your answer was not used"),
+        "{r}"
+    );
 }
 
 fn finished_outcome(c: &mut Client) -> String {
@@ -85,7 +88,11 @@ fn a_person_at_the_host_answers_the_approval_and_the_model_is_told_to_wait() {
     assert!(asked["params"]["message"].as_str().unwrap().contains("asks for approval: May I write ask for a.txt?"));
     the_model_is_refused(&mut c, &id);
     std::thread::sleep(Duration::from_secs(3));
-    answer_elicitation(&mut c, &asked, json!({"action": "accept", "content": {"decision": "allow", "text": "from the person"}}));
+    answer_elicitation(
+        &mut c,
+        &asked,
+        json!({"action": "accept", "content": {"decision": "allow", "text": "from the person"}}),
+    );
 
     let outcome = finished_outcome(&mut c);
     assert!(outcome.contains("Result: decision=allow answer=from the person\n"), "{outcome}");
@@ -94,7 +101,10 @@ fn a_person_at_the_host_answers_the_approval_and_the_model_is_told_to_wait() {
         "{outcome}"
     );
     let line = answer_line(&transcript(&env, &child), &id);
-    assert_eq!(line, format!("[answer to {id} by agent:main:main via elicitation, a person at ts-like-host] allow: from the person"));
+    assert_eq!(
+        line,
+        format!("[answer to {id} by agent:main:main via elicitation, a person at ts-like-host] allow: from the person")
+    );
     c.close();
 }
 
@@ -126,9 +136,13 @@ fn a_host_that_declines_at_once_denies_nothing_and_the_ask_goes_to_the_model() {
     assert_eq!(w["status"], "attention", "{w}");
     assert_eq!(w["requests"][0]["requestId"], id.as_str(), "{w}");
     assert_eq!(w["requests"][0]["waitsFor"], "you", "the host's decline was no person's: {w}");
-    assert!(w["requests"][0]["why"].as_str().unwrap().contains("no person answered at your host (auto-declining-host)"), "{w}");
+    assert!(
+        w["requests"][0]["why"].as_str().unwrap().contains("no person answered at your host (auto-declining-host)"),
+        "{w}"
+    );
     assert!(w["note"].as_str().unwrap().contains("\"respond\""), "{w}");
-    let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "model ok"}));
+    let ok =
+        c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "model ok"}));
     assert_eq!(ok["status"], "ok", "{ok}");
 
     let outcome = finished_outcome(&mut c);
@@ -136,7 +150,9 @@ fn a_host_that_declines_at_once_denies_nothing_and_the_ask_goes_to_the_model() {
     assert!(outcome.contains("Asked: approval \"May I write ask for a.txt?\": allow by the model\n"), "{outcome}");
     let texts = transcript(&env, &child);
     assert!(
-        texts.iter().any(|t| t.starts_with(&format!("[input request {id}: auto-declining-host answered it by itself in "))),
+        texts
+            .iter()
+            .any(|t| t.starts_with(&format!("[input request {id}: auto-declining-host answered it by itself in "))),
         "{texts:?}"
     );
     assert!(answer_line(&texts, &id).contains("via subagents, the model] allow: model ok"), "{texts:?}");

@@ -842,10 +842,17 @@ fn a_claude_childs_permission_prompt_is_answered_by_its_requester_through_subage
 
 /// Claude Code as the host of `env`'s server, against the fake API on `port`, in the isolated
 /// `home`: `-p`, then `args`, with stream-json output.
-fn claude_host(claude: &std::path::Path, env: &TestEnv, port: u16, home: &std::path::Path, args: &[&str]) -> std::process::Command {
+fn claude_host(
+    claude: &std::path::Path,
+    env: &TestEnv,
+    port: u16,
+    home: &std::path::Path,
+    args: &[&str],
+) -> std::process::Command {
     let serve = env.command(&["serve"]);
     let serve_args: Vec<String> = serve.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-    let mcp = json!({"mcpServers": {"sessions": {"command": serve.get_program().to_string_lossy(), "args": serve_args}}});
+    let mcp =
+        json!({"mcpServers": {"sessions": {"command": serve.get_program().to_string_lossy(), "args": serve_args}}});
     let mcp_file = env.write_file("host-mcp.json", &mcp.to_string());
     let mut host = std::process::Command::new(claude);
     // `args` right after -p: a prompt there is not taken for another --mcp-config file.
@@ -931,7 +938,10 @@ fn claude_code_print_mode_cancels_unseen_and_the_approval_falls_to_the_model_not
     // A generous threshold: Claude Code's own cancel is fast, but this machine may be loaded.
     let env = crate::asks::env_with(json!({"approvals": {"autoAnswerMs": 10000}}));
     let home = tempfile::tempdir().unwrap();
-    let out = claude_host(&claude, &env, port, home.path(), &["ASK HOST"]).stderr(std::process::Stdio::piped()).output().unwrap();
+    let out = claude_host(&claude, &env, port, home.path(), &["ASK HOST"])
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let result = stdout
         .lines()

@@ -6,8 +6,8 @@ mod agents;
 mod answer_budget_props;
 mod asks;
 // The layer order and the invariants of docs/ARCHITECTURE.md, read from src/.
-mod architecture;
 mod approvals;
+mod architecture;
 mod asking;
 mod attachments;
 mod bad_inputs;
