@@ -405,6 +405,8 @@ fn asked_message(run: &RunRow, ask: &NewAsk) -> NewMessage {
 /// closed already (the first answer wins).
 pub fn close(rt: &Scheduler, id: &str, state: AskState, answer: &Answer) -> Result<bool, StoreError> {
     let closed = close_in(&rt.store, id, state, answer)?;
+    // What callers were told of it no longer matters (an ask closed elsewhere leaves at their next wait).
+    rt.told.lock().expect("told asks").retain(|(_, ask), _| ask != id);
     rt.wake();
     Ok(closed)
 }

@@ -1,7 +1,8 @@
 //! Who answers a sub-agent's approval (issue 36), one route per test, black-box over stdio: a
 //! person at a host that shows elicitations (answering after 3 s, as a person reads), a host that
 //! declines at once without showing it (like Codex `exec`) and one known by its `clientInfo.name`,
-//! and a host with no elicitation at all (like Gemini CLI). Each asserts who answered — in the
+//! a host with no elicitation at all (like Gemini CLI), a person past `personTimeoutSeconds`, and
+//! the official TypeScript SDK as the host. Each asserts who answered — in the
 //! transcript and the announce — and that the model never answered an approval the policy kept
 //! from it.
 
@@ -105,6 +106,32 @@ fn a_person_at_the_host_answers_the_approval_and_the_model_is_told_to_wait() {
         line,
         format!("[answer to {id} by agent:main:main via elicitation, a person at ts-like-host] allow: from the person")
     );
+    c.close();
+}
+
+/// A person who does not answer within `personTimeoutSeconds`: the approval falls to the model,
+/// which answers; the person's form is withdrawn.
+#[test]
+fn after_the_person_timeout_the_model_may_answer_and_the_persons_form_is_withdrawn() {
+    let env = crate::asks::env_with(json!({"approvals": {"personTimeoutSeconds": 2}}));
+    let mut c = host(&env, "slow-person-host", true);
+    let (child, w) = spawn_and_wait_for_the_ask(&mut c);
+    let id = w["requests"][0]["requestId"].as_str().unwrap().to_string();
+    assert_eq!(w["requests"][0]["waitsFor"], "person", "{w}");
+    let asked = pushed(&mut c);
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["requests"][0]["waitsFor"], "you", "{w}");
+    assert!(w["requests"][0]["why"].as_str().unwrap().contains("personTimeoutSeconds"), "{w}");
+    let ok =
+        c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "model ok"}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    assert!(finished_outcome(&mut c).contains("allow by the model\n"));
+    let cancelled = wait_until(Duration::from_secs(20), "the person's form withdrawn", || {
+        c.pump(Duration::from_millis(100));
+        c.take_notification("notifications/cancelled")
+    });
+    assert_eq!(cancelled["params"]["requestId"], asked["id"], "{cancelled}");
+    assert!(answer_line(&transcript(&env, &child), &id).contains("via subagents, the model] allow: model ok"));
     c.close();
 }
 
