@@ -192,15 +192,30 @@ fn why_words(who: Answerer, routes: PersonRoutes, may: crate::config::ModelMayAn
 
 /// A host route event after which no person there will answer.
 fn route_ended(event: &Value) -> bool {
-    event["route"] == "host" && matches!(event["outcome"].as_str(), Some(ROUTE_UNSEEN | ROUTE_DISMISSED))
+    let ended = [HostOutcome::Unseen, HostOutcome::Dismissed].map(HostOutcome::as_str);
+    event["route"] == "host" && event["outcome"].as_str().is_some_and(|o| ended.contains(&o))
 }
 
-/// The host answered the elicitation faster than a person reads: nobody saw it.
-pub const ROUTE_UNSEEN: &str = "unseen";
-/// The person at the host dismissed it unanswered.
-pub const ROUTE_DISMISSED: &str = "dismissed";
-/// Shown to the person at the host.
-pub const ROUTE_SHOWN: &str = "shown";
+/// How showing an ask to the person at a host went (an ask's `routes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostOutcome {
+    /// Shown (pushed) to the person at the host.
+    Shown,
+    /// The host declined or cancelled it faster than a person reads: nobody saw it.
+    Unseen,
+    /// The person at the host dismissed it unanswered.
+    Dismissed,
+}
+
+impl HostOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostOutcome::Shown => "shown",
+            HostOutcome::Unseen => "unseen",
+            HostOutcome::Dismissed => "dismissed",
+        }
+    }
+}
 
 /// Records how the host route of open ask `ask` went: in the ask, and, when it ended the route,
 /// in the asking session's transcript; wakes the waiters (the ask may now fall to the model).
@@ -208,20 +223,22 @@ pub const ROUTE_SHOWN: &str = "shown";
 fn note_route(
     rt: &Scheduler,
     ask: &AskRow,
-    outcome: &str,
+    outcome: HostOutcome,
     client: Option<&str>,
     ms: Option<u64>,
 ) -> Result<bool, StoreError> {
-    let event = json!({"route": "host", "outcome": outcome, "client": client, "ms": ms, "at": now_ms()});
+    let event = json!({"route": "host", "outcome": outcome.as_str(), "client": client, "ms": ms, "at": now_ms()});
     let at = client.unwrap_or("the host");
     let line = match outcome {
-        ROUTE_UNSEEN => Some(format!(
+        HostOutcome::Unseen => Some(format!(
             "[input request {}: {at} answered it by itself in {} ms, faster than a person reads: no person there; it goes to the next way to answer]",
             ask.id,
             ms.unwrap_or(0)
         )),
-        ROUTE_DISMISSED => Some(format!("[input request {}: the person at {at} dismissed it unanswered]", ask.id)),
-        _ => None,
+        HostOutcome::Dismissed => {
+            Some(format!("[input request {}: the person at {at} dismissed it unanswered]", ask.id))
+        }
+        HostOutcome::Shown => None,
     };
     let noted = rt.store.write(|tx| -> Result<bool, StoreError> {
         if !tx.add_ask_route(&ask.id, &event)? {
@@ -544,12 +561,12 @@ pub enum Responded {
 }
 
 impl Engine<'_> {
-    /// Records how showing `ask` to the person at the host `client` went (`outcome`: shown,
-    /// unseen, dismissed), `ms` after it was shown when known.
+    /// Records how showing `ask` to the person at the host `client` went, `ms` after it was
+    /// shown when known.
     pub fn note_host_route(
         &self,
         ask: &AskRow,
-        outcome: &str,
+        outcome: HostOutcome,
         client: Option<&str>,
         ms: Option<u64>,
     ) -> Result<(), ToolError> {

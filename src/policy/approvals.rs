@@ -153,4 +153,14 @@ mod tests {
         assert_eq!(who_answers(true, Never, nobody), Person);
         assert_eq!(who_answers(false, Never, asked), Model, "questions may go to the model");
     }
+
+    #[test]
+    fn a_host_answers_by_itself_when_it_is_fast_or_known_by_name() {
+        let (c, _) = parse("{agents:{defaults:{subagents:{approvals:{autoAnsweringClients:['codex-*']}}}}}").unwrap();
+        assert!(auto_answering_client("codex-mcp-client", &c));
+        assert!(!auto_answering_client("claude-code", &c));
+        let defaults = Config::default();
+        assert!(auto_answering_client("codex-mcp-client", &defaults), "known by default");
+        assert!(answered_unseen(999, &defaults) && !answered_unseen(1000, &defaults), "1 s by default");
+    }
 }

@@ -40,7 +40,7 @@ use super::subscriptions::Hub;
 use crate::access::Access;
 use crate::access::caller::Caller;
 use crate::engine::Engine;
-use crate::engine::ask::{Host, ROUTE_DISMISSED, ROUTE_SHOWN, ROUTE_UNSEEN};
+use crate::engine::ask::{Host, HostOutcome};
 use crate::engine::scheduler::Scheduler;
 use crate::store::{AnsweredVia, AskDecision, AskKind, AskRow, now_ms};
 
@@ -162,12 +162,12 @@ fn apply(
     let refused = matches!(result.action, ElicitationAction::Decline | ElicitationAction::Cancel);
     let unseen = refused && ms.is_some_and(|ms| crate::policy::answered_unseen(ms, access.config()));
     let engine = Engine::new(access, runtime);
-    let route = |outcome: &str| engine.note_host_route(ask, outcome, client, ms).map_err(|e| e.message);
+    let route = |outcome: HostOutcome| engine.note_host_route(ask, outcome, client, ms).map_err(|e| e.message);
     if unseen {
         tracing::info!(ask = %ask.id, ?client, ?ms, "the host answered an elicitation by itself: no person there");
-        return route(ROUTE_UNSEEN);
+        return route(HostOutcome::Unseen);
     }
-    let Some((decision, text)) = answer_of(ask, result)? else { return route(ROUTE_DISMISSED) };
+    let Some((decision, text)) = answer_of(ask, result)? else { return route(HostOutcome::Dismissed) };
     engine
         .respond(caller, ask, decision, text.as_deref(), AnsweredVia::Elicitation, Host { client, elicits: true })
         .map(|_| ())
@@ -338,7 +338,7 @@ impl Watch {
         let sent = Instant::now();
         let client = self.client.as_deref();
         let engine = Engine::new(&self.access, self.runtime.as_ref());
-        if let Err(e) = engine.note_host_route(&ask, ROUTE_SHOWN, client, None) {
+        if let Err(e) = engine.note_host_route(&ask, HostOutcome::Shown, client, None) {
             tracing::warn!(ask = %ask.id, error = %e.message, "recording an elicitation shown failed");
         }
         let left = Duration::from_millis((ask.deadline_at - now_ms()).max(0) as u64);
