@@ -258,7 +258,7 @@ fn ask_json(a: &crate::store::AskRow) -> Value {
     json!({
         "requestId": a.id, "sessionKey": a.child.as_str(), "runId": a.run_id, "kind": a.kind.as_str(),
         "text": words.text, "options": words.options, "details": words.details, "askedOf": a.target.as_str(),
-        "createdAt": a.created_at, "deadlineAt": a.deadline_at,
+        "createdAt": a.created_at, "deadlineAt": a.deadline_at, "routes": a.routes,
     })
 }
 

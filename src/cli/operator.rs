@@ -125,7 +125,8 @@ pub fn pending(store: &Store, as_json: bool) -> ExitCode {
         .iter()
         .map(|a| {
             json!({"requestId": a.id, "session": a.child.as_str(), "kind": a.kind.as_str(), "text": a.text,
-                   "details": a.details, "askedOf": a.target.as_str(), "expiresAt": a.deadline_at})
+                   "details": a.details, "askedOf": a.target.as_str(), "expiresAt": a.deadline_at,
+                   "routes": a.routes})
         })
         .collect();
     if as_json {
@@ -146,7 +147,8 @@ pub fn respond(store: &Store, id: &str, decision: &str, text: Option<&str>) -> E
         "deny" => crate::store::AskDecision::Deny,
         other => return super::fail(format!("decision {other:?} is not allowed; allowed: allow, deny")),
     };
-    let answer = crate::store::Answer { decision, text, by: "operator", via: crate::store::AnsweredVia::Operator };
+    let answer =
+        crate::store::Answer { decision, text, by: "operator", via: crate::store::AnsweredVia::Operator, host: None };
     match crate::engine::ask::close_in(store, id, crate::store::AskState::Answered, &answer) {
         Ok(true) => {
             println!("answered {id}: {}", decision.as_str());

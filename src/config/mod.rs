@@ -33,6 +33,10 @@ pub mod defaults {
     pub const SWEEP_INTERVAL_SECONDS: u64 = 60;
     pub const APPROVAL_TIMEOUT_SECONDS: u64 = 600;
     pub const APPROVAL_MAX_OPEN_PER_RUN: u32 = 8;
+    /// A decline or cancel of an elicitation faster than this came from the host, not a person.
+    pub const APPROVAL_AUTO_ANSWER_MS: u64 = 1000;
+    /// Hosts known to decline or cancel every elicitation without showing it (`clientInfo.name`).
+    pub const APPROVAL_AUTO_ANSWERING_CLIENTS: &[&str] = &["codex-mcp-client"];
     pub const ANNOUNCE_STEP: bool = true;
     pub const MAIN_KEY: &str = crate::keys::DEFAULT_MAIN_KEY;
     pub const MAX_PING_PONG_TURNS: u32 = 5;
@@ -256,8 +260,27 @@ pub struct Approvals {
     pub max_open_per_run: u32,
     /// Approvals decided without asking, first match wins: `{decision, tool?, agent?}` with globs
     /// (`*`) over the requested tool's name and the asking agent's id; a rule without `tool`
-    /// matches every approval of its agents. Questions are always asked.
+    /// matches every approval of its agents. A rule may give `modelMayAnswer` instead of a
+    /// `decision`: the approvals it matches are asked, and that says who may answer them.
+    /// Questions are always asked.
     pub rules: Vec<ApprovalRule>,
+    /// Whether the requester's model may answer an approval no rule decided: `afterPerson`
+    /// (default: only when no person can be reached — no host shows it, no operator watches —
+    /// or the person's route declined it unseen, was dismissed, or passed `personTimeoutSeconds`),
+    /// `always`, or `never`. Questions may always go to the model.
+    pub model_may_answer: ModelMayAnswer,
+    /// An operator watches the dashboard or `sessions-mcp ls --pending`: a person is reachable for
+    /// every ask, so under `afterPerson` the model waits for them.
+    pub operator_watches: bool,
+    /// After this long unanswered by a person, under `afterPerson` the model may answer too (the
+    /// person can still answer first). None: only `timeoutSeconds` ends the wait.
+    pub person_timeout_seconds: Option<u64>,
+    /// A decline or cancel of an elicitation that comes back faster than this (ms) came from the
+    /// host, not a person who read it: no person is there, and the ask goes to the next route.
+    pub auto_answer_ms: u64,
+    /// Globs over the MCP client's name (`clientInfo.name`) of hosts that decline or cancel every
+    /// elicitation without showing it: they are not asked, and count as no person reachable.
+    pub auto_answering_clients: Vec<String>,
 }
 
 impl Default for Approvals {
@@ -267,8 +290,24 @@ impl Default for Approvals {
             on_timeout: ApprovalDecision::Deny,
             max_open_per_run: defaults::APPROVAL_MAX_OPEN_PER_RUN,
             rules: Vec::new(),
+            model_may_answer: ModelMayAnswer::AfterPerson,
+            operator_watches: false,
+            person_timeout_seconds: None,
+            auto_answer_ms: defaults::APPROVAL_AUTO_ANSWER_MS,
+            auto_answering_clients: defaults::APPROVAL_AUTO_ANSWERING_CLIENTS.iter().map(|c| c.to_string()).collect(),
         }
     }
+}
+
+/// Whether the requester's model may answer an approval meant for a person.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ModelMayAnswer {
+    /// Only once no person can be reached, or the person's route ended without an answer.
+    AfterPerson,
+    Always,
+    /// Only a person (or a rule, or the timeout) answers.
+    Never,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -281,7 +320,10 @@ pub enum ApprovalDecision {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApprovalRule {
-    pub decision: ApprovalDecision,
+    /// Decides the approvals it matches without asking anyone.
+    pub decision: Option<ApprovalDecision>,
+    /// Or: the approvals it matches are asked, and this says whether the model may answer them.
+    pub model_may_answer: Option<ModelMayAnswer>,
     /// A glob over the tool's name (e.g. `Read`, `mcp__*__list*`).
     pub tool: Option<String>,
     /// A glob over the asking agent's id.
@@ -1016,6 +1058,16 @@ impl Config {
         }
         if sub.approvals.max_open_per_run == 0 {
             return Err("agents.defaults.subagents.approvals.maxOpenPerRun must be at least 1".into());
+        }
+        for (i, rule) in sub.approvals.rules.iter().enumerate() {
+            if rule.decision.is_some() == rule.model_may_answer.is_some() {
+                return Err(format!(
+                    "agents.defaults.subagents.approvals.rules[{i}] must give exactly one of decision (allow | deny: decide without asking) or modelMayAnswer (afterPerson | always | never: ask, and say who may answer)"
+                ));
+            }
+        }
+        if sub.approvals.person_timeout_seconds == Some(0) {
+            return Err("agents.defaults.subagents.approvals.personTimeoutSeconds must be at least 1 (leave it out for no person timeout)".into());
         }
         if self.session.agent_to_agent.max_ping_pong_turns > 5 {
             return Err(format!(

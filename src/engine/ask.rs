@@ -12,6 +12,14 @@
 //! in one turn: while its ask turn for that child is queued and not started, a further ask joins
 //! it (its input lists them, one text block each, with their ids beside in `requestIds`), and an
 //! answered ask leaves it (the turn is withdrawn once none is left).
+//!
+//! Who answers (docs/APPROVALS.md): a question may go to the requester's model; an approval goes to
+//! a person while one is reachable — the answerer's host shows it (elicitation), or an operator
+//! watches (`approvals.operatorWatches`) — and the model answers it only as
+//! `approvals.modelMayAnswer` (per rule or for all) allows ([`pending`]). A host that declines or
+//! cancels faster than a person reads is no person: that route ends ([`note_route`]) and the ask
+//! falls to the next. Every answer records who gave it (the model, a person at which host, the
+//! operator, a rule, the timeout), in the ask and in the asking session.
 
 use std::sync::Arc;
 
@@ -25,7 +33,7 @@ use crate::access::ToolError;
 use crate::access::caller::Caller;
 use crate::config::ApprovalDecision;
 use crate::keys::SessionKey;
-use crate::policy::{CallerRole, ToolName};
+use crate::policy::{Answerer, CallerRole, HostRoute, PersonRoutes, ToolName};
 use crate::runner::{Decision, InputAnswer, InputKind, InputRequest};
 use crate::store::{
     Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk, NewMessage, NewRun, RunMode, RunRow,
@@ -56,7 +64,7 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         .then(|| crate::policy::approval_by_rule(&rt.config, &run.agent_id, tool.as_deref()))
         .flatten();
     let Some(child) = rt.store.session_by_key(&run.session_key)? else { return Ok(()) };
-    let target = answerer(rt, &child)?;
+    let target = answering_session(rt, &child)?;
     let cap = approvals.max_open_per_run;
     let id = uuid::Uuid::new_v4().to_string();
     let ask = NewAsk {
@@ -71,16 +79,27 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         target: target.as_ref().map_or(&child.key, |t| &t.key),
         deadline_at: now_ms() + (approvals.timeout_seconds * 1000) as i64,
     };
+    let by_rule = rule.map(|decision| Answer {
+        decision: decided(decision),
+        text: Some("decided by approvals.rules"),
+        by: "rule",
+        via: AnsweredVia::Rule,
+        host: None,
+    });
     let recorded = rt.store.write(|tx| -> Result<bool, StoreError> {
         if tx.open_asks_of_run(&run.run_id)? >= i64::from(cap) {
             return Ok(false);
         }
         tx.add_ask(&ask)?;
         tx.append_message(child.id, &asked_message(run, &ask))?;
-        if rule.is_none()
-            && let Some(target) = &target
+        // Decided in the same transaction, so no wait ever sees it open.
+        if let Some(answer) = &by_rule {
+            tx.close_ask(&id, AskState::Answered, answer)?;
+            tx.append_message(child.id, &answer_message(&id, &run.run_id, AskState::Answered, answer))?;
+        } else if let Some(target) = &target
+            && (target.external || model_may_answer_driven(&rt.config, &run.agent_id, kind, tool.as_deref()))
         {
-            put_to(tx, run, &child, target, &ask)?;
+            put_to(tx, run, &child, target, &ask, &rt.config)?;
         }
         Ok(true)
     })?;
@@ -93,17 +112,156 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         return Ok(());
     }
     rt.asks.lock().expect("asks").insert(id.clone(), request.answer);
-    if let Some(decision) = rule {
-        let answer = Answer {
-            decision: decided(decision),
-            text: Some("decided by approvals.rules"),
-            by: "rule",
-            via: AnsweredVia::Rule,
-        };
-        close(rt, &id, AskState::Answered, &answer)?;
-    }
     rt.wake();
     Ok(())
+}
+
+/// Whether a driven answerer's model may be given the ask: it has no host, so only the operator
+/// is a person to wait for.
+fn model_may_answer_driven(
+    config: &crate::config::Config,
+    agent: &crate::keys::AgentId,
+    kind: AskKind,
+    tool: Option<&str>,
+) -> bool {
+    let may = crate::policy::model_may_answer(config, agent, tool);
+    let routes = PersonRoutes {
+        host: HostRoute::None,
+        operator: config.agents.defaults.subagents.approvals.operator_watches,
+        timed_out: false,
+    };
+    crate::policy::who_answers(kind == AskKind::Approval, may, routes) == Answerer::Model
+}
+
+/// The answerer's MCP host as one tool call sees it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Host<'a> {
+    /// `clientInfo.name`, when the client said.
+    pub client: Option<&'a str>,
+    /// The client shows elicitations to a person (form mode, not a host known to answer them by
+    /// itself).
+    pub elicits: bool,
+}
+
+/// Who may answer `ask` when `caller` (at `host`) looks at it, and why.
+pub fn pending(config: &crate::config::Config, caller: &SessionKey, host: Host, ask: AskRow) -> Pending {
+    let approvals = &config.agents.defaults.subagents.approvals;
+    let host_route = if ask.target != *caller || !host.elicits {
+        HostRoute::None
+    } else if ask.routes.iter().any(route_ended) {
+        HostRoute::Ended
+    } else {
+        HostRoute::Asked
+    };
+    let timed_out = approvals.person_timeout_seconds.is_some_and(|s| now_ms() - ask.created_at >= (s * 1000) as i64);
+    let routes = PersonRoutes { host: host_route, operator: approvals.operator_watches, timed_out };
+    let agent = ask.child.agent_id(&config.default_agent());
+    let may = crate::policy::model_may_answer(config, &agent, tool_name(ask.details.as_ref()).as_deref());
+    let approval = ask.kind == AskKind::Approval;
+    let who = crate::policy::who_answers(approval, may, routes);
+    let why = approval.then(|| why_words(who, routes, may, host));
+    Pending { ask, who, why }
+}
+
+/// Why an approval waits for whom it waits for, in words for the model.
+fn why_words(who: Answerer, routes: PersonRoutes, may: crate::config::ModelMayAnswer, host: Host) -> String {
+    use crate::config::ModelMayAnswer;
+    if who == Answerer::Person {
+        let mut ways = Vec::new();
+        if routes.host == HostRoute::Asked {
+            ways.push(format!("it is shown to the person at your host ({})", host.client.unwrap_or("your MCP client")));
+        }
+        if routes.operator {
+            ways.push("the operator answers it (dashboard, sessions-mcp respond)".to_string());
+        }
+        if ways.is_empty() {
+            ways.push("no person can be reached, and approvals.modelMayAnswer is never for it: it ends at approvals.timeoutSeconds with onTimeout".to_string());
+        }
+        return ways.join("; ");
+    }
+    match (may, routes.host) {
+        (ModelMayAnswer::Always, _) => "approvals.modelMayAnswer is always for it: you may answer it".into(),
+        _ if routes.timed_out => "no person answered within approvals.personTimeoutSeconds: you may answer it (a person still may, first)".into(),
+        (_, HostRoute::Ended) => format!(
+            "no person answered at your host ({}): it answered the form by itself or the person dismissed it; you may answer it",
+            host.client.unwrap_or("your MCP client")
+        ),
+        _ => "no person was asked: your host shows no elicitations (or is known to answer them by itself) and no operator watches; you may answer it".into(),
+    }
+}
+
+/// A host route event after which no person there will answer.
+fn route_ended(event: &Value) -> bool {
+    let ended = [HostOutcome::Unseen, HostOutcome::Dismissed].map(HostOutcome::as_str);
+    event["route"] == "host" && event["outcome"].as_str().is_some_and(|o| ended.contains(&o))
+}
+
+/// How showing an ask to the person at a host went (an ask's `routes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostOutcome {
+    /// Shown (pushed) to the person at the host.
+    Shown,
+    /// The host declined or cancelled it faster than a person reads: nobody saw it.
+    Unseen,
+    /// The person at the host dismissed it unanswered.
+    Dismissed,
+}
+
+impl HostOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostOutcome::Shown => "shown",
+            HostOutcome::Unseen => "unseen",
+            HostOutcome::Dismissed => "dismissed",
+        }
+    }
+}
+
+/// Records how the host route of open ask `ask` went: in the ask, and, when it ended the route,
+/// in the asking session's transcript; wakes the waiters (the ask may now fall to the model).
+/// False when the ask closed first.
+fn note_route(
+    rt: &Scheduler,
+    ask: &AskRow,
+    outcome: HostOutcome,
+    client: Option<&str>,
+    ms: Option<u64>,
+) -> Result<bool, StoreError> {
+    let event = json!({"route": "host", "outcome": outcome.as_str(), "client": client, "ms": ms, "at": now_ms()});
+    let at = client.unwrap_or("the host");
+    let line = match outcome {
+        HostOutcome::Unseen => Some(format!(
+            "[input request {}: {at} answered it by itself in {} ms, faster than a person reads: no person there; it goes to the next way to answer]",
+            ask.id,
+            ms.unwrap_or(0)
+        )),
+        HostOutcome::Dismissed => {
+            Some(format!("[input request {}: the person at {at} dismissed it unanswered]", ask.id))
+        }
+        HostOutcome::Shown => None,
+    };
+    let noted = rt.store.write(|tx| -> Result<bool, StoreError> {
+        if !tx.add_ask_route(&ask.id, &event)? {
+            return Ok(false);
+        }
+        if let Some(line) = &line {
+            tx.append_message(ask.session, &route_message(ask, line))?;
+        }
+        Ok(true)
+    })?;
+    rt.wake();
+    Ok(noted)
+}
+
+fn route_message(ask: &AskRow, line: &str) -> NewMessage {
+    NewMessage {
+        role: "system".into(),
+        content: json!([{"type": "text", "text": line}]),
+        run_id: Some(ask.run_id.clone()),
+        provenance: Some(Provenance::InternalSystem { tool: SourceTool::InputRequest, chain: None }.to_json()),
+        extra: Some(serde_json::Map::from_iter([("requestId".to_string(), Value::from(ask.id.clone()))])),
+        ..Default::default()
+    }
 }
 
 /// The tool an approval is for, when the request names it (`details.toolName`, or Claude Code's
@@ -122,7 +280,7 @@ fn decided(d: ApprovalDecision) -> AskDecision {
 
 /// The nearest ancestor that can answer: offered `subagents` (which carries `respond`). None:
 /// only the operator can.
-fn answerer(rt: &Scheduler, child: &SessionRow) -> Result<Option<SessionRow>, StoreError> {
+fn answering_session(rt: &Scheduler, child: &SessionRow) -> Result<Option<SessionRow>, StoreError> {
     let mut at = child.spawned_by.clone();
     while let Some(key) = at {
         let Some(row) = rt.store.session_by_key(&key)? else { return Ok(None) };
@@ -140,8 +298,17 @@ fn answerer(rt: &Scheduler, child: &SessionRow) -> Result<Option<SessionRow>, St
 
 /// How an answerer is told: a line in an external session; in a driven one the input of a run,
 /// the queued ask turn this child's asks already wait in, else a new one.
-fn put_to(tx: &Tx, run: &RunRow, child: &SessionRow, target: &SessionRow, ask: &NewAsk) -> Result<(), StoreError> {
-    let text = question_text(&child.key, ask);
+fn put_to(
+    tx: &Tx,
+    run: &RunRow,
+    child: &SessionRow,
+    target: &SessionRow,
+    ask: &NewAsk,
+    config: &crate::config::Config,
+) -> Result<(), StoreError> {
+    let may = crate::policy::model_may_answer(config, &run.agent_id, tool_name(ask.details).as_deref());
+    let person_first = ask.kind == AskKind::Approval && may != crate::config::ModelMayAnswer::Always;
+    let text = question_text(&child.key, ask, person_first && target.external);
     let provenance =
         Provenance::from_session(&child.key, "internal", SourceTool::InputRequest, run.chain_id.as_deref()).to_json();
     if target.external {
@@ -212,15 +379,26 @@ fn leave_turn(tx: &Tx, ask: &AskRow) -> Result<(), StoreError> {
 }
 
 /// What the answerer reads: the ask's words masked, as `subagents list` shows them.
-fn question_text(child: &SessionKey, ask: &NewAsk) -> String {
+/// `person_first`: an approval a person at the answerer's host decides when one is there.
+fn question_text(child: &SessionKey, ask: &NewAsk, person_first: bool) -> String {
     let words = crate::sanitize::ask_words(ask.text, ask.options, ask.details);
     let options = words.options.map(|o| format!("\nOptions: {o}")).unwrap_or_default();
     let details = words.details.map(|d| format!("\nDetails: {d}")).unwrap_or_default();
+    let how = format!(
+        "subagents {{\"action\": \"respond\", \"requestId\": \"{id}\", \"decision\": \"allow\" | \"deny\", \"text\": \"…\"}}",
+        id = ask.id
+    );
+    let answer = if person_first {
+        format!(
+            "A person decides it where one can be reached: answer it yourself only when subagents wait lists it with waitsFor \"you\", with {how}."
+        )
+    } else {
+        format!("Answer with {how}.")
+    };
     format!(
-        "Your sub-agent {child} asks ({kind}): {text}{options}{details}\nAnswer with subagents {{\"action\": \"respond\", \"requestId\": \"{id}\", \"decision\": \"allow\" | \"deny\", \"text\": \"…\"}}.",
+        "Your sub-agent {child} asks ({kind}): {text}{options}{details}\n{answer}",
         kind = ask.kind.as_str(),
-        text = words.text,
-        id = ask.id,
+        text = words.text
     )
 }
 
@@ -244,6 +422,8 @@ fn asked_message(run: &RunRow, ask: &NewAsk) -> NewMessage {
 /// closed already (the first answer wins).
 pub fn close(rt: &Scheduler, id: &str, state: AskState, answer: &Answer) -> Result<bool, StoreError> {
     let closed = close_in(&rt.store, id, state, answer)?;
+    // What callers were told of it no longer matters (an ask closed elsewhere leaves at their next wait).
+    rt.told.lock().expect("told asks").retain(|(_, ask), _| ask != id);
     rt.wake();
     Ok(closed)
 }
@@ -256,7 +436,7 @@ pub fn close_in(store: &Store, id: &str, state: AskState, answer: &Answer) -> Re
         if !tx.close_ask(id, state, answer)? {
             return Ok(false);
         }
-        tx.append_message(ask.session, &answer_message(&ask, state, answer))?;
+        tx.append_message(ask.session, &answer_message(&ask.id, &ask.run_id, state, answer))?;
         leave_turn(tx, &ask)?;
         Ok(true)
     })
@@ -264,15 +444,15 @@ pub fn close_in(store: &Store, id: &str, state: AskState, answer: &Answer) -> Re
 
 /// The record that closes an ask in the asking session: who answered and how, or that it was
 /// withdrawn (so a transcript never ends on a question nobody closed).
-fn answer_message(ask: &AskRow, state: AskState, answer: &Answer) -> NewMessage {
+fn answer_message(id: &str, run_id: &str, state: AskState, answer: &Answer) -> NewMessage {
     let text = answer.text.map(|t| format!(": {t}")).unwrap_or_default();
     let line = match state {
-        AskState::Withdrawn => format!("[input request {} withdrawn{text}]", ask.id),
+        AskState::Withdrawn => format!("[input request {id} withdrawn{text}]"),
         _ => format!(
-            "[answer to {} by {} via {}] {}{text}",
-            ask.id,
+            "[answer to {id} by {} via {}, {}] {}{text}",
             answer.by,
             answer.via.as_str(),
+            answerer_words(answer.via, answer.by, answer.host),
             answer.decision.as_str()
         ),
     };
@@ -290,10 +470,24 @@ fn answer_message(ask: &AskRow, state: AskState, answer: &Answer) -> NewMessage 
     NewMessage {
         role: "user".into(),
         content: json!([{"type": "text", "text": line}]),
-        run_id: Some(ask.run_id.clone()),
+        run_id: Some(run_id.to_string()),
         provenance: Some(provenance.to_json()),
-        extra: Some(serde_json::Map::from_iter([("requestId".to_string(), Value::from(ask.id.clone()))])),
+        extra: Some(serde_json::Map::from_iter([("requestId".to_string(), Value::from(id))])),
         ..Default::default()
+    }
+}
+
+/// Who gave an answer, in words: the model, a person (at which host), the operator, a rule, the
+/// timeout.
+pub fn answerer_words(via: AnsweredVia, by: &str, host: Option<&str>) -> String {
+    match via {
+        AnsweredVia::Dashboard if by == OPERATOR => "the operator at the dashboard".into(),
+        AnsweredVia::Subagents => "the model".into(),
+        AnsweredVia::Elicitation => format!("a person at {}", host.unwrap_or("the host")),
+        AnsweredVia::Operator => "the operator".into(),
+        AnsweredVia::Dashboard => "a person at the dashboard".into(),
+        AnsweredVia::Rule => "a rule".into(),
+        AnsweredVia::Timeout => "no one in time".into(),
     }
 }
 
@@ -311,14 +505,20 @@ pub fn deliver_answers(rt: &Arc<Scheduler>) {
             text: Some(&why),
             by: "timeout",
             via: AnsweredVia::Timeout,
+            host: None,
         };
         if let Err(e) = close(rt, &ask.id, AskState::Expired, &answer) {
             tracing::error!(ask = %ask.id, error = %e, "expiring an input request failed");
         }
     }
     for ask in rt.store.stranded_asks().unwrap_or_default() {
-        let answer =
-            Answer { decision: AskDecision::Deny, text: Some(WITHDRAWN), by: "server", via: AnsweredVia::Timeout };
+        let answer = Answer {
+            decision: AskDecision::Deny,
+            text: Some(WITHDRAWN),
+            by: "server",
+            via: AnsweredVia::Timeout,
+            host: None,
+        };
         let _ = close(rt, &ask.id, AskState::Withdrawn, &answer);
     }
     let held: Vec<String> = rt.asks.lock().expect("asks").keys().cloned().collect();
@@ -361,8 +561,23 @@ pub enum Responded {
 }
 
 impl Engine<'_> {
+    /// Records how showing `ask` to the person at the host `client` went, `ms` after it was
+    /// shown when known.
+    pub fn note_host_route(
+        &self,
+        ask: &AskRow,
+        outcome: HostOutcome,
+        client: Option<&str>,
+        ms: Option<u64>,
+    ) -> Result<(), ToolError> {
+        let rt = self.runtime("subagents")?;
+        note_route(rt, ask, outcome, client, ms)?;
+        Ok(())
+    }
+
     /// Answers `ask` (resolved by the façade among the caller's tree) as the caller, through
-    /// `via` (the `subagents` tool, or an elicitation at the caller's host).
+    /// `via` (the `subagents` tool: the caller's model; an elicitation: the person at `host`; the
+    /// dashboard). The model is refused an approval that waits for a person ([`pending`]).
     pub fn respond(
         &self,
         caller: &Caller,
@@ -370,12 +585,52 @@ impl Engine<'_> {
         decision: AskDecision,
         text: Option<&str>,
         via: AnsweredVia,
+        host: Host,
     ) -> Result<Responded, ToolError> {
         self.access.check_can_act(caller)?;
         let rt = self.runtime("subagents")?;
-        let answer = Answer { decision, text, by: caller.key.as_str(), via };
+        if via == AnsweredVia::Subagents && ask.state == AskState::Open {
+            let seen = pending(&rt.config, &caller.key, host, ask.clone());
+            if seen.who == Answerer::Person {
+                return Err(ToolError::forbidden(format!(
+                    "requestId {} is an approval for a person, not for you: {}. Tell the user it waits for them, and wait (subagents {{\"action\": \"wait\"}} returns once the child goes on); your answer was not used",
+                    ask.id,
+                    seen.why.unwrap_or_default()
+                )));
+            }
+        }
+        let client = (via == AnsweredVia::Elicitation).then_some(host.client).flatten();
+        let answer = Answer { decision, text, by: caller.key.as_str(), via, host: client };
         let closed = close(rt, &ask.id, AskState::Answered, &answer)?;
         let now = rt.store.ask(&ask.id)?.unwrap_or_else(|| ask.clone());
         Ok(if closed { Responded::Answered(now) } else { Responded::AlreadyAnswered(now) })
+    }
+}
+
+/// An open ask put to the caller, with who may answer it as the caller sees it now.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub ask: AskRow,
+    pub who: Answerer,
+    /// For an approval: why it waits for whom it waits for.
+    pub why: Option<String>,
+}
+
+impl Scheduler {
+    /// Whether `caller` was already told of each of `pending` as it stands (who may answer it);
+    /// remembers them as told. A wait returns for what the caller was not told yet, so a model
+    /// told an approval waits for a person is not woken for it again until that changes.
+    pub(super) fn tell(&self, caller: &SessionKey, pending: &[Pending], remember: bool) -> bool {
+        let mut told = self.told.lock().expect("told asks");
+        let me = caller.as_str();
+        let news = pending.iter().any(|p| told.get(&(me.to_string(), p.ask.id.clone())) != Some(&p.who));
+        if remember {
+            // Closed asks leave it, so it holds no more than the asks open now.
+            told.retain(|(who, id), _| who != me || pending.iter().any(|p| &p.ask.id == id));
+            for p in pending {
+                told.insert((me.to_string(), p.ask.id.clone()), p.who);
+            }
+        }
+        news
     }
 }

@@ -94,6 +94,8 @@ pub struct Scheduler {
     pub(super) offered: Mutex<HashMap<i64, String>>,
     /// Open asks of this process's running turns: where their answer goes ([`crate::engine::ask`]).
     pub(super) asks: Mutex<HashMap<String, oneshot::Sender<InputAnswer>>>,
+    /// (caller, ask id) → who the caller's last wait said may answer it ([`Scheduler::tell`]).
+    pub(super) told: Mutex<HashMap<(String, String), crate::policy::Answerer>>,
     /// Stop claiming new runs (shutdown or hand-over).
     stop_claiming: CancellationToken,
     /// Held across one claim, from the store's commit to the run's entry in `active`: shutdown
@@ -151,6 +153,7 @@ impl Scheduler {
             steers: Mutex::new(HashMap::new()),
             offered: Mutex::new(HashMap::new()),
             asks: Mutex::new(HashMap::new()),
+            told: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
             claiming: Mutex::new(()),
             shutting_down: AtomicBool::new(false),

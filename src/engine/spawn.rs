@@ -700,8 +700,40 @@ pub fn announce_text(
     {
         text.push_str(&format!("Notes: {n}\n"));
     }
+    if let Some(asked) = asked_line(rt, spawn_run) {
+        text.push_str(&asked);
+    }
     text.push_str(&format!("Stats: {}", stats.join(" • ")));
     text
+}
+
+/// The `Asked:` line: each question or approval the run asked, how it ended and who answered (the
+/// model, a person at which host, the operator, a rule, no one in time). None when it asked none.
+fn asked_line(rt: &Scheduler, run: &RunRow) -> Option<String> {
+    const TEXT_CHARS: usize = 80;
+    let asks = rt.store.asks_of_runs(std::slice::from_ref(&run.run_id)).unwrap_or_default();
+    let items: Vec<String> = asks
+        .iter()
+        .map(|a| {
+            let words = crate::sanitize::ask_words(&a.text, None, None).text;
+            let short: String = words.chars().take(TEXT_CHARS).collect();
+            let cut = if short.len() < words.len() { "…" } else { "" };
+            let how = match (a.decision, a.answered_via) {
+                (Some(d), Some(via)) if a.state != crate::store::AskState::Withdrawn => format!(
+                    "{} by {}",
+                    d.as_str(),
+                    crate::engine::ask::answerer_words(
+                        via,
+                        a.answered_by.as_deref().unwrap_or_default(),
+                        a.answered_host.as_deref()
+                    )
+                ),
+                _ => a.state.as_str().to_string(),
+            };
+            format!("{} \"{short}{cut}\": {how}", a.kind.as_str())
+        })
+        .collect();
+    (!items.is_empty()).then(|| format!("Asked: {}\n", items.join("; ")))
 }
 
 /// The Result of a child: its final reply, else its last tool result, else nothing. A child that

@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::ask::{Host, Pending};
 use super::scheduler::Waited;
 use super::{Engine, TurnResult, spawn, take_steps};
 use crate::access::caller::Caller;
 use crate::access::{Child, RunStatus, ToolError};
 use crate::keys::SessionKey;
-use crate::store::{AskRow, SessionRow};
+use crate::policy::Answerer;
+use crate::store::SessionRow;
 
 /// When a wait over several children returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +32,9 @@ pub enum Until {
 pub struct WaitOutcome {
     pub finished: Vec<Child>,
     pub unfinished: Vec<Child>,
-    /// Questions and approvals from the caller's tree put to the caller: they end a wait at once.
-    pub attention: Vec<AskRow>,
+    /// Questions and approvals from the caller's tree put to the caller, with who may answer
+    /// each: one the caller was not told of as it stands ends a wait at once.
+    pub attention: Vec<Pending>,
     /// The timeout passed before the condition held.
     pub timed_out: bool,
 }
@@ -52,11 +55,14 @@ pub struct CancelOutcome {
 const CANCEL_SETTLE_EXTRA: Duration = Duration::from_secs(10);
 
 impl Engine<'_> {
-    /// Waits until `until` holds for `children`, up to `timeout`. None when `cancel` fired (the
-    /// client cancelled the request or left): nothing was consumed.
+    /// Waits until `until` holds for `children`, up to `timeout`, or an ask put to the caller
+    /// (at `host`) is the caller's to answer, or changed who may answer it since the caller was
+    /// last told (an approval that waits for a person wakes a wait once, not until answered). None when `cancel`
+    /// fired (the client cancelled the request or left): nothing was consumed.
     pub async fn wait_subagents(
         &self,
         caller: &Caller,
+        host: Host<'_>,
         children: &[SessionRow],
         until: Until,
         timeout: Duration,
@@ -71,11 +77,16 @@ impl Engine<'_> {
                 .collect::<Result<Vec<Child>, ToolError>>()?
                 .into_iter()
                 .partition(|c: &Child| c.state.is_finished() && c.row.announced_at.is_some());
-            let attention = access.asks_for(caller)?;
+            let attention = access
+                .asks_for(caller)?
+                .into_iter()
+                .map(|ask| super::ask::pending(&rt.config, &caller.key, host, ask))
+                .collect();
             Ok(WaitOutcome { finished, unfinished, attention, timed_out: false })
         };
         let holds = |w: &WaitOutcome| {
-            !w.attention.is_empty()
+            w.attention.iter().any(|p| p.who == Answerer::Model)
+                || rt.tell(&caller.key, &w.attention, false)
                 || match until {
                     Until::Any => !w.finished.is_empty() || w.unfinished.is_empty(),
                     Until::All => w.unfinished.is_empty(),
@@ -93,6 +104,7 @@ impl Engine<'_> {
             Waited::Cancelled => return Ok(None),
         };
         access.mark_read(&outcome.finished.iter().collect::<Vec<_>>())?;
+        rt.tell(&caller.key, &outcome.attention, true);
         Ok(Some(outcome))
     }
 

@@ -9,7 +9,10 @@ mod tool_set;
 pub mod usage;
 mod visibility;
 
-pub use approvals::approval_by_rule;
+pub use approvals::{
+    Answerer, HostRoute, PersonRoutes, answered_unseen, approval_by_rule, auto_answering_client, model_may_answer,
+    who_answers,
+};
 pub use send_policy::{SendDecision, SendPolicySource, SendTarget, resolve_send_policy};
 pub use tool_set::{CallerRole, ToolName, spawnable, tools_for};
 pub use visibility::{

@@ -556,7 +556,7 @@ fn respond(
     let ask = match viewer {
         Viewer::Session(caller) => {
             let ask = ui.access.ask_in_tree(caller, id)?;
-            match engine.respond(caller, &ask, decision, text, AnsweredVia::Dashboard)? {
+            match engine.respond(caller, &ask, decision, text, AnsweredVia::Dashboard, Default::default())? {
                 crate::engine::ask::Responded::Answered(_) => {
                     return Ok(format!("answered {id}: {}", decision.as_str()));
                 }
@@ -565,7 +565,7 @@ fn respond(
         }
         Viewer::Operator => {
             let rt = ui.runtime.as_ref().ok_or_else(|| ToolError::error("answering needs the runtime"))?;
-            let answer = Answer { decision, text, by: "operator", via: AnsweredVia::Dashboard };
+            let answer = Answer { decision, text, by: "operator", via: AnsweredVia::Dashboard, host: None };
             if crate::engine::ask::close(rt, id, AskState::Answered, &answer)? {
                 return Ok(format!("answered {id}: {}", decision.as_str()));
             }

@@ -13,13 +13,18 @@
 //! A task (`tasks/get`) whose run waits on an ask reports `input_required` with the same requests;
 //! `tasks/update` answers them.
 //!
-//! Answers go through the engine as the caller, `via: elicitation`: the first answer wins, as with
-//! `subagents respond`. Accept answers (an approval's decision, a question's answer); decline
-//! denies; cancel (dismissed) leaves the ask open for the other ways to answer.
+//! Answers go through the engine as the caller, `via: elicitation`, recording the host
+//! (`clientInfo.name`): the first answer wins, as with `subagents respond`. Accept answers (an
+//! approval's decision, a question's answer); decline denies; cancel (dismissed) leaves the ask
+//! open for the other ways to answer, and ends this host's route to a person. A decline or cancel
+//! faster than `approvals.autoAnswerMs` came from the host, not a person who read it (Codex `exec`
+//! declines at once, Claude Code `-p` cancels): it is recorded as no person there and changes
+//! nothing else — the ask goes to the next way to answer (docs/APPROVALS.md). Hosts known to do
+//! so (`approvals.autoAnsweringClients`) are not asked at all (`SessionsServer::elicitation_route`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolResult, ClientResult, ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationAction,
@@ -35,6 +40,7 @@ use super::subscriptions::Hub;
 use crate::access::Access;
 use crate::access::caller::Caller;
 use crate::engine::Engine;
+use crate::engine::ask::{Host, HostOutcome};
 use crate::engine::scheduler::Scheduler;
 use crate::store::{AnsweredVia, AskDecision, AskKind, AskRow, now_ms};
 
@@ -139,35 +145,52 @@ fn answer_of(ask: &AskRow, result: &ElicitResult) -> Result<Option<(AskDecision,
     }
 }
 
-/// Answers `ask` from an elicitation result, as the caller. A dismissed form changes nothing;
-/// an ask answered first by someone else keeps that answer.
+/// Answers `ask` from an elicitation result `shown_for` after it was shown (None: unknown), as
+/// the person at `client`. A decline or cancel faster than a person reads is the host's, not a
+/// person's: recorded, nothing answered. A dismissed form ends the host's route; an ask answered
+/// first by someone else keeps that answer.
 fn apply(
     access: &Access,
     runtime: Option<&Arc<Scheduler>>,
     caller: &Caller,
     ask: &AskRow,
     result: &ElicitResult,
+    client: Option<&str>,
+    shown_for: Option<Duration>,
 ) -> Result<(), String> {
-    let Some((decision, text)) = answer_of(ask, result)? else { return Ok(()) };
-    Engine::new(access, runtime)
-        .respond(caller, ask, decision, text.as_deref(), AnsweredVia::Elicitation)
+    let ms = shown_for.map(|d| d.as_millis() as u64);
+    let refused = matches!(result.action, ElicitationAction::Decline | ElicitationAction::Cancel);
+    let unseen = refused && ms.is_some_and(|ms| crate::policy::answered_unseen(ms, access.config()));
+    let engine = Engine::new(access, runtime);
+    let route = |outcome: HostOutcome| engine.note_host_route(ask, outcome, client, ms).map_err(|e| e.message);
+    if unseen {
+        tracing::info!(ask = %ask.id, ?client, ?ms, "the host answered an elicitation by itself: no person there");
+        return route(HostOutcome::Unseen);
+    }
+    let Some((decision, text)) = answer_of(ask, result)? else { return route(HostOutcome::Dismissed) };
+    engine
+        .respond(caller, ask, decision, text.as_deref(), AnsweredVia::Elicitation, Host { client, elicits: true })
         .map(|_| ())
         .map_err(|e| e.message)
 }
 
-/// Applies a round trip's `inputResponses` (keys are request ids the caller may answer).
+/// Applies a round trip's `inputResponses` (keys are request ids the caller may answer) from the
+/// person at `client`; `shown` tells when each was shown (a task's requests: not known).
 pub fn apply_responses(
     access: &Access,
     runtime: Option<&Arc<Scheduler>>,
     caller: &Caller,
     responses: &InputResponses,
+    client: Option<&str>,
+    shown: Option<&Shown>,
 ) -> Result<(), McpError> {
     for (id, value) in responses {
         let bad = |why: String| McpError::invalid_params(format!("inputResponses.{id}: {why}"), None);
         let ask = access.ask_in_tree(caller, id).map_err(|e| bad(e.message))?;
         let result: ElicitResult = serde_json::from_value(value.clone())
             .map_err(|e| bad(format!("not an elicitation result ({{action, content?}}): {e}")))?;
-        apply(access, runtime, caller, &ask, &result).map_err(bad)?;
+        let shown_for = shown.and_then(|s| s.shown_for(caller, id));
+        apply(access, runtime, caller, &ask, &result, client, shown_for).map_err(bad)?;
     }
     Ok(())
 }
@@ -190,10 +213,11 @@ pub fn only_attention(result: &CallToolResult) -> bool {
     result.is_error != Some(true) && out.get("status").and_then(Value::as_str) == Some("attention") && none_finished
 }
 
-/// The asks each caller was shown by round trip, in this process: shown once, so a dismissed form
-/// does not come back on every call.
+/// The asks each caller was shown by round trip, in this process, and when: shown once, so a
+/// dismissed form does not come back on every call; the time tells a host's own answer from a
+/// person's.
 #[derive(Clone, Default)]
-pub struct Shown(Arc<Mutex<HashSet<(String, String)>>>);
+pub struct Shown(Arc<Mutex<HashMap<(String, String), Instant>>>);
 
 impl Shown {
     /// The asks put to the caller that it was not shown yet, marked shown now.
@@ -201,9 +225,21 @@ impl Shown {
         let open = access.asks_for(caller).unwrap_or_default();
         let me = caller.key.as_str();
         let mut shown = self.0.lock().expect("shown asks");
-        // Closed asks leave the set, so it holds no more than the asks open now.
-        shown.retain(|(who, id)| who != me || open.iter().any(|a| &a.id == id));
-        open.into_iter().filter(|a| shown.insert((me.to_string(), a.id.clone()))).collect()
+        // Closed asks leave the map, so it holds no more than the asks open now.
+        shown.retain(|(who, id), _| who != me || open.iter().any(|a| &a.id == id));
+        let now = Instant::now();
+        open.into_iter()
+            .filter(|a| {
+                let key = (me.to_string(), a.id.clone());
+                !shown.contains_key(&key) && shown.insert(key, now).is_none()
+            })
+            .collect()
+    }
+
+    /// How long ago ask `id` was shown to the caller.
+    fn shown_for(&self, caller: &Caller, id: &str) -> Option<Duration> {
+        let shown = self.0.lock().expect("shown asks");
+        shown.get(&(caller.key.to_string(), id.to_string())).map(Instant::elapsed)
     }
 }
 
@@ -212,7 +248,7 @@ impl Shown {
 pub struct Pusher(Mutex<Option<DropGuard>>);
 
 impl Pusher {
-    /// Starts the watcher for `caller` unless it runs.
+    /// Starts the watcher for `caller` at the host `client` unless it runs.
     pub fn start(
         &self,
         hub: &Hub,
@@ -220,13 +256,14 @@ impl Pusher {
         runtime: Option<&Arc<Scheduler>>,
         caller: &Caller,
         peer: Peer<RoleServer>,
+        client: Option<String>,
     ) {
         let mut started = self.0.lock().expect("pusher");
         if started.is_some() {
             return;
         }
         let stop = CancellationToken::new();
-        let watch = Watch { access: access.clone(), runtime: runtime.cloned(), caller: caller.clone(), peer };
+        let watch = Watch { access: access.clone(), runtime: runtime.cloned(), caller: caller.clone(), peer, client };
         tokio::spawn(watch.run(hub.clone(), stop.clone()));
         *started = Some(stop.drop_guard());
     }
@@ -237,6 +274,8 @@ struct Watch {
     runtime: Option<Arc<Scheduler>>,
     caller: Caller,
     peer: Peer<RoleServer>,
+    /// The host's `clientInfo.name`.
+    client: Option<String>,
 }
 
 impl Watch {
@@ -296,6 +335,12 @@ impl Watch {
             Ok(handle) => handle,
             Err(e) => return tracing::debug!(ask = %ask.id, error = %e, "the elicitation could not be sent"),
         };
+        let sent = Instant::now();
+        let client = self.client.as_deref();
+        let engine = Engine::new(&self.access, self.runtime.as_ref());
+        if let Err(e) = engine.note_host_route(&ask, HostOutcome::Shown, client, None) {
+            tracing::warn!(ask = %ask.id, error = %e.message, "recording an elicitation shown failed");
+        }
         let left = Duration::from_millis((ask.deadline_at - now_ms()).max(0) as u64);
         let response = tokio::select! {
             r = &mut handle.rx => r,
@@ -310,7 +355,7 @@ impl Watch {
         };
         let outcome = match response {
             Ok(Ok(ClientResult::ElicitResult(result))) => {
-                apply(&self.access, self.runtime.as_ref(), &self.caller, &ask, &result)
+                apply(&self.access, self.runtime.as_ref(), &self.caller, &ask, &result, client, Some(sent.elapsed()))
             }
             Ok(Ok(other)) => Err(format!("the client answered with something else: {other:?}")),
             Ok(Err(e)) => Err(e.to_string()),
@@ -345,6 +390,8 @@ mod tests {
             answer_text: None,
             answered_by: None,
             answered_via: None,
+            answered_host: None,
+            routes: Vec::new(),
             created_at: 0,
             deadline_at: 0,
         }

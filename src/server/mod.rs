@@ -91,11 +91,16 @@ impl SessionsServer {
 
     /// Where the client shows elicitations, the route it takes for an external caller: the push
     /// watcher starts here (once per MCP session).
+    /// None for a host known to answer elicitations by itself (`approvals.autoAnsweringClients`):
+    /// it is not asked, and no person counts as reachable there.
     fn elicitation_route(&self, caller: &Caller, context: &RequestContext<RoleServer>) -> Option<Route> {
-        let route = elicit::route(context).filter(|_| caller.external)?;
+        let config = self.access.config();
+        let auto = context.client_info().is_some_and(|i| crate::policy::auto_answering_client(&i.name, config));
+        let route = elicit::route(context).filter(|_| caller.external && !auto)?;
         if route == Route::Push {
             let hub = self.subscriptions.hub();
-            self.pusher.start(hub, &self.access, self.runtime.as_ref(), caller, context.peer.clone());
+            let client = context.client_info().map(|i| i.name);
+            self.pusher.start(hub, &self.access, self.runtime.as_ref(), caller, context.peer.clone(), client);
         }
         Some(route)
     }
@@ -179,6 +184,7 @@ impl SessionsServer {
             progress: None,
             host,
             project: None,
+            elicits: self.elicitation_route(caller, context).is_some(),
         }
     }
 }
@@ -291,7 +297,9 @@ impl ServerHandler for SessionsServer {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let caller = self.caller_for(&context)?;
-        tasks::update(self.runtime.as_ref(), &self.access, &caller, &request.task_id, &request.input_responses)
+        let client = context.client_info().map(|i| i.name);
+        let responses = &request.input_responses;
+        tasks::update(self.runtime.as_ref(), &self.access, &caller, &request.task_id, responses, client.as_deref())
     }
 
     #[allow(deprecated)] // logging: still part of the 2025-11-25 era we serve
@@ -357,10 +365,13 @@ impl ServerHandler for SessionsServer {
         });
         let caller = self.caller_for(&context)?;
         stop_when_client_gone(&context);
-        let round_trip = self.elicitation_route(&caller, &context) == Some(Route::RoundTrip);
+        let route = self.elicitation_route(&caller, &context);
+        let round_trip = route == Some(Route::RoundTrip);
         if round_trip {
             if let Some(responses) = &request.input_responses {
-                elicit::apply_responses(&self.access, self.runtime.as_ref(), &caller, responses)?;
+                let client = context.client_info().map(|i| i.name);
+                let (runtime, shown) = (self.runtime.as_ref(), Some(&self.shown));
+                elicit::apply_responses(&self.access, runtime, &caller, responses, client.as_deref(), shown)?;
             }
             if let Some(show) = self.asks_to_show(&caller) {
                 return Ok(show);
@@ -378,6 +389,7 @@ impl ServerHandler for SessionsServer {
                 "sessions_spawn" => self.roots.project(&context).await,
                 _ => None,
             },
+            elicits: route.is_some(),
         };
         let wants_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
         if let Some(tool) = tasks::runs_as_task(&request.name, request.arguments.as_ref()).filter(|_| wants_task) {

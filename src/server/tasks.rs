@@ -108,6 +108,7 @@ pub fn update(
     caller: &Caller,
     task_id: &str,
     responses: &InputResponses,
+    client: Option<&str>,
 ) -> Result<(), McpError> {
     let run = owned_run(access, caller, task_id)?;
     let open = access.open_asks_of_run(caller, &run.run_id).map_err(|e| internal(e.message))?;
@@ -121,7 +122,7 @@ pub fn update(
             None,
         ));
     }
-    super::elicit::apply_responses(access, runtime, caller, responses)
+    super::elicit::apply_responses(access, runtime, caller, responses, client, None)
 }
 
 fn internal(e: impl std::fmt::Display) -> McpError {

@@ -86,6 +86,8 @@ pub struct Answer<'a> {
     /// The answering session, or "operator".
     pub by: &'a str,
     pub via: AnsweredVia,
+    /// The MCP client (`clientInfo.name`) of the person who answered at a host, when it said.
+    pub host: Option<&'a str>,
 }
 
 /// A stored ask.
@@ -107,13 +109,17 @@ pub struct AskRow {
     pub answer_text: Option<String>,
     pub answered_by: Option<String>,
     pub answered_via: Option<AnsweredVia>,
+    /// The MCP client of the person who answered at a host.
+    pub answered_host: Option<String>,
+    /// How each way to a person went, oldest first (`{route, outcome, client?, ms?, at}`).
+    pub routes: Vec<Value>,
     pub created_at: i64,
     pub deadline_at: i64,
 }
 
 const SELECT: &str = "SELECT a.id, a.run_id, a.session, c.key, a.agent_request_id, a.kind, a.text, a.options,
          a.details, a.target_key, a.state, a.decision, a.answer_text, a.answered_by, a.answered_via, a.created_at,
-         a.deadline_at
+         a.deadline_at, a.answered_host, a.routes
      FROM asks a JOIN sessions c ON c.id = a.session";
 
 fn from_row(r: &Row) -> Result<AskRow> {
@@ -139,6 +145,8 @@ fn from_row(r: &Row) -> Result<AskRow> {
         answered_via: text(14)?.as_deref().and_then(AnsweredVia::parse),
         created_at: r.get(15)?,
         deadline_at: r.get(16)?,
+        answered_host: text(17)?,
+        routes: json(18)?.and_then(|v| v.as_array().cloned()).unwrap_or_default(),
     })
 }
 
@@ -168,11 +176,36 @@ pub(super) fn add_ask(tx: &dyn Sql, a: &NewAsk) -> Result<()> {
 pub(super) fn close_ask(tx: &dyn Sql, id: &str, state: AskState, answer: &Answer) -> Result<bool> {
     let changed = tx.execute(
         "UPDATE asks SET state = ?2, decision = ?3, answer_text = ?4, answered_by = ?5, answered_via = ?6,
-                 answered_at = ?7
+                 answered_at = ?7, answered_host = ?8
              WHERE id = ?1 AND state = 'open'",
-        args![id, state.as_str(), answer.decision.as_str(), answer.text, answer.by, answer.via.as_str(), now_ms()],
+        args![
+            id,
+            state.as_str(),
+            answer.decision.as_str(),
+            answer.text,
+            answer.by,
+            answer.via.as_str(),
+            now_ms(),
+            answer.host
+        ],
     )?;
     Ok(changed == 1)
+}
+
+/// Adds `event` to the routes of open ask `id`; false when it is closed (or unknown).
+pub(super) fn add_ask_route(tx: &dyn Sql, id: &str, event: &Value) -> Result<bool> {
+    let Some(routes) = tx
+        .query_row("SELECT routes FROM asks WHERE id = ?1 AND state = 'open'", args![id], |r| {
+            r.get::<Option<String>>(0)
+        })
+        .optional()?
+    else {
+        return Ok(false);
+    };
+    let mut list: Vec<Value> = routes.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    list.push(event.clone());
+    tx.execute("UPDATE asks SET routes = ?2 WHERE id = ?1", args![id, Value::from(list).to_string()])?;
+    Ok(true)
 }
 
 /// How many asks of `run_id` are open.

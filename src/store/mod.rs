@@ -686,7 +686,9 @@ mod tests {
             "UPDATE sessions SET tokens_in = 9223372036854775807, tokens_out = -5,
                  tokens_total = 9223372036854775807 + 2;
              DELETE FROM schema_version WHERE version >= 11;
-             DROP TABLE access_tokens; ALTER TABLE budget_live DROP COLUMN waiting_since;",
+             DROP TABLE access_tokens; ALTER TABLE budget_live DROP COLUMN waiting_since;
+             ALTER TABLE asks DROP COLUMN routes;
+             ALTER TABLE asks DROP COLUMN answered_host;",
         )
         .unwrap();
         let kind: String = conn.query_row("SELECT typeof(tokens_total) FROM sessions", [], |r| r.get(0)).unwrap();

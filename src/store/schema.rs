@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13, V14];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -479,4 +479,12 @@ CREATE TABLE access_tokens (
     revoked_at  INTEGER
 );
 CREATE UNIQUE INDEX access_tokens_label ON access_tokens (label) WHERE label IS NOT NULL AND revoked_at IS NULL;
+"#;
+
+/// Version 14: who an ask was put to and how each way to a person went (`routes`, a JSON array of
+/// `{route, outcome, client?, ms?, at}`), and the MCP client of the person who answered at a host
+/// (`answered_host`).
+const V14: &str = r#"
+ALTER TABLE asks ADD COLUMN routes TEXT;
+ALTER TABLE asks ADD COLUMN answered_host TEXT;
 "#;

@@ -104,6 +104,11 @@ impl Tx<'_> {
         super::asks::add_ask(self.tx, a)
     }
 
+    /// Adds how one way to a person went to open ask `id`; false when it is closed.
+    pub fn add_ask_route(&self, id: &str, event: &Value) -> Result<bool> {
+        super::asks::add_ask_route(self.tx, id, event)
+    }
+
     /// How many asks of `run_id` are open.
     pub fn open_asks_of_run(&self, run_id: &str) -> Result<i64> {
         super::asks::open_asks_of_run(self.tx, run_id)

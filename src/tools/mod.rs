@@ -69,6 +69,9 @@ pub struct Ctx<'a> {
     /// The requester's project as its MCP client declares it (its roots); None: the serving
     /// process's directory.
     pub project: Option<std::path::PathBuf>,
+    /// The client shows the caller's asks to a person (form elicitation, and not a host known to
+    /// answer elicitations by itself).
+    pub elicits: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -77,10 +80,15 @@ impl<'a> Ctx<'a> {
         crate::engine::Engine::new(self.access, self.runtime)
     }
 
+    /// The caller's host, as the engine weighs who may answer an ask.
+    pub fn host(&self) -> crate::engine::ask::Host<'_> {
+        crate::engine::ask::Host { client: self.host.as_deref(), elicits: self.elicits }
+    }
+
     /// A context without runtime, cancellation or progress (in-process calls).
     pub fn plain(access: &'a Access, caller: &'a Caller) -> Self {
         let cancel = tokio_util::sync::CancellationToken::new();
-        Ctx { access, caller, runtime: None, cancel, progress: None, host: None, project: None }
+        Ctx { access, caller, runtime: None, cancel, progress: None, host: None, project: None, elicits: false }
     }
 }
 

@@ -24,9 +24,10 @@ use serde_json::{Map, Value};
 use super::args::{ArgReader, Bounds};
 use super::{Ctx, Output, ToolError, ToolSpec};
 use crate::access::{AnnounceState, AnsweredVia, AskDecision, AskRow, Child, RunState, SessionRow};
-use crate::engine::ask::Responded;
+use crate::engine::ask::{Pending, Responded};
 use crate::engine::steer::{Disposition, SteerRequest};
 use crate::engine::subagents::{CancelOutcome, Until, WaitOutcome};
+use crate::policy::Answerer;
 use crate::policy::ToolName;
 use crate::policy::budget::Account;
 use crate::sanitize::json_len;
@@ -169,6 +170,23 @@ pub struct Request {
     pub details: Option<Value>,
     /// When it is answered by agents.defaults.subagents.approvals.onTimeout, ms since the epoch.
     pub expires_at: i64,
+    /// Who it waits for: "you" (answer it with respond) or "person" (an approval a person decides
+    /// — at your host, or the operator — or that policy keeps from you: tell the user, and wait).
+    pub waits_for: WaitsFor,
+    /// For an approval: why it waits for whom it waits for (which person is asked, or why you may
+    /// answer: no person was asked, the host answered by itself, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// Who an open request waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitsFor {
+    /// You may answer it (subagents respond).
+    You,
+    /// A person decides it; do not answer it.
+    Person,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -283,7 +301,8 @@ pub enum WaitStatus {
     Ok,
     /// The timeout passed first (not an error): `unfinished` still runs.
     Timeout,
-    /// A sub-agent asks you something: answer `requests` with action "respond", then wait again.
+    /// A sub-agent asks something: answer the `requests` that wait for you with action
+    /// "respond"; tell the user of those that wait for a person; then wait again.
     Attention,
 }
 
@@ -474,12 +493,18 @@ fn child_row(ctx: &Ctx, c: &Child, last: Option<&Value>) -> ChildRow {
         },
         cost: row.cost,
         last_activity: last.map(|m| crate::sanitize::redact(&crate::sanitize::preview(m, ACTIVITY_CHARS)).0),
-        pending_requests: c.open_asks.iter().map(|a| request(ctx, a)).collect(),
+        pending_requests: c.open_asks.iter().map(|a| request(ctx, &pending(ctx, a))).collect(),
         budget: c.budget.as_ref().map(Account::to_json),
     }
 }
 
-fn request(ctx: &Ctx, a: &AskRow) -> Request {
+/// The ask with who may answer it, as the caller at its host sees it.
+fn pending(ctx: &Ctx, ask: &AskRow) -> Pending {
+    crate::engine::ask::pending(ctx.access.config(), &ctx.caller.key, ctx.host(), ask.clone())
+}
+
+fn request(ctx: &Ctx, p: &Pending) -> Request {
+    let a = &p.ask;
     let words = crate::sanitize::ask_words(&a.text, a.options.as_ref(), a.details.as_ref());
     Request {
         request_id: a.id.clone(),
@@ -493,6 +518,11 @@ fn request(ctx: &Ctx, a: &AskRow) -> Request {
             .map(|o| o.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), String::from)).collect()),
         details: words.details.filter(Value::is_object),
         expires_at: a.deadline_at,
+        waits_for: match p.who {
+            Answerer::Model => WaitsFor::You,
+            Answerer::Person => WaitsFor::Person,
+        },
+        why: p.why.clone(),
     }
 }
 
@@ -546,7 +576,8 @@ async fn wait(ctx: &Ctx<'_>, mut a: ArgReader) -> Result<WaitOk, ToolError> {
         WaitUntil::Any => Until::Any,
         WaitUntil::All => Until::All,
     };
-    let Some(outcome) = ctx.engine().wait_subagents(ctx.caller, &rows, engine_until, timeout, &ctx.cancel).await?
+    let Some(outcome) =
+        ctx.engine().wait_subagents(ctx.caller, ctx.host(), &rows, engine_until, timeout, &ctx.cancel).await?
     else {
         return Err(ToolError::error("the wait was cancelled before it returned; no outcome was consumed"));
     };
@@ -590,10 +621,14 @@ fn wait_answer(ctx: &Ctx, until: WaitUntil, outcome: WaitOutcome, waited: Durati
             runtime_ms: c.runtime_ms(),
         })
         .collect();
-    let requests: Vec<Request> = outcome.attention.iter().map(|a| request(ctx, a)).collect();
+    let requests: Vec<Request> = outcome.attention.iter().map(|p| request(ctx, p)).collect();
+    let yours = requests.iter().any(|r| r.waits_for == WaitsFor::You);
     let note = match (outcome.timed_out, unfinished.is_empty()) {
+        _ if yours => {
+            "A sub-agent asks you something: answer each of `requests` whose waitsFor is \"you\" with subagents {\"action\": \"respond\", \"requestId\", \"decision\"}, then wait again."
+        }
         _ if !requests.is_empty() => {
-            "A sub-agent asks you something: answer each of `requests` with subagents {\"action\": \"respond\", \"requestId\", \"decision\"}, then wait again."
+            "A sub-agent waits for a person's approval (see each request's why): tell the user it waits for them, and do not answer it yourself. Wait again: the wait returns when it is answered or something changes."
         }
         (true, _) => "Timed out with children still at work; wait again, or cancel the ones you no longer need.",
         (false, true) => "Every child you waited for has finished.",
@@ -740,7 +775,7 @@ fn respond(ctx: &Ctx, mut a: ArgReader) -> Result<RespondOk, ToolError> {
     a.finish()?;
     let ask = ctx.access.ask_in_tree(ctx.caller, &id)?;
     let scope = ctx.access.scope(ctx.caller);
-    match ctx.engine().respond(ctx.caller, &ask, decision, text.as_deref(), AnsweredVia::Subagents)? {
+    match ctx.engine().respond(ctx.caller, &ask, decision, text.as_deref(), AnsweredVia::Subagents, ctx.host())? {
         Responded::Answered(ask) => Ok(RespondOk {
             status: ListStatus::Ok,
             action: RespondAction::Respond,

@@ -53,7 +53,7 @@ async def exercise(mode, command, args):
         assert "asks for approval: May I write ask for a.txt?" in asked[0], asked
         history = (await client.call_tool("sessions_history", {"sessionKey": child})).structured_content
         texts = [text_of(m) for m in history["messages"]]
-        assert any("via elicitation] allow: from the host" in t for t in texts), texts
+        assert any("via elicitation, a person at " in t and "] allow: from the host" in t for t in texts), texts
     print(f"ok {mode}")
 
 

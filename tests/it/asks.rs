@@ -80,7 +80,8 @@ fn a_child_asks_the_root_answers_with_respond_and_the_child_continues_in_the_sam
     assert!(
         texts
             .iter()
-            .any(|t| t.starts_with(&format!("[answer to {id} by agent:main:main via subagents] allow: yes, go"))),
+            .any(|t| t
+                .starts_with(&format!("[answer to {id} by agent:main:main via subagents, the model] allow: yes, go"))),
         "{texts:?}"
     );
     c.close();
@@ -181,7 +182,9 @@ fn the_external_root_answers_a_depth_two_ask_directly_and_the_leaf_continues_in_
     let texts: Vec<String> = show["messages"].as_array().unwrap().iter().map(|m| text_of(&m["content"])).collect();
     assert!(texts.iter().any(|t| t == "decision=allow answer=root says go"), "{texts:?}");
     assert!(
-        texts.iter().any(|t| t.starts_with(&format!("[answer to {id} by agent:main:main via subagents] allow"))),
+        texts
+            .iter()
+            .any(|t| t.starts_with(&format!("[answer to {id} by agent:main:main via subagents, the model] allow"))),
         "{texts:?}"
     );
     assert_eq!(runs_of(&show, Some("spawn")).len(), 1, "in the same run");

@@ -891,37 +891,62 @@ fn a_claude_childs_permission_prompt_is_answered_by_its_requester_through_subage
     assert!(outcome.starts_with("Status: completed successfully\nResult: wrote: yes"), "{outcome}");
 }
 
+/// Claude Code as the host of `env`'s server, against the fake API on `port`, in the isolated
+/// `home`: `-p`, then `args`, with stream-json output.
+fn claude_host(
+    claude: &std::path::Path,
+    env: &TestEnv,
+    port: u16,
+    home: &std::path::Path,
+    args: &[&str],
+) -> std::process::Command {
+    let serve = env.command(&["serve"]);
+    let serve_args: Vec<String> = serve.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let mcp =
+        json!({"mcpServers": {"sessions": {"command": serve.get_program().to_string_lossy(), "args": serve_args}}});
+    let mcp_file = env.write_file("host-mcp.json", &mcp.to_string());
+    let mut host = std::process::Command::new(claude);
+    // `args` right after -p: a prompt there is not taken for another --mcp-config file.
+    host.arg("-p")
+        .args(args)
+        .args(["--output-format", "stream-json", "--verbose"])
+        .args(["--model", "claude-sonnet-4-5", "--tools", "", "--strict-mcp-config", "--allowedTools", "mcp__sessions"])
+        .arg("--mcp-config")
+        .arg(&mcp_file)
+        .env("HOME", home)
+        .env("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}"))
+        .env("ANTHROPIC_API_KEY", "sk-fake")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .stderr(std::process::Stdio::null());
+    host
+}
+
+/// What the fake model saw its `subagents wait` answer (`waited: <json>`), from Claude Code's
+/// `result` event.
+fn waited(result: &Value) -> Value {
+    let reply = result["result"].as_str().unwrap_or_default();
+    let seen = reply.strip_prefix("waited: ").unwrap_or_else(|| panic!("{result}"));
+    serde_json::from_str(seen).unwrap_or_else(|e| panic!("the model got whole JSON ({e}): {seen}"))
+}
+
 /// Claude Code as the host (an external root over stdio, protocol 2026-07-28): its sub-agent asks
 /// for approval while the model waits with `subagents`; our server answers the wait
 /// `input_required` with an elicitation, Claude Code hands it to its own host (a `control_request`
 /// of subtype `elicitation` on its stream-json stdout: here the test, as a person would answer in
 /// its UI), and retries the wait with the answer, which reaches the child in the same run; the
-/// model gets the child's outcome.
+/// model gets the child's outcome, which says a person at Claude Code answered.
 #[test]
 fn claude_code_as_the_host_shows_a_sub_agents_approval_as_an_elicitation_and_the_answer_reaches_the_child() {
     use std::io::{BufRead, BufReader};
     let Some(claude) = cli_or_skip() else { return };
     let port = fake_api();
     let env = crate::asks::env_with(json!({}));
-    let serve = env.command(&["serve"]);
-    let args: Vec<String> = serve.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-    let mcp = json!({"mcpServers": {"sessions": {"command": serve.get_program().to_string_lossy(), "args": args}}});
-    let mcp_file = env.write_file("host-mcp.json", &mcp.to_string());
     let home = tempfile::tempdir().unwrap();
-    let mut host = std::process::Command::new(&claude)
-        .args(["-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"])
-        .args(["--model", "claude-sonnet-4-5", "--tools", "", "--strict-mcp-config", "--allowedTools", "mcp__sessions"])
-        .arg("--mcp-config")
-        .arg(&mcp_file)
-        .env("HOME", home.path())
-        .env("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}"))
-        .env("ANTHROPIC_API_KEY", "sk-fake")
-        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("DISABLE_AUTOUPDATER", "1")
-        .env("DISABLE_TELEMETRY", "1")
+    let mut host = claude_host(&claude, &env, port, home.path(), &["--input-format", "stream-json"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let mut stdin = host.stdin.take().unwrap();
@@ -947,11 +972,39 @@ fn claude_code_as_the_host_shows_a_sub_agents_approval_as_an_elicitation_and_the
     assert_eq!(asked.len(), 1, "one elicitation: {asked:?}");
     let message = asked[0]["message"].as_str().unwrap_or_default();
     assert!(message.contains("asks for approval: May I write ask for a.txt?"), "{asked:?}");
-    let result = result.expect("Claude Code ended its turn");
-    let reply = result["result"].as_str().unwrap_or_default();
-    let seen = reply.strip_prefix("waited: ").unwrap_or_else(|| panic!("{result}"));
-    let answer: Value = serde_json::from_str(seen).unwrap_or_else(|e| panic!("the model got whole JSON ({e}): {seen}"));
+    let answer = waited(&result.expect("Claude Code ended its turn"));
     assert_eq!(answer["status"], "ok", "{answer}");
     let outcome = answer["finished"][0]["outcome"].as_str().unwrap_or_default();
     assert!(outcome.contains("Result: decision=allow answer=from the host"), "{answer}");
+    assert!(outcome.contains(": allow by a person at claude-code"), "who answered: {outcome}");
+}
+
+/// Claude Code `-p` with no host behind it cancels the elicitation by itself: that is no person's
+/// answer. The child is not denied; the transcript records that the host answered unseen, and the
+/// model's wait tells it the approval is now its to answer (no person is reachable).
+#[test]
+fn claude_code_print_mode_cancels_unseen_and_the_approval_falls_to_the_model_not_denied() {
+    let Some(claude) = cli_or_skip() else { return };
+    let port = fake_api();
+    // A generous threshold: Claude Code's own cancel is fast, but this machine may be loaded.
+    let env = crate::asks::env_with(json!({"approvals": {"autoAnswerMs": 10000}}));
+    let home = tempfile::tempdir().unwrap();
+    let out = claude_host(&claude, &env, port, home.path(), &["ASK HOST"])
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "result")
+        .unwrap_or_else(|| panic!("no result event: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let answer = waited(&result);
+    assert_eq!(answer["status"], "attention", "{answer}");
+    assert_eq!(answer["requests"][0]["waitsFor"], "you", "no person at claude -p: {answer}");
+    let child = answer["requests"][0]["childSessionKey"].as_str().unwrap();
+    let texts: Vec<String> =
+        env.show(child)["messages"].as_array().unwrap().iter().map(|m| text_of(&m["content"])).collect();
+    assert!(texts.iter().any(|t| t.contains("answered it by itself in ")), "{texts:?}");
+    assert!(!texts.iter().any(|t| t.starts_with("[answer to ")), "nothing answered, nothing denied: {texts:?}");
 }

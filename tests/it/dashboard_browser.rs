@@ -90,11 +90,10 @@ fn the_dashboard_in_headless_chromium_shows_the_tree_live_opens_a_transcript_and
     assert!(r["askNotice"].as_str().unwrap().starts_with("allow "), "{r}");
     assert_eq!(r["asksLeft"], 0, "{r}");
     let show = env.show(&asking);
-    let answer = show["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|m| common::text_of(&m["content"]).contains("by operator via dashboard] allow: ship it"));
+    let answer = show["messages"].as_array().unwrap().iter().any(|m| {
+        common::text_of(&m["content"])
+            .contains("by operator via dashboard, the operator at the dashboard] allow: ship it")
+    });
     assert!(answer, "the answer is in the child's transcript with who gave it: {show}");
     let mut desk_keys: Vec<String> = serde_json::from_value(r["deskKeys"].clone()).unwrap();
     desk_keys.sort();

@@ -6,6 +6,7 @@ mod agents;
 mod answer_budget_props;
 mod asks;
 // The layer order and the invariants of docs/ARCHITECTURE.md, read from src/.
+mod approvals;
 mod architecture;
 mod asking;
 mod attachments;

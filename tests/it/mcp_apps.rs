@@ -127,7 +127,7 @@ fn without_the_declaration_nothing_changes() {
 
 /// The directory holding node_modules with the ext-apps package, or None (and a message) when
 /// node or the package is missing; under CI a missing one is a failure.
-fn ext_apps(needs_browser: bool) -> Option<PathBuf> {
+pub(crate) fn ext_apps(needs_browser: bool) -> Option<PathBuf> {
     let dir = std::env::var_os("SESSIONS_MCP_EXT_APPS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".ci/ext-apps"));

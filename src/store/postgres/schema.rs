@@ -15,14 +15,14 @@
 
 /// The SQLite schema version whose semantics these migrations reproduce. A test fails when the
 /// SQLite store moves on without a PostgreSQL migration that follows it.
-pub const MIRRORS_SQLITE_VERSION: i64 = 13;
+pub const MIRRORS_SQLITE_VERSION: i64 = 14;
 
 /// The marker table: its one row says that sessions-mcp created this database's schema.
 pub const MARKER_TABLE: &str = "sessions_mcp";
 /// The version table, one row per applied migration.
 pub const VERSION_TABLE: &str = "schema_version";
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// The tables a copy fills, parents before the tables that reference them (every foreign key
 /// points at `sessions`). The version and marker tables are not data.
@@ -425,4 +425,11 @@ CREATE TABLE access_tokens (
     revoked_at  BIGINT
 );
 CREATE UNIQUE INDEX access_tokens_label ON access_tokens (label) WHERE label IS NOT NULL AND revoked_at IS NULL;
+"#;
+
+/// Version 7: the SQLite store's version 14 — the routes an ask was put to and how each went, and
+/// the MCP client of the person who answered it at a host.
+const V7: &str = r#"
+ALTER TABLE asks ADD COLUMN routes TEXT;
+ALTER TABLE asks ADD COLUMN answered_host TEXT;
 "#;
