@@ -421,6 +421,67 @@ pub(super) fn set_queued_input(tx: &dyn Sql, run_id: &str, input: &Value) -> Res
     Ok(changed == 1)
 }
 
+/// The queued runs that may start now, oldest first: for each, no other run of its session
+/// running, its agent and the server under their caps (counting the ones taken before it here).
+fn ready_to_claim(tx: &dyn Sql, owner: &str, caps: &Caps, shared: bool) -> Result<Vec<RunRow>> {
+    let mut running: HashMap<String, i64> = tx
+        .query_map(
+            "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
+             WHERE r.status = 'running' GROUP BY s.agent_id",
+            args![],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?
+        .into_iter()
+        .collect();
+    let mut total: i64 = match shared {
+        true => {
+            tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND owner = ?1", args![owner], |r| {
+                r.get(0)
+            })?
+        }
+        false => running.values().sum(),
+    };
+    if total >= i64::from(caps.global) {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
+         WHERE r.status = 'queued'
+           AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.session = r.session AND x.status = 'running')
+         ORDER BY r.created_at, r.{} LIMIT 256",
+        tx.dialect().runs_order()
+    );
+    let candidates: Vec<RunRow> = tx.query_map(&sql, args![], run_from_row)?;
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut running_spawns: i64 =
+        tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| r.get(0))?;
+    let mut seen_sessions = std::collections::HashSet::new();
+    let mut ready = Vec::new();
+    for run in candidates {
+        if total >= i64::from(caps.global) {
+            break;
+        }
+        // FIFO per session: only the oldest queued run of a session is a candidate.
+        if !seen_sessions.insert(run.session) {
+            continue;
+        }
+        let agent = run.agent_id.as_str();
+        let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
+        let busy = running.get(agent).copied().unwrap_or(0);
+        let spawn = run.mode == RunMode::Spawn;
+        if busy >= i64::from(cap) || (spawn && running_spawns >= i64::from(caps.spawns)) {
+            continue;
+        }
+        *running.entry(agent.to_string()).or_default() += 1;
+        total += 1;
+        running_spawns += i64::from(spawn);
+        ready.push(run);
+    }
+    Ok(ready)
+}
+
 impl Store {
     pub fn run(&self, run_id: &str) -> Result<Option<RunRow>> {
         self.read(|c| run_by_id(c, run_id))
@@ -435,64 +496,16 @@ impl Store {
     /// one machine runs: counted over this owner's runs), while the per-agent and spawn caps are
     /// the cluster's (counted over every node's): an agent's limit is about the agent, not about
     /// where it runs.
+    ///
+    /// On a shared database the claim is looked for in a read first: a claim that would find
+    /// nothing (a wake with no work, or the caps full) is a read, not a write transaction.
     pub fn claim_ready(&self, owner: &str, caps: &Caps) -> Result<Vec<(RunRow, i64)>> {
         let shared = self.is_shared();
+        if shared && self.read(|c| ready_to_claim(c, owner, caps, shared))?.is_empty() {
+            return Ok(Vec::new());
+        }
         self.write_sql(|tx| -> Result<Vec<(RunRow, i64)>> {
-            let mut running: HashMap<String, i64> = tx
-                .query_map(
-                    "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
-                     WHERE r.status = 'running' GROUP BY s.agent_id",
-                    args![],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?
-                .into_iter()
-                .collect();
-            let mut total: i64 = match shared {
-                true => tx.query_row(
-                    "SELECT count(*) FROM runs WHERE status = 'running' AND owner = ?1",
-                    args![owner],
-                    |r| r.get(0),
-                )?,
-                false => running.values().sum(),
-            };
-            if total >= i64::from(caps.global) {
-                return Ok(Vec::new());
-            }
-            let sql = format!(
-                "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
-                 WHERE r.status = 'queued'
-                   AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.session = r.session AND x.status = 'running')
-                 ORDER BY r.created_at, r.{} LIMIT 256",
-                tx.dialect().runs_order()
-            );
-            let candidates: Vec<RunRow> = tx.query_map(&sql, args![], run_from_row)?;
-            let mut running_spawns: i64 =
-                tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| {
-                    r.get(0)
-                })?;
-            let mut seen_sessions = std::collections::HashSet::new();
-            let mut claimed = Vec::new();
-            for run in candidates {
-                if total >= i64::from(caps.global) {
-                    break;
-                }
-                // FIFO per session: only the oldest queued run of a session is a candidate.
-                if !seen_sessions.insert(run.session) {
-                    continue;
-                }
-                let agent = run.agent_id.as_str();
-                let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
-                let busy = running.get(agent).copied().unwrap_or(0);
-                let spawn = run.mode == RunMode::Spawn;
-                if busy >= i64::from(cap) || (spawn && running_spawns >= i64::from(caps.spawns)) {
-                    continue;
-                }
-                *running.entry(agent.to_string()).or_default() += 1;
-                total += 1;
-                running_spawns += i64::from(spawn);
-                claimed.push(claim(tx, &run, owner)?);
-            }
-            Ok(claimed)
+            ready_to_claim(tx, owner, caps, shared)?.iter().map(|run| claim(tx, run, owner)).collect()
         })
     }
 
@@ -580,9 +593,9 @@ impl Store {
         Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
     }
 
-    /// Renews the lease of runs this owner is running.
+    /// Renews the lease of runs this owner is running (no other node is woken for it).
     pub fn renew_leases(&self, owner: &RunOwner) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_untold(|tx| -> Result<()> {
             let sql = format!(
                 "UPDATE runs SET lease_until = {} + ?2 WHERE owner = ?1 AND status = 'running'",
                 tx.dialect().clock_ms()
