@@ -51,7 +51,7 @@ pub use import::{ImportedSession, Merged, SessionExtras};
 pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
-pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, Orphan, RunMode, RunOwner, RunRow, RunStatus};
+pub use run_queue::{AnnounceKind, Caps, Finished, LEASE_MS, NewRun, Orphan, RunMode, RunOwner, RunRow, RunStatus};
 pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, Route, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub use spawn::{SlotHolder, SpawnCounts, StoredAttachment};

@@ -733,7 +733,7 @@ mod tests {
                                 assert!(*n <= cap, "{what}: {n} running, over its cap {cap} ({counts:?})");
                             }
                             for (run, _) in claimed {
-                                store.finish_run(&run.run_id, &finished_ok()).unwrap();
+                                store.finish_run(&run.run_id, owner.as_str(), &finished_ok()).unwrap();
                                 mine.push(run.run_id);
                             }
                             if store
@@ -770,6 +770,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_a_dead_nodes_run_is_interrupted_after_its_lease_or_at_once_by_its_own_node() {
         use crate::keys::{AgentId, SessionKey, SessionKind};
+        use crate::store::run_queue::claim_case;
         use crate::store::{Caps, NewRun, RunMode, RunOwner, RunStatus};
         with_test_database(async |target| {
             let dir = tempfile::tempdir().unwrap();
@@ -785,28 +786,40 @@ mod tests {
                     Ok(())
                 })
                 .unwrap();
-            let caps = Caps { global: 10, per_agent: Default::default(), default_agent: 10, spawns: 10 };
-            let (dead_a, other) = (RunOwner::new("node-a"), RunOwner::new("node-b"));
-            assert_eq!(store.claim_ready(dead_a.as_str(), &caps).unwrap().len(), 2);
-            assert!(store.interrupt_orphans(&other).unwrap().is_empty(), "a's leases hold");
+            // One run per owner: node-a's and node-c's owners each claim one.
+            let caps = Caps { global: 1, per_agent: Default::default(), default_agent: 10, spawns: 10 };
+            let (dead_a, dead_c, other) = (RunOwner::new("node-a"), RunOwner::new("node-c"), RunOwner::new("node-b"));
+            assert_eq!(claim_case::ids(&store.claim_ready(dead_a.as_str(), &caps).unwrap()), ["run-0"]);
+            assert_eq!(claim_case::ids(&store.claim_ready(dead_c.as_str(), &caps).unwrap()), ["run-1"]);
+            assert!(store.interrupt_orphans(&other).unwrap().is_empty(), "their leases hold");
+            let wrong = store.finish_run("run-0", other.as_str(), &finished_ok()).unwrap_err();
+            assert!(matches!(wrong, StoreError::NotRunning { .. }), "only its owner records its end: {wrong}");
             store
-                .write_sql(|tx| tx.execute("UPDATE runs SET lease_until = 0 WHERE run_id = 'run-0'", args![]))
+                .write_sql(|tx| {
+                    tx.execute("UPDATE node_leases SET lease_until = 0 WHERE owner = ?1", args![dead_c.as_str()])
+                })
                 .unwrap();
             let orphans = store.interrupt_orphans(&other).unwrap();
             assert_eq!(orphans.len(), 1);
-            assert_eq!((orphans[0].run.run_id.as_str(), orphans[0].of_node), ("run-0", false));
+            assert_eq!((orphans[0].run.run_id.as_str(), orphans[0].of_node), ("run-1", false));
             assert_eq!(
                 orphans[0].run.error.as_deref(),
-                Some("interrupted: its node node-a stopped renewing its lease; it was not re-run")
+                Some("interrupted: its node node-c stopped renewing its lease; it was not re-run")
             );
-            let late = store.finish_run("run-0", &finished_ok()).unwrap_err();
+            let late = store.finish_run("run-1", dead_c.as_str(), &finished_ok()).unwrap_err();
             assert!(matches!(late, StoreError::NotRunning { .. }), "{late}");
-            assert_eq!(store.run("run-0").unwrap().unwrap().status, RunStatus::Interrupted, "the end stands");
+            assert_eq!(store.run("run-1").unwrap().unwrap().status, RunStatus::Interrupted, "the end stands");
+            let leases: Vec<String> = store
+                .read(|c| c.query_map("SELECT owner FROM node_leases ORDER BY owner", args![], |r| r.get(0)))
+                .unwrap();
+            assert_eq!(leases, [dead_a.as_str()], "the passed lease went with its runs");
+            store.renew_leases(&dead_a).unwrap();
             let next_a = RunOwner::new("node-a");
             let orphans = store.interrupt_orphans(&next_a).unwrap();
             assert_eq!(
                 orphans.iter().map(|o| (o.run.run_id.as_str(), o.of_node)).collect::<Vec<_>>(),
-                [("run-1", true)]
+                [("run-0", true)],
+                "a node's next owner interrupts its predecessor's runs, lease or not"
             );
         })
         .await;
