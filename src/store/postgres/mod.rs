@@ -617,10 +617,15 @@ mod tests {
         with_test_database(async |target| {
             let pool = open(&target).await.unwrap();
             let client = target.client(&pool).await.unwrap();
-            // Back to version 3 (version 4 changed rows, not the schema), with the rows a bridge
-            // and a spawn left there.
+            // Back to version 3 (versions 4 and 5 changed rows, 6 is undone here), with the rows
+            // a bridge and a spawn left there.
             let rows = crate::store::tests::V10_IDEMPOTENCY_ROWS.replace("{now}", &crate::store::now_ms().to_string());
-            client.batch_execute(&format!("DELETE FROM schema_version WHERE version > 3; {rows}")).await.unwrap();
+            let undo_6 = "DROP TABLE node_leases; DROP INDEX runs_running_owner;
+                          CREATE INDEX runs_running_lease ON runs (lease_until) WHERE status = 'running';";
+            client
+                .batch_execute(&format!("DELETE FROM schema_version WHERE version > 3; {undo_6} {rows}"))
+                .await
+                .unwrap();
             drop((client, pool));
             let dir = tempfile::tempdir().unwrap();
             let store = crate::store::Store::open_postgres(target, dir.path()).unwrap();
