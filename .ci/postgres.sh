@@ -83,13 +83,19 @@ start() {
     return 1
   }
   rm -f "$dir/pwfile"
+  # Statement counts for the bench's nodes rows (src/bench/nodes.rs), where the module is there.
+  local preload="" config
+  config="$(dirname "$(readlink -f "$bin/pg_ctl")")/pg_config"
+  if [ -x "$config" ] && [ -f "$("$config" --pkglibdir)/pg_stat_statements.so" ]; then
+    preload="-c shared_preload_libraries=pg_stat_statements"
+  fi
   # A port taken between the look and the start fails the start: try a few.
   for _ in 1 2 3 4 5; do
     port="$(free_port)"
     if as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 -o \
       "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir -c fsync=off \
        -c hba_file=$dir/pg_hba.conf -c ssl=on -c ssl_cert_file=$dir/tls/server.crt \
-       -c ssl_key_file=$dir/tls/server.key -c ssl_ca_file=$dir/tls/ca.crt" \
+       -c ssl_key_file=$dir/tls/server.key -c ssl_ca_file=$dir/tls/ca.crt $preload" \
       start >/dev/null 2>&1; then
       as_pg "$(psql_bin "$bin")" -h "$dir" -p "$port" -U postgres -d postgres -qc "CREATE ROLE sessions_mcp_cert LOGIN" >&2
       echo "postgres.sh: PostgreSQL ($("$bin/pg_ctl" --version)) on 127.0.0.1:$port with TLS, data in $dir" >&2

@@ -50,6 +50,9 @@ async fn measure(bench: &mut Bench, server: &Databases) -> anyhow::Result<()> {
     for nodes in 1..=3 {
         runs_per_second(bench, server, nodes).await?;
     }
+    for nodes in 1..=3 {
+        idle(bench, server, nodes).await?;
+    }
     Ok(())
 }
 
@@ -72,10 +75,42 @@ impl Databases {
         let (client, connection) =
             target.connect_one().await.context("cannot connect to the bench's PostgreSQL server")?;
         tokio::spawn(connection);
+        // Statement counts where the server loads pg_stat_statements (.ci/postgres.sh does).
+        if let Err(e) = client.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await {
+            tracing::info!(error = %e, "no pg_stat_statements: the nodes rows count transactions only");
+        }
         Ok(Databases { admin: admin.to_string(), client, made: Default::default() })
     }
 
+    /// What the server counted for database `name` so far. Counters of a backend reach the
+    /// shared statistics when it goes idle (at most once a second) or exits: read after the
+    /// nodes stopped.
+    async fn counts(&self, name: &str) -> anyhow::Result<Counts> {
+        let row = self
+            .client
+            .query_one("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1", &[&name])
+            .await?;
+        let statements = self
+            .client
+            .query_one(
+                "SELECT coalesce(sum(calls), 0)::bigint,
+                        coalesce(sum(calls) FILTER (WHERE query LIKE '%pg_advisory_xact_lock%'), 0)::bigint
+                 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1",
+                &[&name],
+            )
+            .await
+            .ok()
+            .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)));
+        Ok(Counts { commits: row.get(0), rollbacks: row.get(1), statements })
+    }
+
     /// A new empty database; its URL (with the admin URL's parameters, its TLS settings among them).
+    /// The name of a database this group made, from its URL.
+    fn name_in(url: &str) -> String {
+        let path = url.split('?').next().unwrap_or(url);
+        path.rsplit('/').next().unwrap_or_default().to_string()
+    }
+
     async fn create(&self, what: &str) -> anyhow::Result<String> {
         let name = format!("smcp_bench_{what}_{}", uuid::Uuid::new_v4().simple());
         let ddl = format!("CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0");
@@ -160,6 +195,51 @@ async fn latency(bench: &mut Bench, dir: &Path, backend: &str, sessions: u64, hi
     server.stop().await
 }
 
+/// A database's counters ([`Databases::counts`]).
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    /// Committed transactions: every write transaction (reads end in a rollback).
+    commits: i64,
+    /// Rolled back: the read transactions (a read ends with `ROLLBACK`).
+    rollbacks: i64,
+    /// (statements, write transactions: those that took the write lock) by pg_stat_statements.
+    statements: Option<(i64, i64)>,
+}
+
+impl Counts {
+    /// What happened between `before` and `self`, less what the bench itself did: its write
+    /// transactions, its reads and its statements.
+    fn since(self, before: Counts, own: (i64, i64, i64)) -> Counts {
+        let (own_commits, own_reads, own_statements) = own;
+        Counts {
+            commits: self.commits - before.commits - own_commits,
+            rollbacks: self.rollbacks - before.rollbacks - own_reads,
+            // Each of the bench's write transactions took the write lock too.
+            statements: self
+                .statements
+                .zip(before.statements)
+                .map(|(a, b)| (a.0 - b.0 - own_statements, a.1 - b.1 - own_commits)),
+        }
+    }
+
+    /// Per `n` (runs, or seconds), as the rows print it: commits (write transactions and
+    /// single statements such as a notification), of them the write transactions (those that
+    /// took the write lock), reads, statements.
+    fn per(self, n: f64, unit: &str) -> String {
+        let per = |v: i64| v as f64 / n;
+        match self.statements {
+            Some((statements, locked)) => format!(
+                "{:.1} commits ({:.1} write tx), {:.1} reads, {:.1} statements{unit}",
+                per(self.commits),
+                per(locked),
+                per(self.rollbacks),
+                per(statements)
+            ),
+            None => format!("{:.1} commits, {:.1} reads{unit}", per(self.commits), per(self.rollbacks)),
+        }
+    }
+}
+
 /// `nodes` state dirs on one new database, each a `serve` owning its node's runtime and pinned
 /// to a core of its own (cores are shared once there are more nodes than cores); a burst of
 /// queued runs committed at once, timed until every one has finished on whichever node ran it.
@@ -180,6 +260,9 @@ async fn runs_per_second(bench: &mut Bench, dbs: &Databases, nodes: usize) -> an
         sets.push(format!("{{{}}}", i % cores));
     }
     let runs = if bench.quick { 20 } else { 300 };
+    let name = Databases::name_in(&url);
+    tokio::time::sleep(Duration::from_secs(2)).await; // the nodes' start is counted out
+    let before = dbs.counts(&name).await?;
     let started = Instant::now();
     store.write(|tx| -> crate::store::Result<()> {
         for i in 0..runs {
@@ -189,8 +272,10 @@ async fn runs_per_second(bench: &mut Bench, dbs: &Databases, nodes: usize) -> an
         }
         Ok(())
     })?;
+    let mut polls = 0;
     while store.unfinished_runs()? > 0 {
         anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "the runs did not finish within 10 min");
+        polls += 1;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -199,10 +284,50 @@ async fn runs_per_second(bench: &mut Bench, dbs: &Databases, nodes: usize) -> an
         "{nodes} node(s) on one database, each pinned to core {}: {runs} queued runs claimed, run (scripted agent) and finished",
         sets.join(" ")
     );
-    let rate = format!("{:.1} runs/s (per node {})", runs as f64 / seconds, per_node.join("/"));
-    bench.push(Row::rate(Group::Nodes, what, rate));
     for server in servers {
         server.stop().await?;
     }
+    drop(store);
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the closed backends' counters land
+    // The bench's own: the enqueue (1 write, 1 + its statements) and each poll and the
+    // per-node count (a read: BEGIN, SELECT, ROLLBACK).
+    let own_reads = polls + 2;
+    let own = (1, own_reads, 3 * own_reads + 3 + 2 * runs as i64);
+    let counted = dbs.counts(&name).await?.since(before, own);
+    let rate = format!(
+        "{:.1} runs/s (per node {}); per run {}",
+        runs as f64 / seconds,
+        per_node.join("/"),
+        counted.per(runs as f64, "")
+    );
+    bench.push(Row::rate(Group::Nodes, what, rate));
+    Ok(())
+}
+
+/// `nodes` idle nodes on one new database (no run at all), for a while: the transactions and
+/// statements per second they make together.
+async fn idle(bench: &mut Bench, dbs: &Databases, nodes: usize) -> anyhow::Result<()> {
+    let url = dbs.create(&format!("idle{nodes}")).await?;
+    let name = Databases::name_in(&url);
+    let mut servers = Vec::new();
+    for i in 0..nodes {
+        let dir = bench.worlds.scratch(&format!("idle-{nodes}-node-{i}"));
+        world(&dir, Some(&url), None)?;
+        let server = StdioServer::spawn_on(&dir, &[])?;
+        server.initialize().await?;
+        servers.push(server);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await; // started: migrations, first claims, sweeps
+    let before = dbs.counts(&name).await?;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(if bench.quick { 5 } else { 30 })).await;
+    for server in servers {
+        server.stop().await?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let counted = dbs.counts(&name).await?.since(before, (0, 0, 0));
+    let what = format!("{nodes} idle node(s) on one database, no runs, {seconds:.0} s");
+    bench.push(Row::rate(Group::Nodes, what, counted.per(seconds, "/s")));
     Ok(())
 }

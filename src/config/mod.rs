@@ -47,6 +47,7 @@ pub mod defaults {
     pub const ATTACHMENTS_MAX_TOTAL_BYTES: u64 = 5 * 1024 * 1024;
     pub const MAX_CONCURRENT_RUNS: u32 = 16;
     pub const DRAIN_SECONDS: u64 = 600;
+    pub const START_TIMEOUT_SECONDS: u64 = 60;
     pub const HEADER_TIMEOUT_SECONDS: u64 = 10;
     pub const IDLE_TIMEOUT_SECONDS: u64 = 60;
     pub const MAX_CONNECTIONS: u32 = 256;
@@ -823,11 +824,18 @@ impl Default for AttachmentsConfig {
 pub struct RuntimeConfig {
     pub max_concurrent_runs: u32,
     pub drain_seconds: u64,
+    /// How long a claimed run may take to start its agent's process; past it the run ends
+    /// `interrupted` (never re-run) and its slot is free again.
+    pub start_timeout_seconds: u64,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        Self { max_concurrent_runs: defaults::MAX_CONCURRENT_RUNS, drain_seconds: defaults::DRAIN_SECONDS }
+        Self {
+            max_concurrent_runs: defaults::MAX_CONCURRENT_RUNS,
+            drain_seconds: defaults::DRAIN_SECONDS,
+            start_timeout_seconds: defaults::START_TIMEOUT_SECONDS,
+        }
     }
 }
 

@@ -590,7 +590,7 @@ mod tests {
             external_session_id: None,
             cli_usage_total: None,
         };
-        store.finish_run(&run_id, &finished).unwrap();
+        store.finish_run(&run_id, "owner", &finished).unwrap();
     }
 
     #[test]

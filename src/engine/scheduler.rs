@@ -42,6 +42,15 @@ const LOAD_OPS: u64 = 1_000;
 /// A run that ended this long ago without its steps taken lost them (a process died, or a step
 /// failed); the owner's sweep takes them again.
 const STEPS_GRACE_MS: i64 = 30_000;
+/// How often an owner renews its lease on a shared database, and looks for its runs that have
+/// no process behind them.
+const RENEW_EVERY: Duration = Duration::from_secs(5);
+/// How long an owner on a shared database keeps running its agents without a renewed lease:
+/// well inside the lease ([`crate::store::LEASE_MS`], from the renewal's start), so that its
+/// agents are stopped before another node may declare their runs interrupted.
+const FENCE_AFTER: Duration = Duration::from_millis(crate::store::LEASE_MS as u64 - 5_000);
+/// How often the fence looks at the lease's age.
+const FENCE_TICK: Duration = Duration::from_secs(1);
 
 /// Which kind of process this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +107,12 @@ pub struct Scheduler {
     pub(super) told: Mutex<HashMap<(String, String), crate::policy::Answerer>>,
     /// Stop claiming new runs (shutdown or hand-over).
     stop_claiming: CancellationToken,
+    /// Claimed runs of this process whose agent's process has not started yet, since when:
+    /// one that does not start within `runtime.startTimeoutSeconds` is ended.
+    starting: Mutex<HashMap<String, std::time::Instant>>,
+    /// This owner's lease on a shared database, and the fence that stops its agents when it
+    /// cannot be renewed.
+    lease: Lease,
     /// Held across one claim, from the store's commit to the run's entry in `active`: shutdown
     /// takes it once after `stop_claiming`, so no claim is half done when it looks at `active`
     /// (a run committed `running` but not yet active was left behind, and the next owner
@@ -107,6 +122,18 @@ pub struct Scheduler {
     /// Stops the run socket when ownership ends.
     socket: Mutex<Option<CancellationToken>>,
     owner_socket: OwnerSocket,
+}
+
+/// An owner's lease as this process knows it ([`Scheduler::keep_lease`]).
+struct Lease {
+    /// When the last renewal that succeeded was sent: the lease lasts at least
+    /// [`crate::store::LEASE_MS`] from then.
+    renewed: Mutex<std::time::Instant>,
+    /// The lease is older than [`FENCE_AFTER`]: this node's agents were stopped, and it
+    /// claims nothing until a renewal succeeds.
+    fenced: AtomicBool,
+    /// The runs the fence stopped, until their end is recorded (saying why).
+    stopped: Mutex<std::collections::HashSet<String>>,
 }
 
 /// What a wait ended with.
@@ -154,6 +181,12 @@ impl Scheduler {
             offered: Mutex::new(HashMap::new()),
             asks: Mutex::new(HashMap::new()),
             told: Mutex::new(HashMap::new()),
+            starting: Mutex::new(HashMap::new()),
+            lease: Lease {
+                renewed: Mutex::new(std::time::Instant::now()),
+                fenced: AtomicBool::new(false),
+                stopped: Mutex::default(),
+            },
             stop_claiming: CancellationToken::new(),
             claiming: Mutex::new(()),
             shutting_down: AtomicBool::new(false),
@@ -169,6 +202,9 @@ impl Scheduler {
         tokio::spawn(rt.clone().scheduler());
         tokio::spawn(wake_on_remote_commits(rt.clone()));
         tokio::spawn(give_back_memory(rt.store.clone()));
+        if rt.store.is_shared() {
+            Scheduler::keep_lease(&rt);
+        }
         Ok(rt)
     }
 
@@ -339,11 +375,12 @@ impl Scheduler {
                 crate::engine::steer::offer_pending(&self);
                 crate::engine::ask::deliver_answers(&self);
                 self.claim_all();
+                self.end_unstarted();
                 if sweeps {
                     crate::engine::deliver_due(&self).await;
                 }
-                if last_renew.elapsed() > Duration::from_secs(5) {
-                    let _ = self.store.renew_leases(&self.owner_id);
+                if last_renew.elapsed() > RENEW_EVERY {
+                    self.end_runs_without_process();
                     if sweeps && self.store.is_shared() {
                         self.recover();
                     }
@@ -411,16 +448,20 @@ impl Scheduler {
         let caps = self.caps();
         loop {
             let _claim = self.claiming.lock().expect("claim gate");
-            if self.stop_claiming.is_cancelled() {
+            if self.stop_claiming.is_cancelled() || self.fenced() {
                 return;
             }
+            let asked = std::time::Instant::now();
             let claimed = match self.store.claim_ready(self.owner_id.as_str(), &caps) {
                 Ok(claimed) if claimed.is_empty() => return,
                 Ok(claimed) => claimed,
                 Err(e) => return tracing::error!(error = %e, "claiming runs failed"),
             };
+            // A claim renews the owner's lease in its transaction.
+            self.lease_renewed(asked);
             for (run, input_seq) in claimed {
                 let token = CancellationToken::new();
+                self.starting.lock().expect("starting").insert(run.run_id.clone(), asked);
                 self.active.lock().expect("active").insert(run.run_id.clone(), token.clone());
                 let (tx, _) = broadcast::channel(256);
                 self.progress.lock().expect("progress").insert(run.run_id.clone(), tx);
@@ -439,6 +480,10 @@ impl Scheduler {
         cancel: CancellationToken,
         steers: mpsc::UnboundedReceiver<Steer>,
     ) {
+        stall_start_for_tests(&run).await;
+        if !self.is_active(&run.run_id) {
+            return; // its start took too long: it was ended meanwhile (`end_unstarted`)
+        }
         let run_id = run.run_id.clone();
         let progress = self.progress.lock().expect("progress").get(&run_id).cloned();
         let on_delta = move |text: &str| {
@@ -456,14 +501,183 @@ impl Scheduler {
             let mode = run.mode.as_str();
             crate::metrics::observe_run(&agent, outcome.status.as_str(), mode, ran as f64 / 1e3, waited as f64 / 1e3);
         }
-        self.active.lock().expect("active").remove(&run_id);
-        self.progress.lock().expect("progress").remove(&run_id);
-        self.steers.lock().expect("steers").remove(&run_id);
+        self.forget(&run_id);
+        if !matches!(finished, Err(ref e) if !matches!(e, StoreError::NotRunning { .. })) {
+            // Its end is recorded, here or by another node: the fence has nothing to say of it.
+            self.lease.stopped.lock().expect("stopped").remove(&run_id);
+        }
         match finished {
             Ok(outcome) => crate::engine::take_steps(&self, &run, &outcome),
             Err(e) => tracing::error!(run = %run_id, error = %e, "recording a run failed"),
         }
         self.wake();
+    }
+
+    /// Whether `run_id` is a run of this process that has not ended here.
+    pub(super) fn is_active(&self, run_id: &str) -> bool {
+        self.active.lock().expect("active").contains_key(run_id)
+    }
+
+    /// The agent's process of `run_id` started: its start is no longer timed.
+    pub(super) fn agent_started(&self, run_id: &str) {
+        self.starting.lock().expect("starting").remove(run_id);
+    }
+
+    /// Drops what this process kept for a run that ended here.
+    fn forget(&self, run_id: &str) {
+        self.active.lock().expect("active").remove(run_id);
+        self.progress.lock().expect("progress").remove(run_id);
+        self.steers.lock().expect("steers").remove(run_id);
+        self.starting.lock().expect("starting").remove(run_id);
+    }
+
+    /// Ends the claimed runs whose agent did not start within `runtime.startTimeoutSeconds`
+    /// (a start path that hangs, or a task that never ran): `interrupted`, never re-run, so
+    /// that neither the session nor the slot stays taken by a run nothing runs.
+    fn end_unstarted(self: &Arc<Self>) {
+        let bound = Duration::from_secs(self.config.runtime.start_timeout_seconds.max(1));
+        let late: Vec<String> = self
+            .starting
+            .lock()
+            .expect("starting")
+            .iter()
+            .filter(|(_, since)| since.elapsed() > bound)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for run_id in late {
+            let why = format!(
+                "interrupted: claimed by node {} but its agent did not start within {} s; it was not re-run",
+                self.owner_id.node(),
+                bound.as_secs()
+            );
+            self.abandon(&run_id, why);
+        }
+    }
+
+    /// Ends the runs `running` under this owner that no task of this process runs (a run
+    /// whose task died, or one left behind by a claim): nothing else would, since their
+    /// owner is alive and renews its lease.
+    fn end_runs_without_process(self: &Arc<Self>) {
+        // Under the claim gate: a run claimed but not yet in `active` is not one of them.
+        let _claim = self.claiming.lock().expect("claim gate");
+        let running = match self.store.running_under(self.owner_id.as_str()) {
+            Ok(running) => running,
+            Err(e) => return tracing::warn!(error = %e, "cannot look for runs without a process"),
+        };
+        for run_id in running.into_iter().filter(|id| !self.is_active(id)) {
+            // A run the fence stopped while the database was out of reach ends saying so.
+            let why = match self.was_fenced(&run_id) {
+                true => self.fenced_why(),
+                false => {
+                    format!("interrupted: node {} had no process running it; it was not re-run", self.owner_id.node())
+                }
+            };
+            self.abandon(&run_id, why);
+        }
+    }
+
+    /// Ends `run_id` `interrupted` for `why` (its agent, if any, is stopped) and takes its steps.
+    fn abandon(self: &Arc<Self>, run_id: &str, why: String) {
+        tracing::error!(run = %run_id, why, "ending a run of this node");
+        if let Some(token) = self.active.lock().expect("active").get(run_id) {
+            token.cancel();
+        }
+        self.forget(run_id);
+        self.lease.stopped.lock().expect("stopped").remove(run_id);
+        let ended = crate::store::Finished::without_output(crate::store::RunStatus::Interrupted, why);
+        if let Err(e) = self.store.finish_run(run_id, self.owner_id.as_str(), &ended) {
+            return tracing::warn!(run = %run_id, error = %e, "recording the end of a run failed");
+        }
+        match self.store.run(run_id) {
+            Ok(Some(run)) => {
+                let result = crate::engine::TurnResult { status: run.status, reply: None, silent: false };
+                crate::engine::take_steps(self, &run, &result);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(run = %run_id, error = %e, "its steps are left to the sweep"),
+        }
+        self.wake();
+    }
+
+    /// Keeps this owner's lease on a shared database from two threads of their own, so that
+    /// neither a busy scheduler nor a store call that hangs holds them up: one renews it every
+    /// [`RENEW_EVERY`]; the other stops this node's agents once the lease is older than
+    /// [`FENCE_AFTER`] (self-fencing), and no run is claimed until a renewal succeeds.
+    fn keep_lease(rt: &Arc<Self>) {
+        let spawn = |name: &str, every: Duration, tick: fn(&Scheduler)| {
+            let rt = Arc::downgrade(rt);
+            let thread = std::thread::Builder::new().name(name.into()).spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    let Some(rt) = rt.upgrade() else { return };
+                    if rt.shutting_down() && rt.active.lock().expect("active").is_empty() {
+                        return;
+                    }
+                    tick(&rt);
+                }
+            });
+            if let Err(e) = thread {
+                tracing::error!(error = %e, "cannot start the lease's threads");
+            }
+        };
+        spawn("lease-renew", RENEW_EVERY, Scheduler::renew_lease);
+        spawn("lease-fence", FENCE_TICK, Scheduler::fence);
+    }
+
+    fn renew_lease(&self) {
+        if !self.is_owner() {
+            return;
+        }
+        let asked = std::time::Instant::now();
+        match self.store.renew_leases(&self.owner_id) {
+            Ok(()) => self.lease_renewed(asked),
+            Err(e) => tracing::warn!(error = %e, "renewing this node's lease failed"),
+        }
+    }
+
+    /// The lease was renewed by a statement sent at `asked`.
+    fn lease_renewed(&self, asked: std::time::Instant) {
+        let mut renewed = self.lease.renewed.lock().expect("lease");
+        *renewed = (*renewed).max(asked);
+        drop(renewed);
+        if self.lease.fenced.swap(false, Ordering::SeqCst) {
+            tracing::warn!(owner = %self.owner_id, "this node's lease is renewed again: it claims runs again");
+        }
+    }
+
+    fn fence(&self) {
+        let age = self.lease.renewed.lock().expect("lease").elapsed();
+        if !self.is_owner() || age < FENCE_AFTER {
+            return;
+        }
+        let active = self.active.lock().expect("active");
+        if !self.lease.fenced.swap(true, Ordering::SeqCst) {
+            tracing::error!(owner = %self.owner_id, runs = active.len(), age_s = age.as_secs(), "{}", self.fenced_why());
+        }
+        let mut stopped = self.lease.stopped.lock().expect("stopped");
+        for (run_id, token) in active.iter() {
+            token.cancel();
+            stopped.insert(run_id.clone());
+        }
+    }
+
+    /// Whether this node stops its agents for want of a renewed lease.
+    fn fenced(&self) -> bool {
+        self.lease.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Whether the fence stopped `run_id` (see [`Scheduler::fence`]).
+    pub(super) fn was_fenced(&self, run_id: &str) -> bool {
+        self.lease.stopped.lock().expect("stopped").contains(run_id)
+    }
+
+    /// Why a fenced node's runs ended.
+    pub(super) fn fenced_why(&self) -> String {
+        format!(
+            "interrupted: its node {} could not renew its lease for {} s (the database out of reach); it stopped the run before another node could end it, and it was not re-run",
+            self.owner_id.node(),
+            FENCE_AFTER.as_secs()
+        )
     }
 
     /// Asks `run_id` to stop (MCP `tasks/cancel`), from any process. A queued run ends
@@ -628,6 +842,18 @@ async fn wake_on_remote_commits(rt: Arc<Scheduler>) {
     while commits.changed().await.is_ok() {
         rt.changed.notify_waiters();
     }
+}
+
+/// A fault for the tests (debug builds only): the runs of the agent that
+/// `SESSIONS_MCP_FAULT_STALL_START` names never get past the start of their task, as a task
+/// that is never polled again would (issue 37).
+async fn stall_start_for_tests(run: &RunRow) {
+    #[cfg(debug_assertions)]
+    if std::env::var("SESSIONS_MCP_FAULT_STALL_START").is_ok_and(|agent| agent == run.agent_id.as_str()) {
+        std::future::pending::<()>().await;
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = run;
 }
 
 /// Whether a daemon runs for `state_dir`: it holds `daemon.lock` exclusively for its life. The

@@ -181,19 +181,7 @@ pub async fn run_turn(
     let store = &rt.store;
     let config = &rt.config;
     let end = |status: RunStatus, error: String| -> Result<TurnResult, StoreError> {
-        let f = Finished {
-            status,
-            reply: None,
-            messages: vec![],
-            usage: None,
-            cost: None,
-            model: None,
-            error: Some(error),
-            exit_status: None,
-            external_session_id: None,
-            cli_usage_total: None,
-        };
-        store.finish_run(&run.run_id, &f)?;
+        store.finish_run(&run.run_id, rt.owner_id.as_str(), &Finished::without_output(status, error))?;
         Ok(TurnResult { status, reply: None, silent: false })
     };
     let fail = |error: String| end(RunStatus::Error, error);
@@ -283,7 +271,8 @@ pub async fn run_turn(
     };
     let store_for_spawn = store.clone();
     let run_id = run.run_id.clone();
-    let on_spawn = move |pid: i32| {
+    let on_spawn = |pid: i32| {
+        rt.agent_started(&run_id);
         let start = crate::engine::scheduler::process_start_time(i64::from(pid));
         let _ = store_for_spawn.set_supervisor(&run_id, i64::from(pid), start);
     };
@@ -311,10 +300,15 @@ pub async fn run_turn(
         on_usage: Some(&on_usage),
         on_waiting: Some(&on_waiting),
     };
+    if !rt.is_active(&run.run_id) {
+        // Its node gave up on it while it was starting (and recorded its end): no agent for it.
+        return Err(StoreError::NotRunning { run_id: run.run_id.clone(), status: "interrupted".into() });
+    }
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &hooks, Some(steers)).await;
     crate::engine::steer::settled_for(rt, &run.run_id).await;
     let (status, error) = match outcome.status {
         RunStatus::Cancelled if rt.shutting_down() => (RunStatus::Interrupted, outcome.error),
+        RunStatus::Cancelled if rt.was_fenced(&run.run_id) => (RunStatus::Interrupted, Some(rt.fenced_why())),
         s => meter.outcome(s, outcome.error),
     };
     let mut usage = outcome.usage;
@@ -347,7 +341,7 @@ pub async fn run_turn(
         external_session_id: outcome.external_session_id,
         cli_usage_total,
     };
-    store.finish_run(&run.run_id, &finished)?;
+    store.finish_run(&run.run_id, rt.owner_id.as_str(), &finished)?;
     Ok(TurnResult { status, reply: outcome.reply, silent })
 }
 

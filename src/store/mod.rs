@@ -54,7 +54,7 @@ pub use import::{ImportedSession, Merged, SessionExtras};
 pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
-pub use run_queue::{AnnounceKind, Caps, Finished, NewRun, Orphan, RunMode, RunOwner, RunRow, RunStatus};
+pub use run_queue::{AnnounceKind, Caps, Finished, LEASE_MS, NewRun, Orphan, RunMode, RunOwner, RunRow, RunStatus};
 pub use seed::{SeedKey, SeedRows, SeedRun, SeedSession, SeedToken, Stated};
 pub use sessions::{ListQuery, NewSession, Route, SendPolicyOverride, SessionRow, SessionState, SliceScope};
 pub use spawn::{SlotHolder, SpawnCounts, StoredAttachment};
@@ -313,9 +313,33 @@ impl Store {
         self.write_surviving(Survives::ProcessDeath, f)
     }
 
+    /// As [`Store::write_sql`], for a record no waiter looks at (a lease renewal): on a shared
+    /// database the other nodes are not woken for it.
+    fn write_sql_untold<T, E>(&self, f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        self.write_surviving_as(Survives::PowerLoss, false, f)
+    }
+
     fn write_surviving<T, E>(
         &self,
         survives: Survives,
+        f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        // A record for this boot is nobody's news either (see `write_sql_for_this_boot`).
+        self.write_surviving_as(survives, survives == Survives::PowerLoss, f)
+    }
+
+    /// A write transaction; with `news` the other nodes sharing the database are told of it
+    /// when it changed a row.
+    fn write_surviving_as<T, E>(
+        &self,
+        survives: Survives,
+        news: bool,
         f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E>
     where
@@ -325,8 +349,10 @@ impl Store {
         let writer = match &self.inner.backend {
             Backend::Sqlite { writer, .. } => writer,
             Backend::Postgres(pg) => {
-                let value = pg.write(survives == Survives::PowerLoss, f)?;
-                self.announce_change();
+                let (value, changed) = pg.write(survives == Survives::PowerLoss, news, f)?;
+                if changed {
+                    self.announce_change();
+                }
                 return Ok(value);
             }
         };

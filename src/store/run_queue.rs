@@ -48,10 +48,10 @@ impl std::fmt::Display for RunStatus {
     }
 }
 
-/// How long a claimed run's lease lasts without renewal (its owner renews every few seconds):
-/// on a shared database, a run whose lease passed is its dead node's, and another node
-/// interrupts it ([`Store::interrupt_orphans`]).
-const LEASE_MS: i64 = 15_000;
+/// How long an owner's lease lasts without renewal (it renews every few seconds): on a shared
+/// database, a run whose owner's lease passed is its dead node's, and another node interrupts
+/// it ([`Store::interrupt_orphans`]).
+pub const LEASE_MS: i64 = 15_000;
 
 /// Who runs a run: one runtime owner, a process of a node. `<node>:<pid>:<nonce>`, the node
 /// being one state directory (a machine's, with a shared database), so that a node's next owner
@@ -313,6 +313,24 @@ pub struct Finished {
     pub cli_usage_total: Option<Value>,
 }
 
+impl Finished {
+    /// A run that ended as `status` before it produced anything, for `error`.
+    pub fn without_output(status: RunStatus, error: String) -> Finished {
+        Finished {
+            status,
+            reply: None,
+            messages: vec![],
+            usage: None,
+            cost: None,
+            model: None,
+            error: Some(error),
+            exit_status: None,
+            external_session_id: None,
+            cli_usage_total: None,
+        }
+    }
+}
+
 /// Queues a run, once: a flow step that is taken again after a crash derives the same run id
 /// (`flows::step_id`) and adds nothing. Returns false when the run was already there.
 /// Queued runs of messages a channel's bridge posted (`sourceTool` `channel_bridge` in their
@@ -388,12 +406,10 @@ fn claim(tx: &dyn Sql, run: &RunRow, owner: &str) -> Result<(RunRow, i64)> {
         ..Default::default()
     };
     let seq = append_message(tx, run.session, &input)?;
-    let sql = format!(
-        "UPDATE runs SET status = 'running', owner = ?2, lease_until = {} + ?3, started_at = ?4, input_seq = ?5
-         WHERE run_id = ?1",
-        tx.dialect().clock_ms()
-    );
-    tx.execute(&sql, args![run.run_id, owner, LEASE_MS, now, seq])?;
+    tx.execute(
+        "UPDATE runs SET status = 'running', owner = ?2, started_at = ?3, input_seq = ?4 WHERE run_id = ?1",
+        args![run.run_id, owner, now, seq],
+    )?;
     Ok((run_by_id(tx, &run.run_id)?.expect("claimed run exists"), seq))
 }
 
@@ -422,6 +438,79 @@ pub(super) fn set_queued_input(tx: &dyn Sql, run_id: &str, input: &Value) -> Res
     Ok(changed == 1)
 }
 
+/// The queued runs that may start now, oldest first: for each, no other run of its session
+/// running, its agent and the server under their caps (counting the ones taken before it here).
+fn ready_to_claim(tx: &dyn Sql, owner: &str, caps: &Caps, shared: bool) -> Result<Vec<RunRow>> {
+    let mut running: HashMap<String, i64> = tx
+        .query_map(
+            "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
+             WHERE r.status = 'running' GROUP BY s.agent_id",
+            args![],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?
+        .into_iter()
+        .collect();
+    let mut total: i64 = match shared {
+        true => {
+            tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND owner = ?1", args![owner], |r| {
+                r.get(0)
+            })?
+        }
+        false => running.values().sum(),
+    };
+    if total >= i64::from(caps.global) {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
+         WHERE r.status = 'queued'
+           AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.session = r.session AND x.status = 'running')
+         ORDER BY r.created_at, r.{} LIMIT 256",
+        tx.dialect().runs_order()
+    );
+    let candidates: Vec<RunRow> = tx.query_map(&sql, args![], run_from_row)?;
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut running_spawns: i64 =
+        tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| r.get(0))?;
+    let mut seen_sessions = std::collections::HashSet::new();
+    let mut ready = Vec::new();
+    for run in candidates {
+        if total >= i64::from(caps.global) {
+            break;
+        }
+        // FIFO per session: only the oldest queued run of a session is a candidate.
+        if !seen_sessions.insert(run.session) {
+            continue;
+        }
+        let agent = run.agent_id.as_str();
+        let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
+        let busy = running.get(agent).copied().unwrap_or(0);
+        let spawn = run.mode == RunMode::Spawn;
+        if busy >= i64::from(cap) || (spawn && running_spawns >= i64::from(caps.spawns)) {
+            continue;
+        }
+        *running.entry(agent.to_string()).or_default() += 1;
+        total += 1;
+        running_spawns += i64::from(spawn);
+        ready.push(run);
+    }
+    Ok(ready)
+}
+
+/// Extends `owner`'s lease to [`LEASE_MS`] from now (the database's clock: every node's leases
+/// are read against it).
+fn renew_lease(tx: &dyn Sql, owner: &str) -> Result<()> {
+    let sql = format!(
+        "INSERT INTO node_leases (owner, lease_until) VALUES (?1, {} + ?2)
+         ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until",
+        tx.dialect().clock_ms()
+    );
+    tx.execute(&sql, args![owner, LEASE_MS])?;
+    Ok(())
+}
+
 impl Store {
     pub fn run(&self, run_id: &str) -> Result<Option<RunRow>> {
         self.read(|c| run_by_id(c, run_id))
@@ -436,77 +525,35 @@ impl Store {
     /// one machine runs: counted over this owner's runs), while the per-agent and spawn caps are
     /// the cluster's (counted over every node's): an agent's limit is about the agent, not about
     /// where it runs.
+    ///
+    /// On a shared database the claim is looked for in a read first: a claim that would find
+    /// nothing (a wake with no work, or the caps full) is a read, not a write transaction.
     pub fn claim_ready(&self, owner: &str, caps: &Caps) -> Result<Vec<(RunRow, i64)>> {
         let shared = self.is_shared();
+        if shared && self.read(|c| ready_to_claim(c, owner, caps, shared))?.is_empty() {
+            return Ok(Vec::new());
+        }
         self.write_sql(|tx| -> Result<Vec<(RunRow, i64)>> {
-            let mut running: HashMap<String, i64> = tx
-                .query_map(
-                    "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
-                     WHERE r.status = 'running' GROUP BY s.agent_id",
-                    args![],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?
-                .into_iter()
-                .collect();
-            let mut total: i64 = match shared {
-                true => tx.query_row(
-                    "SELECT count(*) FROM runs WHERE status = 'running' AND owner = ?1",
-                    args![owner],
-                    |r| r.get(0),
-                )?,
-                false => running.values().sum(),
-            };
-            if total >= i64::from(caps.global) {
-                return Ok(Vec::new());
+            let ready = ready_to_claim(tx, owner, caps, shared)?;
+            if shared && !ready.is_empty() {
+                // A claimed run always has its owner's lease behind it.
+                renew_lease(tx, owner)?;
             }
-            let sql = format!(
-                "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
-                 WHERE r.status = 'queued'
-                   AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.session = r.session AND x.status = 'running')
-                 ORDER BY r.created_at, r.{} LIMIT 256",
-                tx.dialect().runs_order()
-            );
-            let candidates: Vec<RunRow> = tx.query_map(&sql, args![], run_from_row)?;
-            let mut running_spawns: i64 =
-                tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| {
-                    r.get(0)
-                })?;
-            let mut seen_sessions = std::collections::HashSet::new();
-            let mut claimed = Vec::new();
-            for run in candidates {
-                if total >= i64::from(caps.global) {
-                    break;
-                }
-                // FIFO per session: only the oldest queued run of a session is a candidate.
-                if !seen_sessions.insert(run.session) {
-                    continue;
-                }
-                let agent = run.agent_id.as_str();
-                let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
-                let busy = running.get(agent).copied().unwrap_or(0);
-                let spawn = run.mode == RunMode::Spawn;
-                if busy >= i64::from(cap) || (spawn && running_spawns >= i64::from(caps.spawns)) {
-                    continue;
-                }
-                *running.entry(agent.to_string()).or_default() += 1;
-                total += 1;
-                running_spawns += i64::from(spawn);
-                claimed.push(claim(tx, &run, owner)?);
-            }
-            Ok(claimed)
+            ready.iter().map(|run| claim(tx, run, owner)).collect()
         })
     }
 
-    /// Records the end of a run: its messages, status, usage and the session's totals, at once.
-    pub fn finish_run(&self, run_id: &str, f: &Finished) -> Result<()> {
+    /// Records the end of a run: its messages, status, usage and the session's totals, at once;
+    /// only while it is `running` under `owner`, the process (node and epoch) that claimed it.
+    pub fn finish_run(&self, run_id: &str, owner: &str, f: &Finished) -> Result<()> {
         self.write_sql(|tx| -> Result<()> {
-            let (session, status): (i64, String) =
-                tx.query_row("SELECT session, status FROM runs WHERE run_id = ?1", args![run_id], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
+            let (session, status, ran_by): (i64, String, Option<String>) =
+                tx.query_row("SELECT session, status, owner FROM runs WHERE run_id = ?1", args![run_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })?;
-            // Another node interrupted it (its lease passed while this one ran it): that end
-            // stands and its steps are that node's to take.
-            if status != RunStatus::Running.as_str() {
+            // Another node interrupted it (its lease passed while this one ran it), or this
+            // node's next owner did: that end stands and its steps are theirs to take.
+            if status != RunStatus::Running.as_str() || ran_by.as_deref() != Some(owner) {
                 return Err(super::StoreError::NotRunning { run_id: run_id.to_string(), status });
             }
             for m in &f.messages {
@@ -525,7 +572,7 @@ impl Store {
             let now = now_ms();
             tx.execute(
                 "UPDATE runs SET status = ?2, reply = ?3, usage = ?4, cost = ?5, model = coalesce(?6, model),
-                     error = ?7, exit_status = ?8, ended_at = ?9, lease_until = NULL
+                     error = ?7, exit_status = ?8, ended_at = ?9
                  WHERE run_id = ?1",
                 args![
                     run_id,
@@ -576,16 +623,13 @@ impl Store {
         Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
     }
 
-    /// Renews the lease of runs this owner is running.
+    /// Renews this owner's lease on a shared database: one row per owner, whatever it runs (no
+    /// other node is woken for it). Alone on its store (SQLite) an owner needs no lease.
     pub fn renew_leases(&self, owner: &RunOwner) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
-            let sql = format!(
-                "UPDATE runs SET lease_until = {} + ?2 WHERE owner = ?1 AND status = 'running'",
-                tx.dialect().clock_ms()
-            );
-            tx.execute(&sql, args![owner.as_str(), LEASE_MS])?;
-            Ok(())
-        })
+        if !self.is_shared() {
+            return Ok(());
+        }
+        self.write_sql_untold(|tx| renew_lease(tx, owner.as_str()))
     }
 
     /// Marks `interrupted` the running runs whose owner died, and returns them (they are never
@@ -597,7 +641,11 @@ impl Store {
         let shared = self.is_shared();
         self.write_sql(|tx| -> Result<Vec<Orphan>> {
             let others_expired = match shared {
-                true => format!("AND (r.owner LIKE ?2 || ':%' OR r.lease_until < {})", tx.dialect().clock_ms()),
+                true => format!(
+                    "AND (r.owner LIKE ?2 || ':%' OR NOT EXISTS
+                         (SELECT 1 FROM node_leases l WHERE l.owner = r.owner AND l.lease_until >= {}))",
+                    tx.dialect().clock_ms()
+                ),
                 false => String::new(),
             };
             let sql = format!(
@@ -617,13 +665,18 @@ impl Store {
                 let of_node = dead.as_deref().and_then(|d| d.split(':').next()) == Some(owner.node());
                 let error = interrupted_why(of_node, dead.as_deref());
                 tx.execute(
-                    "UPDATE runs SET status = 'interrupted', ended_at = ?2, lease_until = NULL, error = ?3
+                    "UPDATE runs SET status = 'interrupted', ended_at = ?2, error = ?3
                      WHERE run_id = ?1",
                     args![r.run_id, now, error],
                 )?;
                 tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1", args![r.run_id, now])?;
                 (r.status, r.ended_at, r.error) = (RunStatus::Interrupted, Some(now), Some(error));
                 runs.push(Orphan { run: r, of_node });
+            }
+            if shared {
+                // The leases of owners gone, whose runs have just ended if they had any left.
+                let sql = format!("DELETE FROM node_leases WHERE lease_until < {}", tx.dialect().clock_ms());
+                tx.execute(&sql, args![])?;
             }
             Ok(runs)
         })
@@ -676,6 +729,13 @@ impl Store {
                  ORDER BY r.ended_at"
             );
             c.query_map(&sql, args![now_ms() - min_age_ms], run_from_row)
+        })
+    }
+
+    /// The runs `running` under `owner` (its process claimed them).
+    pub fn running_under(&self, owner: &str) -> Result<Vec<String>> {
+        self.read(|c| {
+            c.query_map("SELECT run_id FROM runs WHERE status = 'running' AND owner = ?1", args![owner], |r| r.get(0))
         })
     }
 

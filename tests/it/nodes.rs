@@ -319,3 +319,104 @@ fn a_child_run_by_another_node_finds_its_attachments_there() {
     let _ = first.wait_exit(Duration::from_secs(10));
     second.close();
 }
+
+/// A TCP relay between the nodes and the database that can cut every connection and refuse new
+/// ones (the database out of reach for a node), then let them through again.
+struct Relay {
+    port: u16,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    live: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Relay {
+    fn to(server_port: u16) -> Relay {
+        use std::net::{TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, live) = (Arc::new(std::sync::atomic::AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+        let (cut_in, live_in) = (cut.clone(), live.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if cut_in.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // dropped: refused
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)) else { continue };
+                let mut live = live_in.lock().unwrap();
+                live.extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { port, cut, live }
+    }
+
+    /// `url` (a test database's) through this relay.
+    fn url(&self, url: &str, server_port: u16) -> String {
+        url.replacen(&format!(":{server_port}/"), &format!(":{}/", self.port), 1)
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+        if cut {
+            for stream in self.live.lock().unwrap().drain(..) {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// A node that loses the database stops its own agents before its lease could pass (nobody
+/// else ended the run meanwhile: it is still `running` in the database when its agent is gone),
+/// claims nothing while it cannot renew, and once the database is back records the run's end
+/// itself: `interrupted`, saying its node could not renew its lease, never re-run.
+#[test]
+fn a_node_that_cannot_renew_its_lease_stops_its_own_agents_first() {
+    let Some(db) = database() else { return };
+    let server_port: u16 = {
+        let after_at = db.url.rsplit_once('@').unwrap().1;
+        after_at.split('/').next().unwrap().rsplit_once(':').unwrap().1.parse().unwrap()
+    };
+    let relay = Relay::to(server_port);
+    let mut node = TestEnv::node_of(&relay.url(&db.url, server_port));
+    let slow = json!({"rules": [{"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"}],
+                      "default": {"sleepMs": 120_000, "reply": "late"}});
+    let worker = scripted_agent(&node, "worker", &slow, json!({}));
+    node.set_config(&agents_config(vec![json!({"id": "main"}), worker], json!({})));
+    node.seed(json!({"sessions": [{"key": WORKERS[0]}]}));
+    let mut client = node.serve(None);
+    let sent = client.call("sessions_send", json!({"sessionKey": WORKERS[0], "message": "go", "timeoutSeconds": 0}));
+    let run_id = sent["runId"].as_str().unwrap().to_string();
+    let status = |db: &TestDatabase| -> (String, Option<String>) {
+        let row = db.query("SELECT status, error FROM runs WHERE run_id = $1", &[&run_id]);
+        (row[0].get(0), row[0].get(1))
+    };
+    common::wait_until(Duration::from_secs(30), "the agent to start", || {
+        let started = db.query("SELECT 1 FROM runs WHERE run_id = $1 AND supervisor_pid IS NOT NULL", &[&run_id]);
+        (!started.is_empty()).then_some(())
+    });
+    relay.set_cut(true);
+    common::assert_no_process_carries(std::slice::from_ref(&run_id), Duration::from_secs(60));
+    assert_eq!(status(&db).0, "running", "the node stopped its agent before anyone ended the run");
+    relay.set_cut(false);
+    let (status, error) = common::wait_until(Duration::from_secs(60), "the run's end to be recorded", || {
+        let now = status(&db);
+        (now.0 != "running").then_some(now)
+    });
+    assert_eq!(status, "interrupted");
+    let node_id = std::fs::read_to_string(node.state_dir().join("node-id")).unwrap();
+    let error = error.unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("interrupted: its node {} could not renew its lease", node_id.trim())),
+        "{error}"
+    );
+    let runs: i64 = db
+        .query("SELECT count(*) FROM runs WHERE session = (SELECT session FROM runs WHERE run_id = $1)", &[&run_id])[0]
+        .get(0);
+    assert_eq!(runs, 1, "never re-run");
+    client.close();
+}

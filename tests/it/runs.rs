@@ -78,6 +78,32 @@ fn max_concurrent_caps_the_running_runs_of_an_agent() {
     assert_eq!(max_overlap(&runs), 2, "maxConcurrent 2: never more, and the cap is used");
 }
 
+/// A claimed run whose start path hangs (a fault hook holds its task before the agent starts,
+/// as a task that is never polled again would) ends `interrupted` once
+/// `runtime.startTimeoutSeconds` passed, says why, and is never re-run; the node goes on
+/// running its other agents' runs.
+#[test]
+fn a_claimed_run_whose_agent_never_starts_is_ended_within_the_start_bound() {
+    let mut env = TestEnv::new();
+    let worker = scripted_agent(&env, "worker", &sleepy(10), json!({}));
+    let config = agents_config(vec![json!({"id": "main"}), worker], json!({"runtime": {"startTimeoutSeconds": 2}}));
+    env.set_config(&config);
+    env.seed(json!({"sessions": [{"key": WORKER}, {"key": "agent:main:side"}]}));
+    let mut c = env.serve_with(None, &[("SESSIONS_MCP_FAULT_STALL_START", "worker")]);
+    let started = Instant::now();
+    let r = c.call("sessions_send", json!({"sessionKey": WORKER, "message": "go", "timeoutSeconds": 60}));
+    assert!(r["error"].as_str().is_some_and(|e| e.starts_with("interrupted")), "the waiting send learns it: {r}");
+    assert!(started.elapsed() < Duration::from_secs(30), "ended near its bound, not at the send's timeout");
+    let sends = runs_of(&env.show(WORKER), Some("send"));
+    assert_eq!(sends.len(), 1, "never re-run: {sends:?}");
+    assert_eq!(sends[0]["status"], "interrupted", "{sends:?}");
+    let needle = "but its agent did not start within 2 s; it was not re-run";
+    assert!(sends[0]["error"].as_str().is_some_and(|e| e.contains(needle)), "the run says why: {sends:?}");
+    let other =
+        c.call("sessions_send", json!({"sessionKey": "agent:main:side", "message": "hi", "timeoutSeconds": 20}));
+    assert_eq!(other["status"], "ok", "the node runs its other runs: {other}");
+}
+
 // ---- process hygiene ---------------------------------------------------------------------------
 
 /// Sends one message to a misbehaving worker and returns (send result, the run row).

@@ -27,8 +27,14 @@ use crate::store::{Result, StoreError};
 pub const WRITE_LOCK: i64 = 0x736d_6377;
 /// The channel every commit notifies, with the committing process's id as payload.
 pub const CHANGES_CHANNEL: &str = "sessions_mcp_changes";
-/// How often a process that found [`SWEEP_LOCK`] taken asks again.
-const SWEEP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often a process that found [`SWEEP_LOCK`] taken asks again (on the connection it asked
+/// on: no new connection, one statement). The sweeper that died is replaced within this much
+/// more than the time its connection takes to be found closed.
+const SWEEP_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+/// The shortest time between two notifications of one process: the commits of a burst are
+/// told of once per this much (the last of them by a notification of its own after it), since
+/// every notifying commit takes PostgreSQL's cluster-wide notify lock at commit.
+const NOTIFY_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 /// How long a listener waits before it connects again after losing its connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -40,19 +46,18 @@ pub const SWEEP_LOCK: i64 = 0x736d_6372;
 pub struct PgBackend {
     target: PgTarget,
     pool: Pool,
-    /// The connection that holds [`SWEEP_LOCK`] while this process takes the sweeps: a
-    /// connection of its own, so that the lock goes with the process (or the connection) when
-    /// either dies.
-    sweep_hold: std::sync::Mutex<Option<tokio_postgres::Client>>,
-    /// When this process last found [`SWEEP_LOCK`] taken: a scheduler asks at every tick, and
-    /// each ask is a connection, so asks are spaced by [`SWEEP_RETRY`].
-    sweep_refused: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The connection this process asks for [`SWEEP_LOCK`] on, and holds it on while it takes
+    /// the sweeps: a connection of its own, so that the lock goes with the process (or the
+    /// connection) when either dies.
+    sweep_seat: std::sync::Mutex<Option<SweepSeat>>,
     /// One writer of this process at a time, taken before a connection is: writers waiting for
     /// [`WRITE_LOCK`] while holding connections could leave none for the reads the writer
     /// holding it makes (as SQLite's side has one writer connection behind a mutex).
     write_gate: std::sync::Mutex<()>,
     /// This process, as the payload of its commits' notifications (its own are not news to it).
     process: String,
+    /// When this process last notified, and whether a trailing notification is on its way.
+    notices: std::sync::Arc<std::sync::Mutex<Notices>>,
     /// Always there until dropped (see `Drop`).
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -84,10 +89,10 @@ impl PgBackend {
         Ok(PgBackend {
             target,
             pool,
-            sweep_hold: Default::default(),
-            sweep_refused: Default::default(),
+            sweep_seat: Default::default(),
             write_gate: Default::default(),
             process,
+            notices: Default::default(),
             runtime: Some(runtime),
         })
     }
@@ -103,35 +108,39 @@ impl PgBackend {
     }
 
     /// Takes [`SWEEP_LOCK`] for this process if no other holds it. True when this process
-    /// holds it (now or already): false as soon as its connection is found closed.
+    /// holds it (now or already): false as soon as its connection is found closed. A process
+    /// that found it taken asks again on the same connection, [`SWEEP_RETRY`] later (a scheduler
+    /// asks at every tick).
     pub fn hold_sweeps(&self) -> Result<bool> {
-        let mut hold = self.sweep_hold.lock().unwrap_or_else(|p| p.into_inner());
-        if hold.as_ref().is_some_and(|c| !c.is_closed()) {
-            return Ok(true);
+        let mut seat = self.sweep_seat.lock().unwrap_or_else(|p| p.into_inner());
+        if seat.as_ref().is_some_and(|s| s.client.is_closed()) {
+            *seat = None;
         }
-        *hold = None;
-        let mut refused = self.sweep_refused.lock().unwrap_or_else(|p| p.into_inner());
-        if refused.is_some_and(|at| at.elapsed() < SWEEP_RETRY) {
-            return Ok(false);
+        match seat.as_ref() {
+            Some(s) if s.held => return Ok(true),
+            Some(s) if s.asked.elapsed() < SWEEP_RETRY => return Ok(false),
+            _ => {}
         }
         let target = self.target.clone();
-        let client = on(self.runtime(), async move {
-            let (client, connection) = target.connect_one().await?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!(error = %e, "the connection holding the sweep lock ended");
-                }
-            });
-            let held: bool = client
-                .query_one("SELECT pg_try_advisory_lock($1)", &[&SWEEP_LOCK])
-                .await
-                .map_err(|e| target.classify(&e))?
-                .get(0);
-            Ok::<_, PgError>(held.then_some(client))
-        })?;
-        let held = client.is_some();
-        *refused = (!held).then(std::time::Instant::now);
-        *hold = client;
+        let client = match seat.take() {
+            Some(s) => s.client,
+            None => on(self.runtime(), async move {
+                let (client, connection) = target.connect_one().await?;
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::warn!(error = %e, "the connection holding the sweep lock ended");
+                    }
+                });
+                Ok::<_, PgError>(client)
+            })?,
+        };
+        let target = self.target.clone();
+        let (client, held) = on(self.runtime(), async move {
+            let held = client.query_one("SELECT pg_try_advisory_lock($1)", &[&SWEEP_LOCK]).await;
+            (client, held.map(|r| r.get::<_, bool>(0)).map_err(|e| target.classify(&e)))
+        });
+        let held = held?;
+        *seat = Some(SweepSeat { client, held, asked: std::time::Instant::now() });
         Ok(held)
     }
 
@@ -156,7 +165,7 @@ impl PgBackend {
 
     /// Lets [`SWEEP_LOCK`] go (its connection closes).
     pub fn release_sweeps(&self) {
-        self.sweep_hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.sweep_seat.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     /// Runs `f` in one read-only snapshot.
@@ -183,18 +192,23 @@ impl PgBackend {
     /// Runs `f` in one write transaction under [`WRITE_LOCK`]; commits when it returns `Ok`.
     /// With `durable` false the commit does not wait for the WAL flush (`synchronous_commit
     /// off`, this transaction only): a record that matters only while this node's processes live.
+    ///
+    /// The other processes are told of the commit (a notification on [`CHANGES_CHANNEL`]) only
+    /// when it changed a row and `news` says a waiter may care (not a lease renewal): a
+    /// transaction that changed nothing wakes nobody, so that idle nodes do not wake each other
+    /// in turn. Notifications are spaced by [`NOTIFY_EVERY`] ([`Notices`]). Also answers
+    /// whether the transaction changed a row (this process's own watchers are told then).
     pub fn write<T, E>(
         &self,
         durable: bool,
+        news: bool,
         f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
-    ) -> std::result::Result<T, E>
+    ) -> std::result::Result<(T, bool), E>
     where
         E: From<StoreError>,
     {
         let _gate = self.write_gate.lock().unwrap_or_else(|p| p.into_inner());
         let client = self.client()?;
-        // Delivered at commit, to every other process listening (a rollback sends nothing).
-        let notify = format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{}')", self.process);
         let begin = if durable {
             format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
         } else {
@@ -203,10 +217,17 @@ impl PgBackend {
         let sql = PgSql::new(&client, &self.target, &begin);
         let out = f(&sql);
         if !sql.began() {
-            return out; // no statement ran: there is nothing to commit
+            return out.map(|v| (v, false)); // no statement ran: there is nothing to commit
         }
+        let changed = sql.changed.get();
+        let tell = news && changed;
+        // Delivered at commit, to every other process listening (a rollback sends nothing).
+        let notify_now = tell && self.notices.lock().unwrap_or_else(|p| p.into_inner()).may_notify_now();
         let end = match &out {
-            Ok(_) => sql.batch(&format!("{notify}; COMMIT")),
+            Ok(_) if notify_now => {
+                sql.batch(&format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{}'); COMMIT", self.process))
+            }
+            Ok(_) => sql.batch("COMMIT"),
             Err(_) => sql.batch("ROLLBACK"),
         };
         drop(sql);
@@ -215,8 +236,75 @@ impl PgBackend {
             drop(Object::take(client));
             return Err(E::from(e));
         }
-        out
+        let value = out?;
+        if tell && !notify_now {
+            self.notify_later();
+        }
+        Ok((value, changed))
     }
+
+    /// Tells the other processes of a commit that was not, once [`NOTIFY_EVERY`] passed since
+    /// the last notification (one for every commit in between): sent after the commit, so that
+    /// whoever hears it sees what was committed.
+    fn notify_later(&self) {
+        let wait = {
+            let mut notices = self.notices.lock().unwrap_or_else(|p| p.into_inner());
+            if notices.trailing {
+                return; // the one on its way tells of this commit too
+            }
+            notices.trailing = true;
+            notices.last.map_or(std::time::Duration::ZERO, |at| NOTIFY_EVERY.saturating_sub(at.elapsed()))
+        };
+        let (pool, target, notices) = (self.pool.clone(), self.target.clone(), self.notices.clone());
+        let notify = format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{}')", self.process);
+        self.runtime().spawn(async move {
+            tokio::time::sleep(wait).await;
+            {
+                let mut notices = notices.lock().unwrap_or_else(|p| p.into_inner());
+                notices.trailing = false;
+                notices.last = Some(std::time::Instant::now());
+            }
+            // Lost only with the database: the waiters' polls read the store meanwhile.
+            let sent = match target.client(&pool).await {
+                Ok(client) => client.batch_execute(&notify).await.map_err(|e| target.classify(&e)),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, "telling the other nodes of a commit failed");
+            }
+        });
+    }
+}
+
+/// The spacing of one process's notifications ([`NOTIFY_EVERY`]).
+#[derive(Default)]
+struct Notices {
+    /// When the last one was sent (or decided on).
+    last: Option<std::time::Instant>,
+    /// A notification for commits not told of yet is on its way.
+    trailing: bool,
+}
+
+impl Notices {
+    /// Whether a commit may carry its notification now (counted as sent): not when one went
+    /// out less than [`NOTIFY_EVERY`] ago, nor while a trailing one is on its way.
+    fn may_notify_now(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if self.trailing || self.last.is_some_and(|at| now.duration_since(at) < NOTIFY_EVERY) {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
+
+/// The connection [`SWEEP_LOCK`] is asked for and held on ([`PgBackend::hold_sweeps`]).
+struct SweepSeat {
+    client: tokio_postgres::Client,
+    /// Whether this process holds the lock.
+    held: bool,
+    /// When it was last asked for.
+    asked: std::time::Instant,
 }
 
 /// One listening connection, until it ends: `changed` for every notification of another
@@ -281,11 +369,18 @@ struct PgSql<'a> {
     /// What begins the transaction, until the first statement takes it along (pipelined: one
     /// round trip for both); then None.
     opening: std::cell::RefCell<Option<String>>,
+    /// Whether a statement changed a row (whether the commit is news to anyone).
+    changed: std::cell::Cell<bool>,
 }
 
 impl<'a> PgSql<'a> {
     fn new(client: &'a Object, target: &'a PgTarget, opening: &str) -> PgSql<'a> {
-        PgSql { client, target, opening: std::cell::RefCell::new(Some(opening.to_string())) }
+        PgSql {
+            client,
+            target,
+            opening: std::cell::RefCell::new(Some(opening.to_string())),
+            changed: std::cell::Cell::new(false),
+        }
     }
 
     /// Whether a statement ran, and with it the transaction began.
@@ -335,6 +430,9 @@ impl Sql for PgSql<'_> {
         let values: Vec<ArgValue> = args.iter().map(|a| a.arg()).collect();
         let params: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
         let n = self.run(self.client.execute(&stmt, &params), sql)?;
+        if n > 0 {
+            self.changed.set(true);
+        }
         Ok(n as usize)
     }
 
@@ -343,6 +441,11 @@ impl Sql for PgSql<'_> {
         let values: Vec<ArgValue> = args.iter().map(|a| a.arg()).collect();
         let params: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
         let rows = self.run(self.client.query(&stmt, &params), sql)?;
+        // A statement that returns rows changed them unless it is a plain SELECT (`INSERT …
+        // RETURNING`, `UPDATE … RETURNING`); a `WITH` is taken for a change, to be safe.
+        if !rows.is_empty() && !sql.trim_start().get(..6).is_some_and(|w| w.eq_ignore_ascii_case("SELECT")) {
+            self.changed.set(true);
+        }
         rows.iter().map(|r| row(r, sql)).collect()
     }
 
@@ -630,7 +733,7 @@ mod tests {
                                 assert!(*n <= cap, "{what}: {n} running, over its cap {cap} ({counts:?})");
                             }
                             for (run, _) in claimed {
-                                store.finish_run(&run.run_id, &finished_ok()).unwrap();
+                                store.finish_run(&run.run_id, owner.as_str(), &finished_ok()).unwrap();
                                 mine.push(run.run_id);
                             }
                             if store
@@ -667,6 +770,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_a_dead_nodes_run_is_interrupted_after_its_lease_or_at_once_by_its_own_node() {
         use crate::keys::{AgentId, SessionKey, SessionKind};
+        use crate::store::run_queue::claim_case;
         use crate::store::{Caps, NewRun, RunMode, RunOwner, RunStatus};
         with_test_database(async |target| {
             let dir = tempfile::tempdir().unwrap();
@@ -682,28 +786,40 @@ mod tests {
                     Ok(())
                 })
                 .unwrap();
-            let caps = Caps { global: 10, per_agent: Default::default(), default_agent: 10, spawns: 10 };
-            let (dead_a, other) = (RunOwner::new("node-a"), RunOwner::new("node-b"));
-            assert_eq!(store.claim_ready(dead_a.as_str(), &caps).unwrap().len(), 2);
-            assert!(store.interrupt_orphans(&other).unwrap().is_empty(), "a's leases hold");
+            // One run per owner: node-a's and node-c's owners each claim one.
+            let caps = Caps { global: 1, per_agent: Default::default(), default_agent: 10, spawns: 10 };
+            let (dead_a, dead_c, other) = (RunOwner::new("node-a"), RunOwner::new("node-c"), RunOwner::new("node-b"));
+            assert_eq!(claim_case::ids(&store.claim_ready(dead_a.as_str(), &caps).unwrap()), ["run-0"]);
+            assert_eq!(claim_case::ids(&store.claim_ready(dead_c.as_str(), &caps).unwrap()), ["run-1"]);
+            assert!(store.interrupt_orphans(&other).unwrap().is_empty(), "their leases hold");
+            let wrong = store.finish_run("run-0", other.as_str(), &finished_ok()).unwrap_err();
+            assert!(matches!(wrong, StoreError::NotRunning { .. }), "only its owner records its end: {wrong}");
             store
-                .write_sql(|tx| tx.execute("UPDATE runs SET lease_until = 0 WHERE run_id = 'run-0'", args![]))
+                .write_sql(|tx| {
+                    tx.execute("UPDATE node_leases SET lease_until = 0 WHERE owner = ?1", args![dead_c.as_str()])
+                })
                 .unwrap();
             let orphans = store.interrupt_orphans(&other).unwrap();
             assert_eq!(orphans.len(), 1);
-            assert_eq!((orphans[0].run.run_id.as_str(), orphans[0].of_node), ("run-0", false));
+            assert_eq!((orphans[0].run.run_id.as_str(), orphans[0].of_node), ("run-1", false));
             assert_eq!(
                 orphans[0].run.error.as_deref(),
-                Some("interrupted: its node node-a stopped renewing its lease; it was not re-run")
+                Some("interrupted: its node node-c stopped renewing its lease; it was not re-run")
             );
-            let late = store.finish_run("run-0", &finished_ok()).unwrap_err();
+            let late = store.finish_run("run-1", dead_c.as_str(), &finished_ok()).unwrap_err();
             assert!(matches!(late, StoreError::NotRunning { .. }), "{late}");
-            assert_eq!(store.run("run-0").unwrap().unwrap().status, RunStatus::Interrupted, "the end stands");
+            assert_eq!(store.run("run-1").unwrap().unwrap().status, RunStatus::Interrupted, "the end stands");
+            let leases: Vec<String> = store
+                .read(|c| c.query_map("SELECT owner FROM node_leases ORDER BY owner", args![], |r| r.get(0)))
+                .unwrap();
+            assert_eq!(leases, [dead_a.as_str()], "the passed lease went with its runs");
+            store.renew_leases(&dead_a).unwrap();
             let next_a = RunOwner::new("node-a");
             let orphans = store.interrupt_orphans(&next_a).unwrap();
             assert_eq!(
                 orphans.iter().map(|o| (o.run.run_id.as_str(), o.of_node)).collect::<Vec<_>>(),
-                [("run-1", true)]
+                [("run-0", true)],
+                "a node's next owner interrupts its predecessor's runs, lease or not"
             );
         })
         .await;
@@ -729,6 +845,61 @@ mod tests {
                 .expect("b hears a's commit")
                 .unwrap();
             assert!(!own.has_changed().unwrap(), "a's own commit is no news to a");
+        })
+        .await;
+    }
+
+    /// Only news wakes the other nodes: a claim that finds nothing is a read, a write that
+    /// changed no row and a lease renewal notify nobody, and a burst of commits is told of at
+    /// most once per [`NOTIFY_EVERY`], its last commit included.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_only_commits_that_changed_something_wake_the_other_nodes_and_bursts_are_spaced() {
+        use crate::store::{Caps, RunOwner};
+        with_test_database(async |target| {
+            let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let a = Store::open_postgres(target.clone(), a_dir.path()).unwrap();
+            let b = Store::open_postgres(target, b_dir.path()).unwrap();
+            let mut heard = b.remote_changes();
+            // b's listener is connected once it hears a commit of a.
+            for i in 0.. {
+                a.write(|tx| tx.insert_session(&session(&format!("agent:main:first{i}")))).unwrap();
+                let wait = std::time::Duration::from_millis(200);
+                if tokio::time::timeout(wait, heard.changed()).await.is_ok() {
+                    break;
+                }
+                assert!(i < 50, "b never heard a");
+            }
+            tokio::time::sleep(NOTIFY_EVERY * 3).await;
+            heard.borrow_and_update();
+
+            let caps = Caps { global: 4, per_agent: Default::default(), default_agent: 4, spawns: 4 };
+            let writes = a.activity().1;
+            assert!(a.claim_ready("node-a:1:x", &caps).unwrap().is_empty());
+            assert_eq!(a.activity().1, writes, "an empty claim is a read");
+            a.renew_leases(&RunOwner::new("node-a")).unwrap();
+            a.write_sql(|tx| tx.execute("UPDATE sessions SET channel = 'x' WHERE id < 0", args![])).unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            assert!(!heard.has_changed().unwrap(), "nothing that changed was news");
+
+            let (base, started) = (*heard.borrow_and_update(), std::time::Instant::now());
+            const BURST: usize = 40;
+            for i in 0..BURST {
+                a.write(|tx| tx.insert_session(&session(&format!("agent:main:burst{i}")))).unwrap();
+            }
+            // The last commit is told of too: b sees it once it hears the last notification.
+            let last = crate::keys::SessionKey::from_canonical(format!("agent:main:burst{}", BURST - 1));
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                tokio::time::timeout(std::time::Duration::from_secs(10), heard.changed()).await.unwrap().unwrap();
+                if b.session_by_key(&last).unwrap().is_some() {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "the burst's last commit was never told of");
+            }
+            tokio::time::sleep(NOTIFY_EVERY * 3).await;
+            let told = *heard.borrow_and_update() - base;
+            let most = started.elapsed().as_millis() / NOTIFY_EVERY.as_millis() + 2;
+            assert!(told as u128 <= most, "{told} notifications for {BURST} commits, at most {most} expected");
         })
         .await;
     }

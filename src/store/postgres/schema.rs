@@ -22,7 +22,7 @@ pub const MARKER_TABLE: &str = "sessions_mcp";
 /// The version table, one row per applied migration.
 pub const VERSION_TABLE: &str = "schema_version";
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// The tables a copy fills, parents before the tables that reference them (every foreign key
 /// points at `sessions`). The version and marker tables are not data.
@@ -432,4 +432,20 @@ CREATE UNIQUE INDEX access_tokens_label ON access_tokens (label) WHERE label IS 
 const V7: &str = r#"
 ALTER TABLE asks ADD COLUMN routes TEXT;
 ALTER TABLE asks ADD COLUMN answered_host TEXT;
+"#;
+
+/// Version 8: one lease per runtime owner (a node's process) instead of one per running run: a
+/// node renews one row, whatever it runs (`Store::renew_leases`), and a run is another node's
+/// to interrupt once its owner's row has passed (`Store::interrupt_orphans`). Not in SQLite,
+/// whose one owner needs no lease. The owners running runs now keep the leases they had; the
+/// runs' own `lease_until` is no longer written.
+const V8: &str = r#"
+CREATE TABLE node_leases (
+    owner       TEXT PRIMARY KEY,
+    lease_until BIGINT NOT NULL
+);
+INSERT INTO node_leases (owner, lease_until)
+    SELECT owner, max(coalesce(lease_until, 0)) FROM runs WHERE status = 'running' AND owner IS NOT NULL GROUP BY owner;
+DROP INDEX runs_running_lease;
+CREATE INDEX runs_running_owner ON runs (owner) WHERE status = 'running';
 "#;
