@@ -23,7 +23,7 @@
 use crate::common;
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 
 use common::{TestEnv, agents_config, text_of};
@@ -49,15 +49,7 @@ fn fake_api() -> u16 {
 
 /// [`fake_api`], sending each request's body to `seen` as it arrives.
 fn fake_api_reporting(seen: Option<UnboundedSender<Value>>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let seen = seen.clone();
-            std::thread::spawn(move || answer(stream, seen));
-        }
-    });
-    port
+    common::loopback_server(move |stream| answer(stream, seen.clone()))
 }
 
 fn answer(stream: TcpStream, seen: Option<UnboundedSender<Value>>) {
@@ -161,6 +153,16 @@ fn tool_output(result: &Value) -> String {
     output.split("<system-reminder>").next().unwrap_or("").trim().to_string()
 }
 
+/// The text of every tool result in `messages`, oldest first ([`tool_output`]).
+fn tool_outputs(messages: &[Value]) -> Vec<String> {
+    messages
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| tool_output(&b))
+        .collect()
+}
+
 /// The file a WRITE turn creates with Claude Code's `Write` tool, in its working directory.
 const WRITTEN: &str = "written.txt";
 
@@ -209,12 +211,7 @@ fn read_list_step(messages: &[Value]) -> Option<(Value, &'static str)> {
         return None;
     }
     let workdir = primary_workdir(messages)?;
-    let results: Vec<String> = messages
-        .iter()
-        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
-        .filter(|b| b["type"] == "tool_result")
-        .map(|b| tool_output(&b))
-        .collect();
+    let results = tool_outputs(messages);
     let call = |id: &str, name: &str, input: Value| {
         (json!({"type": "tool_use", "id": id, "name": name, "input": input}), "tool_use")
     };
@@ -240,12 +237,7 @@ fn paging_step(messages: &[Value]) -> Option<(Value, &'static str)> {
     if !answers_a_page && !text_of(&last["content"]).contains("PAGE") {
         return None;
     }
-    let results: Vec<String> = messages
-        .iter()
-        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
-        .filter(|b| b["type"] == "tool_result")
-        .map(|b| tool_output(&b))
-        .collect();
+    let results = tool_outputs(messages);
     let parsed: Vec<Value> = results.iter().filter_map(|t| serde_json::from_str(t).ok()).collect();
     let call = |input: Value| {
         let id = format!("toolu_page_{}", results.len());

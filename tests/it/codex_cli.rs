@@ -14,7 +14,7 @@
 use crate::common;
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -41,17 +41,9 @@ struct Seen {
 /// anything else → "Hello from the fake Responses API (<n> earlier replies)", n counting the
 /// assistant messages it was sent.
 fn fake_api() -> (u16, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let seen = Seen::default();
     let log = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let log = log.clone();
-            std::thread::spawn(move || answer(stream, &log));
-        }
-    });
-    (port, seen)
+    (common::loopback_server(move |stream| answer(stream, &log)), seen)
 }
 
 /// Every process's command line, its arguments joined by spaces.

@@ -17,7 +17,7 @@
 use crate::common;
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -35,17 +35,9 @@ type Seen = Arc<Mutex<Vec<Value>>>;
 /// router (`--model auto`, its default) asks which model to use, and `…:countTokens` — gets a
 /// short JSON answer.
 fn fake_api() -> (u16, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let seen = Seen::default();
     let log = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let log = log.clone();
-            std::thread::spawn(move || answer(stream, &log));
-        }
-    });
-    (port, seen)
+    (common::loopback_server(move |stream| answer(stream, &log)), seen)
 }
 
 fn answer(stream: TcpStream, log: &Seen) {

@@ -537,6 +537,21 @@ impl Drop for Client {
     }
 }
 
+/// A listener on a loopback port that answers each connection with `answer`, on a thread of its
+/// own (the fake model APIs the real agent CLIs talk to); its port.
+pub fn loopback_server(answer: impl Fn(std::net::TcpStream) + Send + Sync + 'static) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let answer = std::sync::Arc::new(answer);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let answer = answer.clone();
+            std::thread::spawn(move || answer(stream));
+        }
+    });
+    port
+}
+
 pub fn schema_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas")
 }
