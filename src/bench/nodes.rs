@@ -86,22 +86,8 @@ impl Databases {
     /// shared statistics when it goes idle (at most once a second) or exits: read after the
     /// nodes stopped.
     async fn counts(&self, name: &str) -> anyhow::Result<Counts> {
-        let row = self
-            .client
-            .query_one("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1", &[&name])
-            .await?;
-        let statements = self
-            .client
-            .query_one(
-                "SELECT coalesce(sum(calls), 0)::bigint,
-                        coalesce(sum(calls) FILTER (WHERE query LIKE '%pg_advisory_xact_lock%'), 0)::bigint
-                 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1",
-                &[&name],
-            )
-            .await
-            .ok()
-            .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)));
-        Ok(Counts { commits: row.get(0), rollbacks: row.get(1), statements })
+        let c = crate::store::postgres::stats::database_counts(&self.client, name).await?;
+        Ok(Counts { commits: c.commits, rollbacks: c.rollbacks, statements: c.statements })
     }
 
     /// A new empty database; its URL (with the admin URL's parameters, its TLS settings among them).

@@ -13,6 +13,7 @@
 pub mod backend;
 pub mod copy;
 pub mod schema;
+pub mod stats;
 pub mod tls;
 
 use std::str::FromStr;
