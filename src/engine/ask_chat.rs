@@ -164,11 +164,7 @@ pub fn parse_answer(message: &str) -> Option<ChatAnswer> {
         return None;
     }
     let words = words.trim();
-    Some(ChatAnswer {
-        decision,
-        code: code.to_ascii_lowercase(),
-        text: (!words.is_empty()).then(|| words.to_string()),
-    })
+    Some(ChatAnswer { decision, code: code.to_ascii_lowercase(), text: (!words.is_empty()).then(|| words.to_string()) })
 }
 
 /// What a chat's answer did.
@@ -252,7 +248,14 @@ mod tests {
             (d.decision, d.code.as_str(), d.text.as_deref()),
             (AskDecision::Deny, "1a2b3c4d-99", Some("not on main"))
         );
-        for message in ["allow me to explain", "deny 1a2b3c", "allow", "denyall 1a2b3c4d", "please allow 1a2b3c4d", "allow -1a2b3c4d"] {
+        for message in [
+            "allow me to explain",
+            "deny 1a2b3c",
+            "allow",
+            "denyall 1a2b3c4d",
+            "please allow 1a2b3c4d",
+            "allow -1a2b3c4d",
+        ] {
             assert_eq!(parse_answer(message), None, "{message}");
         }
     }

@@ -562,7 +562,8 @@ fn chat_answer(port: u16, chat: &str, thread: Option<&str>, sender: &str, text: 
 /// The only answer line of ask `id` in `key`'s transcript.
 fn answer_line(env: &TestEnv, key: &str, id: &str) -> String {
     let show = env.show(key);
-    let texts: Vec<String> = show["messages"].as_array().unwrap().iter().map(|m| common::text_of(&m["content"])).collect();
+    let texts: Vec<String> =
+        show["messages"].as_array().unwrap().iter().map(|m| common::text_of(&m["content"])).collect();
     let lines: Vec<&String> = texts.iter().filter(|t| t.starts_with(&format!("[answer to {id} "))).collect();
     assert_eq!(lines.len(), 1, "{texts:?}");
     lines[0].clone()
@@ -609,13 +610,20 @@ fn a_childs_approval_is_posted_to_the_chat_of_its_tree_and_a_person_answers_it_t
     assert_eq!(status, 404, "another channel's chat of the same id: {answer}");
 
     let (status, answer) = chat_answer(server.port, "123", Some("456"), "u1", &format!("Allow {code} go ahead"));
-    assert_eq!((status, &answer["status"], &answer["decision"]), (200, &json!("answered"), &json!("allow")), "{answer}");
+    assert_eq!(
+        (status, &answer["status"], &answer["decision"]),
+        (200, &json!("answered"), &json!("allow")),
+        "{answer}"
+    );
     assert_eq!(answer["requestId"], id.as_str());
     let (status, again) = chat_answer(server.port, "123", Some("456"), "u1", &format!("Allow {code} go ahead"));
     assert_eq!((status, &again["status"]), (200, &json!("duplicate")), "a bridge's retry: {again}");
     let (status, late) = chat_answer(server.port, "123", None, "u2", &format!("deny {code}"));
     assert_eq!(status, 409, "{late}");
-    assert!(late["error"].as_str().unwrap().contains("was already answered (allow) by discord:u1 via channel"), "{late}");
+    assert!(
+        late["error"].as_str().unwrap().contains("was already answered (allow) by discord:u1 via channel"),
+        "{late}"
+    );
 
     let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
     assert_eq!(w["status"], "ok", "{w}");
@@ -628,8 +636,12 @@ fn a_childs_approval_is_posted_to_the_chat_of_its_tree_and_a_person_answers_it_t
     );
     // The answers ran nothing and reached no session as messages.
     let chat = env.show(GROUP_KEY);
-    let texts: Vec<String> = chat["messages"].as_array().unwrap().iter().map(|m| common::text_of(&m["content"])).collect();
-    assert!(!texts.iter().any(|t| t.contains(&format!("allow {code}")) || t.contains(&format!("deny {code}"))), "{texts:?}");
+    let texts: Vec<String> =
+        chat["messages"].as_array().unwrap().iter().map(|m| common::text_of(&m["content"])).collect();
+    assert!(
+        !texts.iter().any(|t| t.contains(&format!("allow {code}")) || t.contains(&format!("deny {code}"))),
+        "{texts:?}"
+    );
     c.close();
 }
 
@@ -658,4 +670,30 @@ fn a_thread_bound_childs_approval_is_posted_in_its_thread_and_answered_there() {
         format!("[answer to {id} by discord:u1 via channel, a person via discord] deny: not b.txt")
     );
     assert!(common::runs_of(&env.show(GROUP_KEY), Some("ask")).is_empty(), "the parent's model was not asked");
+}
+
+/// The chat cannot be reached (the deliverer fails): the chat's route ends, said in the child's
+/// transcript, and the approval falls to the model as the policy allows (`afterPerson`).
+#[test]
+fn an_approval_the_channel_cannot_deliver_falls_to_the_next_route() {
+    let env = env_with_asking_children();
+    std::fs::write(env.state_dir().parent().unwrap().join("discord").join("fail"), "1").unwrap();
+    let mut c = env.serve(Some(GROUP_KEY));
+    let r = c.call("sessions_spawn", json!({"task": "ask for c.txt"}));
+    let child = r["childSessionKey"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+    let pending = wait_until(Duration::from_secs(30), "the approval to fall to the model", || {
+        let l = c.call("subagents", json!({"action": "list"}));
+        let request = l["children"][0]["pendingRequests"][0].clone();
+        (request["waitsFor"] == "you").then_some(request)
+    });
+    let id = pending["requestId"].as_str().unwrap().to_string();
+    let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow"}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let show = env.show(&child);
+    let texts: Vec<String> =
+        show["messages"].as_array().unwrap().iter().map(|m| common::text_of(&m["content"])).collect();
+    let line = format!("[input request {id}: it could not be posted to discord (the deliverer exited with Some(1)");
+    assert!(texts.iter().any(|t| t.starts_with(&line)), "{texts:?}");
+    assert!(answer_line(&env, &child, &id).contains("via subagents, the model] allow"));
+    c.close();
 }
