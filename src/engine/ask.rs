@@ -14,8 +14,9 @@
 //! answered ask leaves it (the turn is withdrawn once none is left).
 //!
 //! Who answers (docs/APPROVALS.md): a question may go to the requester's model; an approval goes to
-//! a person while one is reachable — the answerer's host shows it (elicitation), or an operator
-//! watches (`approvals.operatorWatches`) — and the model answers it only as
+//! a person while one is reachable — the answerer's host shows it (elicitation), it was posted to
+//! the chat the tree is bound to ([`super::ask_chat`]), or an operator watches
+//! (`approvals.operatorWatches`) — and the model answers it only as
 //! `approvals.modelMayAnswer` (per rule or for all) allows ([`pending`]). A host that declines or
 //! cancels faster than a person reads is no person: that route ends ([`note_route`]) and the ask
 //! falls to the next. Every answer records who gave it (the model, a person at which host, the
@@ -65,6 +66,11 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         .flatten();
     let Some(child) = rt.store.session_by_key(&run.session_key)? else { return Ok(()) };
     let target = answering_session(rt, &child)?;
+    // An approval no rule decided goes to the chat the tree is bound to, when there is one.
+    let chat = match kind == AskKind::Approval && rule.is_none() {
+        true => super::ask_chat::chat_of(rt, &child)?,
+        false => None,
+    };
     let cap = approvals.max_open_per_run;
     let id = uuid::Uuid::new_v4().to_string();
     let ask = NewAsk {
@@ -96,10 +102,16 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         if let Some(answer) = &by_rule {
             tx.close_ask(&id, AskState::Answered, answer)?;
             tx.append_message(child.id, &answer_message(&id, &run.run_id, AskState::Answered, answer))?;
-        } else if let Some(target) = &target
-            && (target.external || model_may_answer_driven(&rt.config, &run.agent_id, kind, tool.as_deref()))
-        {
-            put_to(tx, run, &child, target, &ask, &rt.config)?;
+        } else {
+            if let Some(chat) = &chat {
+                super::ask_chat::post(tx, run, &ask, chat)?;
+            }
+            if let Some(target) = &target
+                && (target.external
+                    || model_may_answer_driven(&rt.config, &run.agent_id, kind, tool.as_deref(), chat.is_some()))
+            {
+                put_to(tx, run, &child, target, &ask, &rt.config)?;
+            }
         }
         Ok(true)
     })?;
@@ -117,17 +129,19 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
 }
 
 /// Whether a driven answerer's model may be given the ask: it has no host, so only the operator
-/// is a person to wait for.
+/// and the people of the chat it was posted to (`in_chat`) are persons to wait for.
 fn model_may_answer_driven(
     config: &crate::config::Config,
     agent: &crate::keys::AgentId,
     kind: AskKind,
     tool: Option<&str>,
+    in_chat: bool,
 ) -> bool {
     let may = crate::policy::model_may_answer(config, agent, tool);
     let routes = PersonRoutes {
         host: HostRoute::None,
         operator: config.agents.defaults.subagents.approvals.operator_watches,
+        channel: in_chat,
         timed_out: false,
     };
     crate::policy::who_answers(kind == AskKind::Approval, may, routes) == Answerer::Model
@@ -154,22 +168,33 @@ pub fn pending(config: &crate::config::Config, caller: &SessionKey, host: Host, 
         HostRoute::Asked
     };
     let timed_out = approvals.person_timeout_seconds.is_some_and(|s| now_ms() - ask.created_at >= (s * 1000) as i64);
-    let routes = PersonRoutes { host: host_route, operator: approvals.operator_watches, timed_out };
+    let chat = super::ask_chat::posted_to(&ask).map(String::from);
+    let routes =
+        PersonRoutes { host: host_route, operator: approvals.operator_watches, channel: chat.is_some(), timed_out };
     let agent = ask.child.agent_id(&config.default_agent());
     let may = crate::policy::model_may_answer(config, &agent, tool_name(ask.details.as_ref()).as_deref());
     let approval = ask.kind == AskKind::Approval;
     let who = crate::policy::who_answers(approval, may, routes);
-    let why = approval.then(|| why_words(who, routes, may, host));
+    let why = approval.then(|| why_words(who, routes, may, host, chat.as_deref()));
     Pending { ask, who, why }
 }
 
 /// Why an approval waits for whom it waits for, in words for the model.
-fn why_words(who: Answerer, routes: PersonRoutes, may: crate::config::ModelMayAnswer, host: Host) -> String {
+fn why_words(
+    who: Answerer,
+    routes: PersonRoutes,
+    may: crate::config::ModelMayAnswer,
+    host: Host,
+    chat: Option<&str>,
+) -> String {
     use crate::config::ModelMayAnswer;
     if who == Answerer::Person {
         let mut ways = Vec::new();
         if routes.host == HostRoute::Asked {
             ways.push(format!("it is shown to the person at your host ({})", host.client.unwrap_or("your MCP client")));
+        }
+        if let Some(channel) = chat {
+            ways.push(format!("it is posted to the chat on {channel}, where a person answers it"));
         }
         if routes.operator {
             ways.push("the operator answers it (dashboard, sessions-mcp respond)".to_string());
@@ -253,7 +278,7 @@ fn note_route(
     Ok(noted)
 }
 
-fn route_message(ask: &AskRow, line: &str) -> NewMessage {
+pub(super) fn route_message(ask: &AskRow, line: &str) -> NewMessage {
     NewMessage {
         role: "system".into(),
         content: json!([{"type": "text", "text": line}]),
@@ -488,6 +513,7 @@ pub fn answerer_words(via: AnsweredVia, by: &str, host: Option<&str>) -> String 
         AnsweredVia::Dashboard => "a person at the dashboard".into(),
         AnsweredVia::Rule => "a rule".into(),
         AnsweredVia::Timeout => "no one in time".into(),
+        AnsweredVia::Channel => format!("a person via {}", host.unwrap_or("a channel")),
     }
 }
 

@@ -112,6 +112,10 @@ pub async fn deliver_due(rt: &Scheduler) {
         if let Err(e) = rt.store.delivery_attempted(d.id, status, error.as_deref(), next) {
             tracing::error!(error = %e, "recording a delivery attempt failed");
         }
+        let final_failure = matches!(status, DeliveryStatus::Failed | DeliveryStatus::Expired);
+        if final_failure && d.payload["kind"] == DeliveryKind::Ask.as_str() {
+            super::ask_chat::undelivered(rt, &d.payload, error.as_deref().unwrap_or("it failed"));
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! start runs.
 
 pub mod ask;
+pub mod ask_chat;
 pub mod attachments;
 pub mod budget;
 pub mod chain;

@@ -54,6 +54,9 @@ pub struct PersonRoutes {
     pub host: HostRoute,
     /// `approvals.operatorWatches`.
     pub operator: bool,
+    /// Posted to the chat the asking tree is bound to (a channel with a bridge), and still
+    /// there to answer: the channel's people may answer it.
+    pub channel: bool,
     /// `approvals.personTimeoutSeconds` passed since the ask opened.
     pub timed_out: bool,
 }
@@ -61,7 +64,7 @@ pub struct PersonRoutes {
 impl PersonRoutes {
     /// Whether some person may still answer.
     pub fn reachable(&self) -> bool {
-        !self.timed_out && (self.host == HostRoute::Asked || self.operator)
+        !self.timed_out && (self.host == HostRoute::Asked || self.operator || self.channel)
     }
 }
 
@@ -136,7 +139,7 @@ mod tests {
 
     #[test]
     fn an_approval_waits_for_a_reachable_person_unless_the_policy_says_otherwise() {
-        let routes = |host, operator, timed_out| PersonRoutes { host, operator, timed_out };
+        let routes = |host, operator, timed_out| PersonRoutes { host, operator, channel: false, timed_out };
         let asked = routes(HostRoute::Asked, false, false);
         let nobody = routes(HostRoute::None, false, false);
         let ended = routes(HostRoute::Ended, false, false);
@@ -152,6 +155,9 @@ mod tests {
         assert_eq!(who_answers(true, Always, asked), Model);
         assert_eq!(who_answers(true, Never, nobody), Person);
         assert_eq!(who_answers(false, Never, asked), Model, "questions may go to the model");
+        let chat = PersonRoutes { channel: true, ..nobody };
+        assert_eq!(who_answers(true, AfterPerson, chat), Person, "a chat's people are a route");
+        assert_eq!(who_answers(true, AfterPerson, PersonRoutes { timed_out: true, ..chat }), Model);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! goes into the session its chat names (`agent:<id>:<name>:group:<id>[:thread:<id>]`), runs
 //! there, and the reply goes back out through the channel's deliverer. What a bridge says — the
 //! text, the sender, the thread — is data: it is recorded as the message's provenance and decides
-//! no permission; the token alone decides which channel's sessions it may reach.
+//! no permission; the token alone decides which channel's sessions it may reach. A message
+//! `allow <code>` / `deny <code> [why]` answers an approval posted to that chat instead
+//! ([`crate::engine::ask_chat`]).
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use serde_json::{Map, Value, json};
 use crate::access::{Access, ErrorStatus};
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::engine::ask_chat::{ChatAnswer, ChatAnswered};
 use crate::engine::chain::ChannelUser;
 use crate::engine::inject::{InjectError, Injected};
 use crate::engine::scheduler::Scheduler;
@@ -79,6 +82,9 @@ async fn post_message(
         return refuse(StatusCode::FORBIDDEN, e);
     }
     let engine = Engine::new(&b.access, b.runtime.as_ref());
+    if let Some(answer) = crate::engine::ask_chat::parse_answer(&post.text) {
+        return answer_ask(&engine, &post, &answer);
+    }
     let (key, origin) = match engine.route_bridged(&post.key, post.user, post.account_id) {
         Ok(routed) => routed,
         Err(e) => {
@@ -101,6 +107,31 @@ async fn post_message(
         Err(InjectError::Policy(m)) => refuse(StatusCode::FORBIDDEN, m),
         Err(InjectError::NoRunner(m)) => refuse(StatusCode::UNPROCESSABLE_ENTITY, m),
         Err(InjectError::Store(m)) => refuse(StatusCode::SERVICE_UNAVAILABLE, m),
+    }
+}
+
+/// A person's answer to an approval posted to this chat: `200 {"status": "answered" |
+/// "duplicate", requestId, decision}`, `409` when it was closed before (and by whom), `404` when
+/// no approval with that code was posted to this chat.
+fn answer_ask(engine: &Engine, post: &Post, answer: &ChatAnswer) -> Response {
+    let answered = |status: &str, ask: &crate::store::AskRow| {
+        let decision = ask.decision.map(crate::store::AskDecision::as_str);
+        let body = json!({"status": status, "requestId": ask.id, "decision": decision});
+        (StatusCode::OK, axum::Json(body)).into_response()
+    };
+    match engine.answer_in_chat(&post.key, &post.user, answer) {
+        Ok(ChatAnswered::Answered(ask)) => answered("answered", &ask),
+        Ok(ChatAnswered::Duplicate(ask)) => answered("duplicate", &ask),
+        Ok(ChatAnswered::Closed(how)) => refuse(StatusCode::CONFLICT, format!("request {} {how}", answer.code)),
+        Err(e) => {
+            let status = match e.status {
+                ErrorStatus::NotFound => StatusCode::NOT_FOUND,
+                ErrorStatus::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorStatus::Forbidden => StatusCode::FORBIDDEN,
+                ErrorStatus::Error => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            refuse(status, e.message)
+        }
     }
 }
 

@@ -52,13 +52,15 @@ pub enum AnsweredVia {
     Rule,
     /// `approvals.timeoutSeconds` passed.
     Timeout,
+    /// A person in the chat the ask was posted to, through the channel's bridge.
+    Channel,
 }
 
 text_enum!(AskKind { Approval => "approval", Question => "question" });
 text_enum!(AskState { Open => "open", Answered => "answered", Expired => "expired", Withdrawn => "withdrawn" });
 text_enum!(AskDecision { Allow => "allow", Deny => "deny" });
 text_enum!(AnsweredVia {
-    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Dashboard => "dashboard", Rule => "rule", Timeout => "timeout",
+    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Dashboard => "dashboard", Rule => "rule", Timeout => "timeout", Channel => "channel",
 });
 
 /// An ask to record.
@@ -257,6 +259,12 @@ impl Store {
     pub fn open_asks(&self) -> Result<Vec<AskRow>> {
         let sql = format!("{SELECT} WHERE a.state = 'open' ORDER BY a.created_at");
         self.read(|c| c.query_map(&sql, args![], from_row))
+    }
+
+    /// The asks whose id starts with `prefix` (lowercase hex and dashes), newest first, at most `limit`.
+    pub fn asks_with_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<AskRow>> {
+        let sql = format!("{SELECT} WHERE a.id LIKE ?1 ORDER BY a.created_at DESC LIMIT ?2");
+        self.read(|c| c.query_map(&sql, args![format!("{prefix}%"), limit as i64], from_row))
     }
 
     /// Open asks whose deadline has passed.

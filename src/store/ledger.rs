@@ -13,9 +13,12 @@ pub enum DeliveryKind {
     Reply,
     Announce,
     Completion,
+    /// A sub-agent's approval, posted to the chat its tree is bound to for a person to answer
+    /// (one per ask; a run may post several).
+    Ask,
 }
 
-text_enum!(DeliveryKind { Inbox => "inbox", Reply => "reply", Announce => "announce", Completion => "completion" });
+text_enum!(DeliveryKind { Inbox => "inbox", Reply => "reply", Announce => "announce", Completion => "completion", Ask => "ask" });
 
 /// How a delivery reaches its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +140,7 @@ impl Store {
     pub fn delivery_of(&self, run_id: &str) -> Result<Option<Value>> {
         self.read(|c| {
             c.query_row(
-                "SELECT status, mode FROM deliveries WHERE run_id = ?1 ORDER BY id LIMIT 1",
+                "SELECT status, mode FROM deliveries WHERE run_id = ?1 AND kind <> 'ask' ORDER BY id LIMIT 1",
                 args![run_id],
                 |r| Ok(json!({"status": r.get::<String>(0)?, "mode": r.get::<String>(1)?})),
             )
@@ -168,7 +171,7 @@ impl Store {
     pub fn pending_delivery(&self, run_id: &str) -> Result<Option<i64>> {
         self.read(|c| {
             c.query_row(
-                "SELECT id FROM deliveries WHERE run_id = ?1 AND status = 'queued' ORDER BY id LIMIT 1",
+                "SELECT id FROM deliveries WHERE run_id = ?1 AND status = 'queued' AND kind <> 'ask' ORDER BY id LIMIT 1",
                 args![run_id],
                 |r| r.get(0),
             )
@@ -180,6 +183,26 @@ impl Store {
     pub fn chain_messages(&self, chain: &str) -> Result<i64> {
         self.read(|c| c.query_row("SELECT count(*) FROM messages WHERE chain_id = ?1", args![chain], |r| r.get(0)))
     }
+}
+
+/// Queues a channel delivery to attempt now: once per run and kind, except asks (one per ask).
+pub(super) fn queue_channel(
+    tx: &dyn Sql,
+    run_id: &str,
+    kind: DeliveryKind,
+    target: &str,
+    channel: &str,
+    payload: &Value,
+) -> Result<()> {
+    let now = now_ms();
+    tx.execute(
+        "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, payload, attempts,
+             next_attempt_at, deadline_at, created_at, updated_at)
+         SELECT ?1, ?7, 'channel', 'queued', ?2, ?3, ?4, 0, ?5, ?6, ?5, ?5
+         WHERE ?7 = 'ask' OR NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND kind = ?7)",
+        args![run_id, target, channel, payload.to_string(), now, now + 30 * 60 * 1000, kind.as_str()],
+    )?;
+    Ok(())
 }
 
 /// A channel delivery waiting for its deliverer.
@@ -203,17 +226,7 @@ impl Store {
         channel: &str,
         payload: &Value,
     ) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
-            let now = now_ms();
-            tx.execute(
-                "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, payload, attempts,
-                     next_attempt_at, deadline_at, created_at, updated_at)
-                 SELECT ?1, ?7, 'channel', 'queued', ?2, ?3, ?4, 0, ?5, ?6, ?5, ?5
-                 WHERE NOT EXISTS (SELECT 1 FROM deliveries WHERE run_id = ?1 AND kind = ?7)",
-                args![run_id, target, channel, payload.to_string(), now, now + 30 * 60 * 1000, kind.as_str()],
-            )?;
-            Ok(())
-        })
+        self.write_sql(|tx| queue_channel(tx, run_id, kind, target, channel, payload))
     }
 
     /// Claims channel deliveries that are due (marks them running).

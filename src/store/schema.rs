@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13, V14];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13, V14, V15];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -487,4 +487,32 @@ CREATE UNIQUE INDEX access_tokens_label ON access_tokens (label) WHERE label IS 
 const V14: &str = r#"
 ALTER TABLE asks ADD COLUMN routes TEXT;
 ALTER TABLE asks ADD COLUMN answered_host TEXT;
+"#;
+
+/// Version 15: a sub-agent's approval is posted to the chat its tree is bound to (a delivery of
+/// kind `ask`, one per ask). SQLite changes a CHECK only by rebuilding the table.
+const V15: &str = r#"
+CREATE TABLE deliveries_v15 (
+    id              INTEGER PRIMARY KEY,
+    run_id          TEXT,
+    kind            TEXT NOT NULL CHECK (kind IN ('inbox', 'reply', 'announce', 'completion', 'ask')),
+    mode            TEXT NOT NULL CHECK (mode IN ('announce', 'inbox', 'channel')),
+    status          TEXT NOT NULL CHECK (status IN ('queued', 'running', 'delivered', 'skipped', 'undeliverable', 'failed', 'expired', 'dismissed')),
+    target_key      TEXT,
+    channel         TEXT,
+    payload         TEXT,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT,
+    next_attempt_at INTEGER,
+    deadline_at     INTEGER,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    read_at         INTEGER
+);
+INSERT INTO deliveries_v15 SELECT id, run_id, kind, mode, status, target_key, channel, payload, attempts, last_error,
+    next_attempt_at, deadline_at, created_at, updated_at, read_at FROM deliveries;
+DROP TABLE deliveries;
+ALTER TABLE deliveries_v15 RENAME TO deliveries;
+CREATE INDEX deliveries_run ON deliveries (run_id);
+CREATE INDEX deliveries_status_next ON deliveries (status, next_attempt_at);
 "#;

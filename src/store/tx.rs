@@ -104,6 +104,18 @@ impl Tx<'_> {
         super::asks::add_ask(self.tx, a)
     }
 
+    /// Queues a channel delivery to attempt now (see [`super::Store::queue_channel_delivery`]).
+    pub fn queue_channel_delivery(
+        &self,
+        run_id: &str,
+        kind: super::DeliveryKind,
+        target: &str,
+        channel: &str,
+        payload: &Value,
+    ) -> Result<()> {
+        super::ledger::queue_channel(self.tx, run_id, kind, target, channel, payload)
+    }
+
     /// Adds how one way to a person went to open ask `id`; false when it is closed.
     pub fn add_ask_route(&self, id: &str, event: &Value) -> Result<bool> {
         super::asks::add_ask_route(self.tx, id, event)

@@ -41,11 +41,21 @@ fn env_with(session: Value) -> TestEnv {
 
 /// [`env_with`], with `discord_bridge`'s keys added to discord's `bridge`.
 fn env_with_discord_bridge(session: Value, discord_bridge: Value) -> TestEnv {
+    env_with_main(&heard(), session, discord_bridge)
+}
+
+/// Answers `heard: <input>`; `slowly` takes 5 s, `hold` 30 s.
+fn heard() -> Value {
+    json!({"rules": [{"match": {"input": "slowly"}, "sleepMs": 5000, "reply": "heard: {input}"},
+                     {"match": {"input": "hold"}, "sleepMs": 30000, "reply": "heard: {input}"}],
+           "default": {"reply": "heard: {input}"}})
+}
+
+/// [`env_with_discord_bridge`], with `main` following `main_script`.
+fn env_with_main(main_script: &Value, session: Value, discord_bridge: Value) -> TestEnv {
     let mut env = TestEnv::new();
-    let script = json!({"rules": [{"match": {"input": "slowly"}, "sleepMs": 5000, "reply": "heard: {input}"},
-                                  {"match": {"input": "hold"}, "sleepMs": 30000, "reply": "heard: {input}"}],
-                        "default": {"reply": "heard: {input}"}});
-    let main = scripted_agent(&env, "main", &script, json!({}));
+    let script = heard();
+    let main = scripted_agent(&env, "main", main_script, json!({}));
     let ops = scripted_agent(&env, "ops", &script, json!({}));
     let mut channels = json!({});
     for (name, token) in [("discord", DISCORD), ("telegram", TELEGRAM)] {
@@ -381,6 +391,11 @@ const GROUP_KEY: &str = "agent:main:discord:group:123";
 /// Agent `main` spawns a thread-bound `worker` for `thread <task>` (mode `mode`); the worker
 /// answers `child: <input>`. Discord opens threads; a session child idles out after 2 s.
 fn env_with_threads(mode: &str) -> TestEnv {
+    env_with_threads_and_worker(mode, json!({"default": {"reply": "child: {input}"}}))
+}
+
+/// [`env_with_threads`], with the worker following `worker_script`.
+fn env_with_threads_and_worker(mode: &str, worker_script: Value) -> TestEnv {
     let mut env = TestEnv::new();
     let main_script = json!({"rules": [
         {"match": {"inputRegex": "^thread (.*)$"},
@@ -389,7 +404,7 @@ fn env_with_threads(mode: &str) -> TestEnv {
     ], "default": {"reply": "main heard: {input}"}});
     let mut main = scripted_agent(&env, "main", &main_script, json!({}));
     main["subagents"] = json!({"allowAgents": ["worker"]});
-    let worker = scripted_agent(&env, "worker", &json!({"default": {"reply": "child: {input}"}}), json!({}));
+    let worker = scripted_agent(&env, "worker", &worker_script, json!({}));
     let dir = env.state_dir().parent().unwrap().join("discord");
     std::fs::create_dir_all(&dir).unwrap();
     let channels = json!({"discord": {
@@ -523,4 +538,162 @@ fn thread_true_without_a_thread_capable_channel_or_with_a_broken_deliverer_creat
     assert!(text.contains("did not open a thread: it printed \\\"garbage\\\""), "{text}");
     assert!(text.contains("nothing was created"), "{text}");
     assert!(!session_keys(&env).iter().any(|k| k.contains(":subagent:")), "{:?}", session_keys(&env));
+}
+
+/// Agent `main` spawns children that ask an approval (`crate::asks::script`); discord has a
+/// deliverer and a bridge, telegram too.
+fn env_with_asking_children() -> TestEnv {
+    env_with_main(&crate::asks::script(), json!({}), json!({}))
+}
+
+/// The approval the fake channel got, once delivered.
+fn asked_in_channel(env: &TestEnv, channel: &str) -> Value {
+    wait_until(Duration::from_secs(20), "the approval posted to the channel", || {
+        outbox(env, channel).into_iter().find(|d| d["kind"] == "ask")
+    })
+}
+
+fn chat_answer(port: u16, chat: &str, thread: Option<&str>, sender: &str, text: &str) -> (u16, Value) {
+    let body = json!({"chat": {"type": "group", "id": chat}, "threadId": thread, "sender": {"id": sender},
+                      "text": text});
+    post(port, "discord", Some(DISCORD), &body.to_string())
+}
+
+/// The only answer line of ask `id` in `key`'s transcript.
+fn answer_line(env: &TestEnv, key: &str, id: &str) -> String {
+    let show = env.show(key);
+    let texts: Vec<String> =
+        show["messages"].as_array().unwrap().iter().map(|m| common::text_of(&m["content"])).collect();
+    let lines: Vec<&String> = texts.iter().filter(|t| t.starts_with(&format!("[answer to {id} "))).collect();
+    assert_eq!(lines.len(), 1, "{texts:?}");
+    lines[0].clone()
+}
+
+/// An MCP client acting as a discord chat's session spawns a child that asks an approval: it is
+/// posted to that chat, the model is told it waits for a person there and is refused when it
+/// answers, a code not asked in a chat is unknown there (another chat, another channel, an
+/// invented one), and a person's `allow <code>` through the bridge answers it: the child goes on,
+/// and the transcript and the announce say a person answered via discord.
+#[test]
+fn a_childs_approval_is_posted_to_the_chat_of_its_tree_and_a_person_answers_it_through_the_bridge() {
+    let env = env_with_asking_children();
+    let server = env.serve_http(&[]);
+    let mut c = env.serve(Some(GROUP_KEY));
+    let r = c.call("sessions_spawn", json!({"task": "ask for a.txt"}));
+    let child = r["childSessionKey"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 30}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let request = &w["requests"][0];
+    let id = request["requestId"].as_str().unwrap().to_string();
+    assert_eq!(request["waitsFor"], "person", "{w}");
+    assert!(request["why"].as_str().unwrap().contains("posted to the chat on discord"), "{w}");
+
+    let asked = asked_in_channel(&env, "discord");
+    let code = &id[..8];
+    assert_eq!((&asked["to"], &asked["requestId"], &asked["code"]), (&json!("channel:123"), &json!(id), &json!(code)));
+    let text = asked["text"].as_str().unwrap();
+    assert!(text.contains("asks for approval: May I write ask for a.txt?"), "{text}");
+    assert!(text.contains(&format!("Reply \"allow {code}\" or \"deny {code} <why>\"")), "{text}");
+
+    let refused = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "deny"}));
+    assert_eq!(refused["status"], "forbidden", "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("is an approval for a person, not for you"), "{refused}");
+
+    // Not asked in that chat: unknown there, as an invented code is.
+    for (chat, text) in [("999", format!("allow {code}")), ("123", "allow 0123abcd".to_string())] {
+        let (status, answer) = chat_answer(server.port, chat, None, "u9", &text);
+        assert_eq!(status, 404, "{answer}");
+        assert!(answer["error"].as_str().unwrap().starts_with("no approval "), "{answer}");
+    }
+    let other = json!({"chat": {"type": "group", "id": "123"}, "sender": {"id": "u9"}, "text": format!("deny {code}")});
+    let (status, answer) = post(server.port, "telegram", Some(TELEGRAM), &other.to_string());
+    assert_eq!(status, 404, "another channel's chat of the same id: {answer}");
+
+    let (status, answer) = chat_answer(server.port, "123", Some("456"), "u1", &format!("Allow {code} go ahead"));
+    assert_eq!(
+        (status, &answer["status"], &answer["decision"]),
+        (200, &json!("answered"), &json!("allow")),
+        "{answer}"
+    );
+    assert_eq!(answer["requestId"], id.as_str());
+    let (status, again) = chat_answer(server.port, "123", Some("456"), "u1", &format!("Allow {code} go ahead"));
+    assert_eq!((status, &again["status"]), (200, &json!("duplicate")), "a bridge's retry: {again}");
+    let (status, late) = chat_answer(server.port, "123", None, "u2", &format!("deny {code}"));
+    assert_eq!(status, 409, "{late}");
+    assert!(
+        late["error"].as_str().unwrap().contains("was already answered (allow) by discord:u1 via channel"),
+        "{late}"
+    );
+
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
+    assert_eq!(w["status"], "ok", "{w}");
+    let outcome = w["finished"][0]["outcome"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(outcome.contains("Result: decision=allow answer=go ahead\n"), "{outcome}");
+    assert!(outcome.contains(": allow by a person via discord\n"), "{outcome}");
+    assert_eq!(
+        answer_line(&env, &child, &id),
+        format!("[answer to {id} by discord:u1 via channel, a person via discord] allow: go ahead")
+    );
+    // The answers ran nothing and reached no session as messages.
+    let chat = env.show(GROUP_KEY);
+    let texts: Vec<String> =
+        chat["messages"].as_array().unwrap().iter().map(|m| common::text_of(&m["content"])).collect();
+    assert!(
+        !texts.iter().any(|t| t.contains(&format!("allow {code}")) || t.contains(&format!("deny {code}"))),
+        "{texts:?}"
+    );
+    c.close();
+}
+
+/// A driven chat session spawns a thread-bound child that asks an approval: it is posted in the
+/// child's thread and not put to the parent's model; a person answers in the thread and the child
+/// goes on there.
+#[test]
+fn a_thread_bound_childs_approval_is_posted_in_its_thread_and_answered_there() {
+    let env = env_with_threads_and_worker("run", crate::asks::script());
+    let server = env.serve_http(&[]);
+    group_post(server.port, "thread ask for b.txt", None);
+    let asked = asked_in_channel(&env, "discord");
+    assert_eq!((&asked["to"], &asked["threadId"]), (&json!("channel:123"), &json!("t-1")), "{asked}");
+    let id = asked["requestId"].as_str().unwrap().to_string();
+    let child = child_key(&env);
+    assert_eq!(asked["sessionKey"], child.as_str(), "{asked}");
+
+    let (status, answer) = chat_answer(server.port, "123", Some("t-1"), "u1", &format!("deny {} not b.txt", &id[..8]));
+    assert_eq!((status, &answer["status"]), (200, &json!("answered")), "{answer}");
+    let replied = wait_until(Duration::from_secs(20), "the child's reply in its thread", || {
+        outbox(&env, "discord").into_iter().find(|d| d["kind"] == "reply" && d["threadId"] == "t-1")
+    });
+    assert_eq!(replied["text"], "decision=deny answer=not b.txt", "{replied}");
+    assert_eq!(
+        answer_line(&env, &child, &id),
+        format!("[answer to {id} by discord:u1 via channel, a person via discord] deny: not b.txt")
+    );
+    assert!(common::runs_of(&env.show(GROUP_KEY), Some("ask")).is_empty(), "the parent's model was not asked");
+}
+
+/// The chat cannot be reached (the deliverer fails): the chat's route ends, said in the child's
+/// transcript, and the approval falls to the model as the policy allows (`afterPerson`).
+#[test]
+fn an_approval_the_channel_cannot_deliver_falls_to_the_next_route() {
+    let env = env_with_asking_children();
+    std::fs::write(env.state_dir().parent().unwrap().join("discord").join("fail"), "1").unwrap();
+    let mut c = env.serve(Some(GROUP_KEY));
+    let r = c.call("sessions_spawn", json!({"task": "ask for c.txt"}));
+    let child = r["childSessionKey"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+    let pending = wait_until(Duration::from_secs(30), "the approval to fall to the model", || {
+        let l = c.call("subagents", json!({"action": "list"}));
+        let request = l["children"][0]["pendingRequests"][0].clone();
+        (request["waitsFor"] == "you").then_some(request)
+    });
+    let id = pending["requestId"].as_str().unwrap().to_string();
+    let ok = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow"}));
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let show = env.show(&child);
+    let texts: Vec<String> =
+        show["messages"].as_array().unwrap().iter().map(|m| common::text_of(&m["content"])).collect();
+    let line = format!("[input request {id}: it could not be posted to discord (the deliverer exited with Some(1)");
+    assert!(texts.iter().any(|t| t.starts_with(&line)), "{texts:?}");
+    assert!(answer_line(&env, &child, &id).contains("via subagents, the model] allow"));
+    c.close();
 }

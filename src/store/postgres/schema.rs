@@ -15,14 +15,14 @@
 
 /// The SQLite schema version whose semantics these migrations reproduce. A test fails when the
 /// SQLite store moves on without a PostgreSQL migration that follows it.
-pub const MIRRORS_SQLITE_VERSION: i64 = 14;
+pub const MIRRORS_SQLITE_VERSION: i64 = 15;
 
 /// The marker table: its one row says that sessions-mcp created this database's schema.
 pub const MARKER_TABLE: &str = "sessions_mcp";
 /// The version table, one row per applied migration.
 pub const VERSION_TABLE: &str = "schema_version";
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
 
 /// The tables a copy fills, parents before the tables that reference them (every foreign key
 /// points at `sessions`). The version and marker tables are not data.
@@ -448,4 +448,12 @@ INSERT INTO node_leases (owner, lease_until)
     SELECT owner, max(coalesce(lease_until, 0)) FROM runs WHERE status = 'running' AND owner IS NOT NULL GROUP BY owner;
 DROP INDEX runs_running_lease;
 CREATE INDEX runs_running_owner ON runs (owner) WHERE status = 'running';
+"#;
+
+/// Version 9: the SQLite store's version 15 — a delivery of kind `ask` (a sub-agent's approval
+/// posted to the chat its tree is bound to).
+const V9: &str = r#"
+ALTER TABLE deliveries DROP CONSTRAINT deliveries_kind_check;
+ALTER TABLE deliveries ADD CONSTRAINT deliveries_kind_check
+    CHECK (kind IN ('inbox', 'reply', 'announce', 'completion', 'ask'));
 "#;
