@@ -322,6 +322,20 @@ impl Store {
         self.write_surviving_as(Survives::PowerLoss, false, f)
     }
 
+    /// On a shared database, a write that holds no global lock ([`postgres::backend::PgBackend::
+    /// write_row_locked`]): `f` must keep its invariants by the row and advisory locks it takes
+    /// itself. Only for `postgres` (SQLite has one writer; there `f` is not called).
+    fn write_row_locked<T>(&self, f: impl FnOnce(&dyn Sql) -> Result<T>) -> Option<Result<T>> {
+        let Backend::Postgres(pg) = &self.inner.backend else { return None };
+        self.inner.writes.fetch_add(1, Ordering::Relaxed);
+        Some(pg.write_row_locked(true, f).map(|(value, changed)| {
+            if changed {
+                self.announce_change();
+            }
+            value
+        }))
+    }
+
     fn write_surviving<T, E>(
         &self,
         survives: Survives,
