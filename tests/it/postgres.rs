@@ -487,7 +487,7 @@ fn an_empty_sessions_mcp_schema_takes_a_copy_and_a_database_not_in_utf8_is_refus
     let out = migrate(&empty, &db.url());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).lines().last().unwrap().starts_with("migrated 0 rows in 14 tables"),
+        text(&out.stdout).lines().last().unwrap().starts_with("migrated 0 rows in 15 tables"),
         "{}",
         text(&out.stdout)
     );
