@@ -639,8 +639,8 @@ impl Store {
             }
             sessions.sort_unstable();
             sessions.dedup();
-            let claimed = self.write_row_locked(|tx| claim_locking_rows(tx, owner, caps, &sessions));
-            return claimed.expect("a shared store is PostgreSQL's");
+            let claim = |tx: &dyn Sql| claim_locking_rows(tx, owner, caps, &sessions);
+            return self.write_sql_row_locked(super::Survives::PowerLoss, true, claim);
         }
         self.write_sql(|tx| -> Result<Vec<(RunRow, i64)>> {
             let ready = ready_to_claim(tx, owner, caps, false)?;

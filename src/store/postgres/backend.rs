@@ -10,7 +10,9 @@
 //! Writes keep SQLite's rule, one writer at a time, across every node: a write transaction
 //! takes the transaction-scoped advisory lock [`WRITE_LOCK`] first. The engine's checks between
 //! statements (admission caps, idempotency, budgets) then hold across nodes as they hold in one
-//! process, without retries. Reads run in `REPEATABLE READ READ ONLY` transactions: one
+//! process, without retries. The exceptions ([`PgBackend::write_row_locked`]) are the claim,
+//! which keeps its rules by row and advisory locks of its own, and one-statement records that
+//! need no order (docs/ARCHITECTURE.md, PostgreSQL). Reads run in `REPEATABLE READ READ ONLY` transactions: one
 //! snapshot for the whole closure, as SQLite's read transaction gives.
 
 use std::future::Future;
@@ -215,20 +217,26 @@ impl PgBackend {
         self.transact(&begin, news, f)
     }
 
-    /// Runs `f` in one durable `READ COMMITTED` write transaction *without* [`WRITE_LOCK`]: for
-    /// a write that keeps its own invariants by row locks and advisory locks of its own, taken
-    /// in an order that cannot close a cycle with the locked writers (the claim,
-    /// `run_queue::claim_locking_rows`). Other processes' locked writes run meanwhile. As
-    /// [`PgBackend::write`] otherwise (notifications, what it answers).
+    /// Runs `f` in one `READ COMMITTED` write transaction *without* [`WRITE_LOCK`]: for a write
+    /// that keeps its own invariants by row locks and advisory locks of its own, taken in an
+    /// order that cannot close a cycle with the locked writers (the claim,
+    /// `run_queue::claim_locking_rows`), or that needs none (one statement on rows named by
+    /// their key, nothing read first). Other processes' locked writes run meanwhile. As
+    /// [`PgBackend::write`] otherwise (`durable`, notifications, what it answers).
     pub fn write_row_locked<T, E>(
         &self,
+        durable: bool,
         news: bool,
         f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
     ) -> std::result::Result<(T, bool), E>
     where
         E: From<StoreError>,
     {
-        self.transact("BEGIN ISOLATION LEVEL READ COMMITTED", news, f)
+        let begin = match durable {
+            true => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            false => "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off",
+        };
+        self.transact(begin, news, f)
     }
 
     /// A write transaction opened by `begin`: this process's writers one at a time
@@ -810,11 +818,12 @@ mod tests {
         }
     }
 
-    /// A claim does not wait for the global write lock: with [`WRITE_LOCK`] held by another
-    /// connection for the whole test, a node still claims its queued run (and a locked write
-    /// waits, as before).
+    /// A claim, and the one-statement records of a run (lease, supervisor, steps mark), do not
+    /// wait for the global write lock: with [`WRITE_LOCK`] held by another connection, a node
+    /// still claims its queued run and records them (and a locked write waits, as before).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_a_claim_goes_through_while_another_connection_holds_the_global_write_lock() {
+    async fn postgres_a_claim_and_a_runs_own_records_go_through_while_another_connection_holds_the_global_write_lock()
+    {
         use crate::keys::{AgentId, SessionKey, SessionKind};
         use crate::store::{Caps, NewRun, RunMode, RunOwner};
         with_test_database(async |target| {
@@ -835,13 +844,19 @@ mod tests {
             let caps = Caps { global: 4, per_agent: Default::default(), default_agent: 4, spawns: 4 };
             let claimer = store.clone();
             let claim = tokio::task::spawn_blocking(move || {
-                claimer.claim_ready(RunOwner::new("node0").as_str(), &caps).unwrap()
+                let owner = RunOwner::new("node0");
+                let claimed = claimer.claim_ready(owner.as_str(), &caps).unwrap();
+                claimer.renew_leases(&owner).unwrap();
+                claimer.set_supervisor("run-0", 4242, Some(7)).unwrap();
+                claimer.steps_taken("run-0").unwrap();
+                claimed
             });
             let claimed = tokio::time::timeout(std::time::Duration::from_secs(60), claim)
                 .await
                 .expect("the claim waited for the global write lock")
                 .unwrap();
             assert_eq!(claimed.iter().map(|(r, _)| r.run_id.as_str()).collect::<Vec<_>>(), ["run-0"]);
+            assert_eq!(store.supervisors(&["run-0".to_string()]).unwrap(), [(4242, Some(7))]);
             let writer = store.clone();
             let write = tokio::task::spawn_blocking(move || writer.set_waiting("run-0", Some("x")));
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
