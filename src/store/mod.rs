@@ -318,14 +318,20 @@ impl Store {
     }
 
     /// On a shared database, a write that holds no global lock
-    /// ([`postgres::backend::PgBackend::write_row_locked`]): `f` keeps its invariants by the row
+    /// ([`postgres::backend::WriteOrder::RowLocks`]): `f` keeps its invariants by the row
     /// locks of its statements and the advisory locks it takes itself (the claim), or needs
     /// none (one statement on rows named by their key, nothing read first). SQLite has one
     /// writer: there it is any write.
-    fn write_sql_row_locked<T>(&self, survives: Survives, news: bool, f: impl FnOnce(&dyn Sql) -> Result<T>) -> Result<T> {
+    fn write_sql_row_locked<T>(
+        &self,
+        survives: Survives,
+        news: bool,
+        f: impl FnOnce(&dyn Sql) -> Result<T>,
+    ) -> Result<T> {
         let Backend::Postgres(pg) = &self.inner.backend else { return self.write_surviving_as(survives, news, f) };
         self.inner.writes.fetch_add(1, Ordering::Relaxed);
-        let (value, changed) = pg.write_row_locked(survives == Survives::PowerLoss, news, f)?;
+        let (value, changed) =
+            pg.write(postgres::backend::WriteOrder::RowLocks, survives == Survives::PowerLoss, news, f)?;
         if changed {
             self.announce_change();
         }
@@ -358,7 +364,8 @@ impl Store {
         let writer = match &self.inner.backend {
             Backend::Sqlite { writer, .. } => writer,
             Backend::Postgres(pg) => {
-                let (value, changed) = pg.write(survives == Survives::PowerLoss, news, f)?;
+                let (value, changed) =
+                    pg.write(postgres::backend::WriteOrder::Global, survives == Survives::PowerLoss, news, f)?;
                 if changed {
                     self.announce_change();
                 }

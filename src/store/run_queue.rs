@@ -456,8 +456,7 @@ fn ready_to_claim(tx: &dyn Sql, owner: &str, caps: &Caps, shared: bool) -> Resul
     if candidates.is_empty() {
         return Ok(Vec::new());
     }
-    busy.spawns =
-        tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| r.get(0))?;
+    busy.count_spawns(tx)?;
     Ok(busy.admit(candidates, caps))
 }
 
@@ -492,6 +491,15 @@ impl Busy {
             false => per_agent.values().sum(),
         };
         Ok(Busy { per_agent, total, spawns: 0 })
+    }
+
+    /// Counts the running spawn runs (over every node).
+    fn count_spawns(&mut self, tx: &dyn Sql) -> Result<()> {
+        self.spawns =
+            tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| {
+                r.get(0)
+            })?;
+        Ok(())
     }
 
     /// The `candidates` (oldest first) that fit under the caps, each counted as it is taken;
@@ -580,8 +588,7 @@ fn claim_locking_rows(tx: &dyn Sql, owner: &str, caps: &Caps, sessions: &[i64]) 
     let take = keys.iter().map(|k| format!("pg_advisory_xact_lock({CAP_LOCKS}, {k})")).collect::<Vec<_>>();
     tx.execute(&format!("SELECT {}", take.join(", ")), args![])?;
     let mut busy = Busy::read(tx, owner, true)?;
-    busy.spawns =
-        tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| r.get(0))?;
+    busy.count_spawns(tx)?;
     let ready = busy.admit(candidates, caps);
     if !ready.is_empty() {
         // A claimed run always has its owner's lease behind it.

@@ -10,7 +10,7 @@
 //! Writes keep SQLite's rule, one writer at a time, across every node: a write transaction
 //! takes the transaction-scoped advisory lock [`WRITE_LOCK`] first. The engine's checks between
 //! statements (admission caps, idempotency, budgets) then hold across nodes as they hold in one
-//! process, without retries. The exceptions ([`PgBackend::write_row_locked`]) are the claim,
+//! process, without retries. The exceptions ([`WriteOrder::RowLocks`]) are the claim,
 //! which keeps its rules by row and advisory locks of its own, and one-statement records that
 //! need no order (docs/ARCHITECTURE.md, PostgreSQL). Reads run in `REPEATABLE READ READ ONLY` transactions: one
 //! snapshot for the whole closure, as SQLite's read transaction gives.
@@ -191,9 +191,10 @@ impl PgBackend {
         out
     }
 
-    /// Runs `f` in one write transaction under [`WRITE_LOCK`]; commits when it returns `Ok`.
-    /// With `durable` false the commit does not wait for the WAL flush (`synchronous_commit
-    /// off`, this transaction only): a record that matters only while this node's processes live.
+    /// Runs `f` in one write transaction; commits when it returns `Ok`. With `durable` false the
+    /// commit does not wait for the WAL flush (`synchronous_commit off`, this transaction only):
+    /// a record that matters only while this node's processes live. `order` says whether it
+    /// takes [`WRITE_LOCK`] ([`WriteOrder`]).
     ///
     /// The other processes are told of the commit (a notification on [`CHANGES_CHANNEL`]) only
     /// when it changed a row and `news` says a waiter may care (not a lease renewal): a
@@ -202,6 +203,7 @@ impl PgBackend {
     /// whether the transaction changed a row (this process's own watchers are told then).
     pub fn write<T, E>(
         &self,
+        order: WriteOrder,
         durable: bool,
         news: bool,
         f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
@@ -209,50 +211,19 @@ impl PgBackend {
     where
         E: From<StoreError>,
     {
-        let begin = if durable {
-            format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
-        } else {
-            format!("BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+        let mut begin = match order {
+            WriteOrder::Global => "BEGIN".to_string(),
+            WriteOrder::RowLocks => "BEGIN ISOLATION LEVEL READ COMMITTED".to_string(),
         };
-        self.transact(&begin, news, f)
-    }
-
-    /// Runs `f` in one `READ COMMITTED` write transaction *without* [`WRITE_LOCK`]: for a write
-    /// that keeps its own invariants by row locks and advisory locks of its own, taken in an
-    /// order that cannot close a cycle with the locked writers (the claim,
-    /// `run_queue::claim_locking_rows`), or that needs none (one statement on rows named by
-    /// their key, nothing read first). Other processes' locked writes run meanwhile. As
-    /// [`PgBackend::write`] otherwise (`durable`, notifications, what it answers).
-    pub fn write_row_locked<T, E>(
-        &self,
-        durable: bool,
-        news: bool,
-        f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
-    ) -> std::result::Result<(T, bool), E>
-    where
-        E: From<StoreError>,
-    {
-        let begin = match durable {
-            true => "BEGIN ISOLATION LEVEL READ COMMITTED",
-            false => "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off",
-        };
-        self.transact(begin, news, f)
-    }
-
-    /// A write transaction opened by `begin`: this process's writers one at a time
-    /// (`write_gate`), committed when `f` returns `Ok`.
-    fn transact<T, E>(
-        &self,
-        begin: &str,
-        news: bool,
-        f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
-    ) -> std::result::Result<(T, bool), E>
-    where
-        E: From<StoreError>,
-    {
+        if !durable {
+            begin.push_str("; SET LOCAL synchronous_commit = off");
+        }
+        if order == WriteOrder::Global {
+            begin.push_str(&format!("; SELECT pg_advisory_xact_lock({WRITE_LOCK})"));
+        }
         let _gate = self.write_gate.lock().unwrap_or_else(|p| p.into_inner());
         let client = self.client()?;
-        let sql = PgSql::new(&client, &self.target, begin);
+        let sql = PgSql::new(&client, &self.target, &begin);
         let out = f(&sql);
         if !sql.began() {
             return out.map(|v| (v, false)); // no statement ran: there is nothing to commit
@@ -312,6 +283,20 @@ impl PgBackend {
             }
         });
     }
+}
+
+/// How a write transaction is ordered against the others ([`PgBackend::write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOrder {
+    /// Under [`WRITE_LOCK`], one at a time across every process: the engine's checks between
+    /// statements hold as in one process.
+    Global,
+    /// `READ COMMITTED` without [`WRITE_LOCK`], for a write that keeps its own invariants by
+    /// row locks and advisory locks of its own, taken in an order that cannot close a cycle
+    /// with the locked writers (the claim, `run_queue::claim_locking_rows`), or that needs none
+    /// (one statement on rows named by their key, nothing read first). Other processes' locked
+    /// writes run meanwhile.
+    RowLocks,
 }
 
 /// The spacing of one process's notifications ([`NOTIFY_EVERY`]).
@@ -756,7 +741,8 @@ mod tests {
                                 store.finish_run(&run.run_id, owner.as_str(), &finished_ok()).unwrap();
                                 mine.push(run.run_id);
                             }
-                            let queued = store.read(|c| c.one::<i64>("SELECT count(*) FROM runs WHERE status = 'queued'", &[]));
+                            let queued =
+                                store.read(|c| c.one::<i64>("SELECT count(*) FROM runs WHERE status = 'queued'", &[]));
                             if queued.unwrap() == 0 {
                                 break;
                             }
@@ -822,8 +808,7 @@ mod tests {
     /// wait for the global write lock: with [`WRITE_LOCK`] held by another connection, a node
     /// still claims its queued run and records them (and a locked write waits, as before).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_a_claim_and_a_runs_own_records_go_through_while_another_connection_holds_the_global_write_lock()
-    {
+    async fn postgres_a_claim_and_a_runs_own_records_go_through_while_another_connection_holds_the_global_write_lock() {
         use crate::keys::{AgentId, SessionKey, SessionKind};
         use crate::store::{Caps, NewRun, RunMode, RunOwner};
         with_test_database(async |target| {
