@@ -32,6 +32,10 @@ impl Store {
     /// Asks `run_id` to stop.
     pub fn request_cancel(&self, run_id: &str) -> Result<CancelRequest> {
         self.write_sql(|tx| -> Result<CancelRequest> {
+            // A queued run read here is not claimed before it is dequeued.
+            let session = tx.query_opt("SELECT session FROM runs WHERE run_id = ?1", args![run_id], |r| r.get(0))?;
+            let Some(session) = session else { return Ok(CancelRequest::AlreadyEnded) };
+            super::run_queue::lock_session(tx, session)?;
             let Some(run) = run_by_id(tx, run_id)? else { return Ok(CancelRequest::AlreadyEnded) };
             let now = now_ms();
             match run.status {

@@ -303,23 +303,39 @@ impl Store {
     /// no fsync of its own; the next full commit makes it durable with everything before it).
     /// After a power loss no run is left to supervise or call back, and steps are idempotent.
     /// One fsync saved for each of a run's three such records (BENCHMARKS.md, fan-out).
-    fn write_sql_for_this_boot<T, E>(
-        &self,
-        f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
-    ) -> std::result::Result<T, E>
-    where
-        E: From<StoreError>,
-    {
-        self.write_surviving(Survives::ProcessDeath, f)
+    ///
+    /// On a shared database it holds no global lock ([`Store::write_sql_row_locked`]): `f` must
+    /// be one statement on rows named by their key that reads nothing first (every caller is).
+    fn write_sql_for_this_boot<T>(&self, f: impl FnOnce(&dyn Sql) -> Result<T>) -> Result<T> {
+        self.write_sql_row_locked(Survives::ProcessDeath, false, f)
     }
 
     /// As [`Store::write_sql`], for a record no waiter looks at (a lease renewal): on a shared
-    /// database the other nodes are not woken for it.
-    fn write_sql_untold<T, E>(&self, f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>) -> std::result::Result<T, E>
-    where
-        E: From<StoreError>,
-    {
-        self.write_surviving_as(Survives::PowerLoss, false, f)
+    /// database the other nodes are not woken for it. As [`Store::write_sql_for_this_boot`], it
+    /// holds no global lock there: `f` must be one keyed statement that reads nothing first.
+    fn write_sql_untold<T>(&self, f: impl FnOnce(&dyn Sql) -> Result<T>) -> Result<T> {
+        self.write_sql_row_locked(Survives::PowerLoss, false, f)
+    }
+
+    /// On a shared database, a write that holds no global lock
+    /// ([`postgres::backend::WriteOrder::RowLocks`]): `f` keeps its invariants by the row
+    /// locks of its statements and the advisory locks it takes itself (the claim), or needs
+    /// none (one statement on rows named by their key, nothing read first). SQLite has one
+    /// writer: there it is any write.
+    fn write_sql_row_locked<T>(
+        &self,
+        survives: Survives,
+        news: bool,
+        f: impl FnOnce(&dyn Sql) -> Result<T>,
+    ) -> Result<T> {
+        let Backend::Postgres(pg) = &self.inner.backend else { return self.write_surviving_as(survives, news, f) };
+        self.inner.writes.fetch_add(1, Ordering::Relaxed);
+        let (value, changed) =
+            pg.write(postgres::backend::WriteOrder::RowLocks, survives == Survives::PowerLoss, news, f)?;
+        if changed {
+            self.announce_change();
+        }
+        Ok(value)
     }
 
     fn write_surviving<T, E>(
@@ -330,8 +346,7 @@ impl Store {
     where
         E: From<StoreError>,
     {
-        // A record for this boot is nobody's news either (see `write_sql_for_this_boot`).
-        self.write_surviving_as(survives, survives == Survives::PowerLoss, f)
+        self.write_surviving_as(survives, true, f)
     }
 
     /// A write transaction; with `news` the other nodes sharing the database are told of it
@@ -349,7 +364,8 @@ impl Store {
         let writer = match &self.inner.backend {
             Backend::Sqlite { writer, .. } => writer,
             Backend::Postgres(pg) => {
-                let (value, changed) = pg.write(survives == Survives::PowerLoss, news, f)?;
+                let (value, changed) =
+                    pg.write(postgres::backend::WriteOrder::Global, survives == Survives::PowerLoss, news, f)?;
                 if changed {
                     self.announce_change();
                 }

@@ -65,11 +65,16 @@ impl Store {
     pub fn prune(&self, before: i64) -> Result<Pruned> {
         self.write_sql(|tx| -> Result<Pruned> {
             let ids: Vec<i64> = tx.query_map(
-                "SELECT id FROM sessions WHERE (state = 2 AND deleted_at < ?1) OR (state = 1 AND archived_at < ?1)",
+                "SELECT id FROM sessions WHERE (state = 2 AND deleted_at < ?1) OR (state = 1 AND archived_at < ?1) ORDER BY id",
                 args![before],
                 |r| r.get(0),
             )?;
             let mut out = Pruned::default();
+            // Every row first, before any of their rows elsewhere is touched: a claim holding
+            // one of these sessions may still need its tree rows (no lock cycle with it).
+            for id in &ids {
+                super::run_queue::lock_session(tx, *id)?;
+            }
             for id in ids {
                 out.messages += tx.execute("DELETE FROM messages WHERE session = ?1", args![id])?;
                 tx.execute(

@@ -441,24 +441,8 @@ pub(super) fn set_queued_input(tx: &dyn Sql, run_id: &str, input: &Value) -> Res
 /// The queued runs that may start now, oldest first: for each, no other run of its session
 /// running, its agent and the server under their caps (counting the ones taken before it here).
 fn ready_to_claim(tx: &dyn Sql, owner: &str, caps: &Caps, shared: bool) -> Result<Vec<RunRow>> {
-    let mut running: HashMap<String, i64> = tx
-        .query_map(
-            "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
-             WHERE r.status = 'running' GROUP BY s.agent_id",
-            args![],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?
-        .into_iter()
-        .collect();
-    let mut total: i64 = match shared {
-        true => {
-            tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND owner = ?1", args![owner], |r| {
-                r.get(0)
-            })?
-        }
-        false => running.values().sum(),
-    };
-    if total >= i64::from(caps.global) {
+    let mut busy = Busy::read(tx, owner, shared)?;
+    if busy.total >= i64::from(caps.global) {
         return Ok(Vec::new());
     }
     let sql = format!(
@@ -472,31 +456,156 @@ fn ready_to_claim(tx: &dyn Sql, owner: &str, caps: &Caps, shared: bool) -> Resul
     if candidates.is_empty() {
         return Ok(Vec::new());
     }
-    let mut running_spawns: i64 =
-        tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| r.get(0))?;
-    let mut seen_sessions = std::collections::HashSet::new();
-    let mut ready = Vec::new();
-    for run in candidates {
-        if total >= i64::from(caps.global) {
-            break;
-        }
-        // FIFO per session: only the oldest queued run of a session is a candidate.
-        if !seen_sessions.insert(run.session) {
-            continue;
-        }
-        let agent = run.agent_id.as_str();
-        let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
-        let busy = running.get(agent).copied().unwrap_or(0);
-        let spawn = run.mode == RunMode::Spawn;
-        if busy >= i64::from(cap) || (spawn && running_spawns >= i64::from(caps.spawns)) {
-            continue;
-        }
-        *running.entry(agent.to_string()).or_default() += 1;
-        total += 1;
-        running_spawns += i64::from(spawn);
-        ready.push(run);
+    busy.count_spawns(tx)?;
+    Ok(busy.admit(candidates, caps))
+}
+
+/// What runs now, as the caps count it.
+struct Busy {
+    /// Running runs per agent (over every node).
+    per_agent: HashMap<String, i64>,
+    /// Running runs the global cap counts: the owner's on a shared database, all of them alone.
+    total: i64,
+    /// Running spawn runs (over every node).
+    spawns: i64,
+}
+
+impl Busy {
+    /// The running counts but the spawns' (read only when there is a candidate to admit).
+    fn read(tx: &dyn Sql, owner: &str, shared: bool) -> Result<Busy> {
+        let per_agent: HashMap<String, i64> = tx
+            .query_map(
+                "SELECT s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
+                 WHERE r.status = 'running' GROUP BY s.agent_id",
+                args![],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?
+            .into_iter()
+            .collect();
+        let total = match shared {
+            true => {
+                tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND owner = ?1", args![owner], |r| {
+                    r.get(0)
+                })?
+            }
+            false => per_agent.values().sum(),
+        };
+        Ok(Busy { per_agent, total, spawns: 0 })
     }
-    Ok(ready)
+
+    /// Counts the running spawn runs (over every node).
+    fn count_spawns(&mut self, tx: &dyn Sql) -> Result<()> {
+        self.spawns =
+            tx.query_row("SELECT count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'", args![], |r| {
+                r.get(0)
+            })?;
+        Ok(())
+    }
+
+    /// The `candidates` (oldest first) that fit under the caps, each counted as it is taken;
+    /// only the oldest of a session.
+    fn admit(mut self, candidates: Vec<RunRow>, caps: &Caps) -> Vec<RunRow> {
+        let mut seen_sessions = std::collections::HashSet::new();
+        let mut ready = Vec::new();
+        for run in candidates {
+            if self.total >= i64::from(caps.global) {
+                break;
+            }
+            // FIFO per session: only the oldest queued run of a session is a candidate.
+            if !seen_sessions.insert(run.session) {
+                continue;
+            }
+            let agent = run.agent_id.as_str();
+            let cap = caps.per_agent.get(agent).copied().unwrap_or(caps.default_agent);
+            let busy = self.per_agent.get(agent).copied().unwrap_or(0);
+            let spawn = run.mode == RunMode::Spawn;
+            if busy >= i64::from(cap) || (spawn && self.spawns >= i64::from(caps.spawns)) {
+                continue;
+            }
+            *self.per_agent.entry(agent.to_string()).or_default() += 1;
+            self.total += 1;
+            self.spawns += i64::from(spawn);
+            ready.push(run);
+        }
+        ready
+    }
+}
+
+/// The advisory lock space of the caps' counts on PostgreSQL (`"smcc"`): a claim holds the key
+/// of each cap it may take a slot of (an agent's, the spawns') while it counts and claims, so
+/// that two nodes never both take a cap's last slot. Keys are taken in ascending order (no two
+/// claims wait on each other in a cycle); a hash collision only makes two caps share a key.
+const CAP_LOCKS: i32 = 0x736d_6363;
+
+/// The key of a cap in [`CAP_LOCKS`]: FNV-1a of its name, as PostgreSQL's `int4`.
+fn cap_key(name: &str) -> i32 {
+    let hash = name.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    hash as i32
+}
+
+/// The claim on a shared database, without the global write lock ([`Store::claim_ready`]):
+/// `sessions` are those the caller's read found a run to start in.
+///
+/// Per-session FIFO with one running run rests on the session row: the claim locks the rows of
+/// `sessions` it can (`FOR UPDATE SKIP LOCKED`: a session another writer holds is left for the
+/// next claim) and only then reads, in a new statement (`READ COMMITTED`: a fresh snapshot,
+/// after any claim that held the row committed), the oldest queued run of each with none
+/// running. Every other writer that decides on a session's queued or running runs locks its
+/// session row first ([`lock_session`]); every writer of its transcript does too (`next_seq`).
+/// The caps rest on [`CAP_LOCKS`], taken before they are counted. The claim never waits on a
+/// row lock (it skips) and the locked writers never wait on a cap lock: no cycle with them.
+fn claim_locking_rows(tx: &dyn Sql, owner: &str, caps: &Caps, sessions: &[i64]) -> Result<Vec<(RunRow, i64)>> {
+    let ids = |ids: &[i64]| ids.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+    let locked: Vec<i64> = tx.query_map(
+        &format!("SELECT id FROM sessions WHERE id IN ({}) ORDER BY id FOR UPDATE SKIP LOCKED", ids(sessions)),
+        args![],
+        |r| r.get(0),
+    )?;
+    if locked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let order = tx.dialect().runs_order();
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
+         WHERE r.run_id IN (SELECT DISTINCT ON (q.session) q.run_id FROM runs q
+                            WHERE q.session IN ({}) AND q.status = 'queued'
+                              AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.session = q.session AND x.status = 'running')
+                            ORDER BY q.session, q.created_at, q.{order})
+         ORDER BY r.created_at, r.{order}",
+        ids(&locked)
+    );
+    let candidates: Vec<RunRow> = tx.query_map(&sql, args![], run_from_row)?;
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut keys: Vec<i32> = candidates.iter().map(|r| cap_key(&format!("agent:{}", r.agent_id.as_str()))).collect();
+    if candidates.iter().any(|r| r.mode == RunMode::Spawn) {
+        keys.push(cap_key("spawns"));
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    // One statement: its target list is evaluated left to right, so the keys are taken in order.
+    let take = keys.iter().map(|k| format!("pg_advisory_xact_lock({CAP_LOCKS}, {k})")).collect::<Vec<_>>();
+    tx.execute(&format!("SELECT {}", take.join(", ")), args![])?;
+    let mut busy = Busy::read(tx, owner, true)?;
+    busy.count_spawns(tx)?;
+    let ready = busy.admit(candidates, caps);
+    if !ready.is_empty() {
+        // A claimed run always has its owner's lease behind it.
+        renew_lease(tx, owner)?;
+    }
+    ready.iter().map(|run| claim(tx, run, owner)).collect()
+}
+
+/// Locks `session`'s row for the rest of a write transaction, on a shared database: the claim
+/// ([`claim_locking_rows`]) holds no global lock, so a writer that decides on the session's
+/// queued or running runs (what runs, what is queued, a queued run's input) holds the row
+/// first, and then reads what it decides on. Alone on SQLite's one writer, nothing to do.
+pub(super) fn lock_session(tx: &dyn Sql, session: i64) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres {
+        tx.query_map("SELECT id FROM sessions WHERE id = ?1 FOR UPDATE", args![session], |_| Ok(()))?;
+    }
+    Ok(())
 }
 
 /// Extends `owner`'s lease to [`LEASE_MS`] from now (the database's clock: every node's leases
@@ -529,16 +638,19 @@ impl Store {
     /// On a shared database the claim is looked for in a read first: a claim that would find
     /// nothing (a wake with no work, or the caps full) is a read, not a write transaction.
     pub fn claim_ready(&self, owner: &str, caps: &Caps) -> Result<Vec<(RunRow, i64)>> {
-        let shared = self.is_shared();
-        if shared && self.read(|c| ready_to_claim(c, owner, caps, shared))?.is_empty() {
-            return Ok(Vec::new());
+        if self.is_shared() {
+            let mut sessions: Vec<i64> =
+                self.read(|c| ready_to_claim(c, owner, caps, true))?.iter().map(|r| r.session).collect();
+            if sessions.is_empty() {
+                return Ok(Vec::new());
+            }
+            sessions.sort_unstable();
+            sessions.dedup();
+            let claim = |tx: &dyn Sql| claim_locking_rows(tx, owner, caps, &sessions);
+            return self.write_sql_row_locked(super::Survives::PowerLoss, true, claim);
         }
         self.write_sql(|tx| -> Result<Vec<(RunRow, i64)>> {
-            let ready = ready_to_claim(tx, owner, caps, shared)?;
-            if shared && !ready.is_empty() {
-                // A claimed run always has its owner's lease behind it.
-                renew_lease(tx, owner)?;
-            }
+            let ready = ready_to_claim(tx, owner, caps, false)?;
             ready.iter().map(|run| claim(tx, run, owner)).collect()
         })
     }

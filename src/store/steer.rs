@@ -144,6 +144,8 @@ pub(super) fn running_run(tx: &dyn Sql, session: i64) -> Result<Option<String>> 
 /// and the enqueue are one transaction, so a cancel that committed first is always seen, and one
 /// that comes after dequeues what this queued.
 pub(super) fn queue_steer(tx: &dyn Sql, id: i64, turn: &NewRun) -> Result<SteerQueued> {
+    // The queued steer turn found below is not claimed before its input is set.
+    super::run_queue::lock_session(tx, turn.session)?;
     if work_cancelled(tx, turn.session)? {
         tx.execute("DELETE FROM steers WHERE id = ?1 AND state = 'pending'", args![id])?;
         return Ok(SteerQueued::ChildCancelled);

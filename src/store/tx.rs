@@ -127,7 +127,10 @@ impl Tx<'_> {
     }
 
     /// The queued (not started) runs of `session` in `mode`, oldest first.
+    /// The session's row stays locked to the end of the transaction (`run_queue::lock_session`):
+    /// what is read here is not claimed meanwhile.
     pub fn queued_runs(&self, session: i64, mode: super::RunMode) -> Result<Vec<super::RunRow>> {
+        super::run_queue::lock_session(self.tx, session)?;
         super::run_queue::queued_runs(self.tx, session, mode)
     }
 
@@ -156,8 +159,10 @@ impl Tx<'_> {
         super::steer::work_cancelled(self.tx, session)
     }
 
-    /// The run of `session` running now, if any.
+    /// The run of `session` running now, if any; the session's row stays locked to the end of
+    /// the transaction (`run_queue::lock_session`): no run of it starts meanwhile.
     pub fn running_run(&self, session: i64) -> Result<Option<String>> {
+        super::run_queue::lock_session(self.tx, session)?;
         super::steer::running_run(self.tx, session)
     }
 

@@ -10,7 +10,9 @@
 //! Writes keep SQLite's rule, one writer at a time, across every node: a write transaction
 //! takes the transaction-scoped advisory lock [`WRITE_LOCK`] first. The engine's checks between
 //! statements (admission caps, idempotency, budgets) then hold across nodes as they hold in one
-//! process, without retries. Reads run in `REPEATABLE READ READ ONLY` transactions: one
+//! process, without retries. The exceptions ([`WriteOrder::RowLocks`]) are the claim,
+//! which keeps its rules by row and advisory locks of its own, and one-statement records that
+//! need no order (docs/ARCHITECTURE.md, PostgreSQL). Reads run in `REPEATABLE READ READ ONLY` transactions: one
 //! snapshot for the whole closure, as SQLite's read transaction gives.
 
 use std::future::Future;
@@ -189,9 +191,10 @@ impl PgBackend {
         out
     }
 
-    /// Runs `f` in one write transaction under [`WRITE_LOCK`]; commits when it returns `Ok`.
-    /// With `durable` false the commit does not wait for the WAL flush (`synchronous_commit
-    /// off`, this transaction only): a record that matters only while this node's processes live.
+    /// Runs `f` in one write transaction; commits when it returns `Ok`. With `durable` false the
+    /// commit does not wait for the WAL flush (`synchronous_commit off`, this transaction only):
+    /// a record that matters only while this node's processes live. `order` says whether it
+    /// takes [`WRITE_LOCK`] ([`WriteOrder`]).
     ///
     /// The other processes are told of the commit (a notification on [`CHANGES_CHANNEL`]) only
     /// when it changed a row and `news` says a waiter may care (not a lease renewal): a
@@ -200,6 +203,7 @@ impl PgBackend {
     /// whether the transaction changed a row (this process's own watchers are told then).
     pub fn write<T, E>(
         &self,
+        order: WriteOrder,
         durable: bool,
         news: bool,
         f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
@@ -207,13 +211,18 @@ impl PgBackend {
     where
         E: From<StoreError>,
     {
+        let mut begin = match order {
+            WriteOrder::Global => "BEGIN".to_string(),
+            WriteOrder::RowLocks => "BEGIN ISOLATION LEVEL READ COMMITTED".to_string(),
+        };
+        if !durable {
+            begin.push_str("; SET LOCAL synchronous_commit = off");
+        }
+        if order == WriteOrder::Global {
+            begin.push_str(&format!("; SELECT pg_advisory_xact_lock({WRITE_LOCK})"));
+        }
         let _gate = self.write_gate.lock().unwrap_or_else(|p| p.into_inner());
         let client = self.client()?;
-        let begin = if durable {
-            format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
-        } else {
-            format!("BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
-        };
         let sql = PgSql::new(&client, &self.target, &begin);
         let out = f(&sql);
         if !sql.began() {
@@ -274,6 +283,20 @@ impl PgBackend {
             }
         });
     }
+}
+
+/// How a write transaction is ordered against the others ([`PgBackend::write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOrder {
+    /// Under [`WRITE_LOCK`], one at a time across every process: the engine's checks between
+    /// statements hold as in one process.
+    Global,
+    /// `READ COMMITTED` without [`WRITE_LOCK`], for a write that keeps its own invariants by
+    /// row locks and advisory locks of its own, taken in an order that cannot close a cycle
+    /// with the locked writers (the claim, `run_queue::claim_locking_rows`), or that needs none
+    /// (one statement on rows named by their key, nothing read first). Other processes' locked
+    /// writes run meanwhile.
+    RowLocks,
 }
 
 /// The spacing of one process's notifications ([`NOTIFY_EVERY`]).
@@ -670,24 +693,26 @@ mod tests {
         }
     }
 
-    /// Two nodes (two stores on one database), three claimers each, claiming and finishing a
-    /// queue of sends and spawns over three agents: every run claimed once, never two running
-    /// in one session, and no cap ever over: the per-agent and spawn caps over both nodes, the
-    /// global cap per owner.
+    /// Three nodes (three stores on one database), three claimers each, claiming and finishing a
+    /// queue of sends and spawns over three agents in 11 sessions: every run claimed once, never
+    /// two running in one session, each session's runs started in the order they were queued,
+    /// and no cap ever over: the per-agent and spawn caps over all nodes, the global cap per
+    /// owner. The claims hold no global lock (`claim_locking_rows`), so they race for real.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_claimers_on_two_nodes_never_share_a_run_overlap_a_session_or_exceed_a_cap() {
+    async fn postgres_claimers_on_three_nodes_never_share_a_run_overlap_a_session_break_its_order_or_exceed_a_cap() {
         use crate::keys::{AgentId, SessionKey, SessionKind};
         use crate::store::{Caps, NewRun, RunMode, RunOwner};
+        const RUNS: usize = 90;
         with_test_database(async |target| {
-            let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+            let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
             let nodes: Vec<Store> =
                 dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
             nodes[0]
                 .write(|tx| -> Result<()> {
-                    for n in 0..60 {
+                    for n in 0..RUNS {
                         let (agent, mode) =
                             (["a", "b", "c"][n % 3], if n % 4 == 0 { RunMode::Spawn } else { RunMode::Send });
-                        let key = SessionKey::from_canonical(format!("agent:{agent}:s{}", n % 7));
+                        let key = SessionKey::from_canonical(format!("agent:{agent}:s{}", n % 11));
                         if tx.session_id(&key).is_err() {
                             tx.insert_session(&NewSession::new(
                                 key.clone(),
@@ -703,48 +728,22 @@ mod tests {
                 })
                 .unwrap();
             let caps = Caps { global: 2, per_agent: [("a".to_string(), 2)].into(), default_agent: 3, spawns: 1 };
-            let claimers: Vec<_> = (0..6)
+            let claimers: Vec<_> = (0..9)
                 .map(|i| {
-                    let (store, caps) = (nodes[i % 2].clone(), caps.clone());
+                    let (store, caps) = (nodes[i % 3].clone(), caps.clone());
                     std::thread::spawn(move || {
-                        let owner = RunOwner::new(&format!("node{}", i % 2));
+                        let owner = RunOwner::new(&format!("node{}", i % 3));
                         let mut mine = Vec::new();
-                        for _ in 0..400 {
+                        for _ in 0..600 {
                             let claimed = store.claim_ready(owner.as_str(), &caps).unwrap();
-                            let counts: Vec<(String, i64)> = store
-                                .read(|c| {
-                                    c.query_map(
-                                        "SELECT 'agent ' || s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
-                                         WHERE r.status = 'running' GROUP BY s.agent_id
-                                         UNION ALL SELECT 'spawns', count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'
-                                         UNION ALL SELECT 'owner ' || owner, count(*) FROM runs WHERE status = 'running' GROUP BY owner",
-                                        args![],
-                                        |r| Ok((r.get(0)?, r.get(1)?)),
-                                    )
-                                })
-                                .unwrap();
-                            for (what, n) in &counts {
-                                let cap = match what.as_str() {
-                                    "agent a" => 2,
-                                    "spawns" => 1,
-                                    w if w.starts_with("owner ") => 2,
-                                    _ => 3,
-                                };
-                                assert!(*n <= cap, "{what}: {n} running, over its cap {cap} ({counts:?})");
-                            }
+                            assert_caps_hold(&store);
                             for (run, _) in claimed {
                                 store.finish_run(&run.run_id, owner.as_str(), &finished_ok()).unwrap();
                                 mine.push(run.run_id);
                             }
-                            if store
-                                .read(|c| {
-                                    c.query_row("SELECT count(*) FROM runs WHERE status = 'queued'", args![], |r| {
-                                        r.get::<i64>(0)
-                                    })
-                                })
-                                .unwrap()
-                                == 0
-                            {
+                            let queued =
+                                store.read(|c| c.one::<i64>("SELECT count(*) FROM runs WHERE status = 'queued'", &[]));
+                            if queued.unwrap() == 0 {
                                 break;
                             }
                         }
@@ -756,11 +755,99 @@ mod tests {
             all.sort();
             let before = all.len();
             all.dedup();
-            assert_eq!((before, all.len()), (60, 60), "every run claimed once");
-            let inputs: i64 = nodes[1]
-                .read(|c| c.query_row("SELECT count(*) FROM messages WHERE role = 'user'", args![], |r| r.get(0)))
+            assert_eq!((before, all.len()), (RUNS, RUNS), "every run claimed once");
+            // Each input is appended when its run is claimed: the transcript is the claim order.
+            let inputs: Vec<(i64, String)> = nodes[1]
+                .read(|c| {
+                    c.query_map(
+                        "SELECT session, run_id FROM messages WHERE role = 'user' ORDER BY session, seq",
+                        args![],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                })
                 .unwrap();
-            assert_eq!(inputs, 60, "each input appended once");
+            assert_eq!(inputs.len(), RUNS, "each input appended once");
+            let number = |run: &str| run.trim_start_matches("run-").parse::<usize>().unwrap();
+            for pair in inputs.windows(2) {
+                if pair[0].0 == pair[1].0 {
+                    assert!(number(&pair[0].1) < number(&pair[1].1), "session {} out of order: {pair:?}", pair[0].0);
+                }
+            }
+        })
+        .await;
+    }
+
+    /// What runs now, read in one snapshot, is under every cap of the claim test above.
+    fn assert_caps_hold(store: &Store) {
+        let counts: Vec<(String, i64)> = store
+            .read(|c| {
+                c.query_map(
+                    "SELECT 'agent ' || s.agent_id, count(*) FROM runs r JOIN sessions s ON s.id = r.session
+                     WHERE r.status = 'running' GROUP BY s.agent_id
+                     UNION ALL SELECT 'spawns', count(*) FROM runs WHERE status = 'running' AND mode = 'spawn'
+                     UNION ALL SELECT 'owner ' || owner, count(*) FROM runs WHERE status = 'running' GROUP BY owner
+                     UNION ALL SELECT 'session ' || session, count(*) FROM runs WHERE status = 'running' GROUP BY session",
+                    args![],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+            })
+            .unwrap();
+        for (what, n) in &counts {
+            let cap = match what.as_str() {
+                "agent a" => 2,
+                "spawns" => 1,
+                w if w.starts_with("owner ") => 2,
+                w if w.starts_with("session ") => 1,
+                _ => 3,
+            };
+            assert!(*n <= cap, "{what}: {n} running, over its cap {cap} ({counts:?})");
+        }
+    }
+
+    /// A claim, and the one-statement records of a run (lease, supervisor, steps mark), do not
+    /// wait for the global write lock: with [`WRITE_LOCK`] held by another connection, a node
+    /// still claims its queued run and records them (and a locked write waits, as before).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_claim_and_a_runs_own_records_go_through_while_another_connection_holds_the_global_write_lock() {
+        use crate::keys::{AgentId, SessionKey, SessionKind};
+        use crate::store::{Caps, NewRun, RunMode, RunOwner};
+        with_test_database(async |target| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_postgres(target.clone(), dir.path()).unwrap();
+            let key = SessionKey::from_canonical("agent:main:s");
+            store
+                .write(|tx| -> Result<()> {
+                    tx.insert_session(&NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false))?;
+                    let input = serde_json::json!({"role": "user", "content": "go"});
+                    tx.enqueue(&NewRun::new("run-0".into(), tx.session_id(&key)?, RunMode::Send, input))?;
+                    Ok(())
+                })
+                .unwrap();
+            let (holder, connection) = target.connect_one().await.unwrap();
+            tokio::spawn(connection);
+            holder.execute("SELECT pg_advisory_lock($1)", &[&WRITE_LOCK]).await.unwrap();
+            let caps = Caps { global: 4, per_agent: Default::default(), default_agent: 4, spawns: 4 };
+            let claimer = store.clone();
+            let claim = tokio::task::spawn_blocking(move || {
+                let owner = RunOwner::new("node0");
+                let claimed = claimer.claim_ready(owner.as_str(), &caps).unwrap();
+                claimer.renew_leases(&owner).unwrap();
+                claimer.set_supervisor("run-0", 4242, Some(7)).unwrap();
+                claimer.steps_taken("run-0").unwrap();
+                claimed
+            });
+            let claimed = tokio::time::timeout(std::time::Duration::from_secs(60), claim)
+                .await
+                .expect("the claim waited for the global write lock")
+                .unwrap();
+            assert_eq!(claimed.iter().map(|(r, _)| r.run_id.as_str()).collect::<Vec<_>>(), ["run-0"]);
+            assert_eq!(store.supervisors(&["run-0".to_string()]).unwrap(), [(4242, Some(7))]);
+            let writer = store.clone();
+            let write = tokio::task::spawn_blocking(move || writer.set_waiting("run-0", Some("x")));
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert!(!write.is_finished(), "a locked write still waits for the global write lock");
+            holder.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK]).await.unwrap();
+            write.await.unwrap().unwrap();
         })
         .await;
     }
