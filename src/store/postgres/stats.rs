@@ -24,7 +24,7 @@ pub async fn database_counts(
     let statements = client
         .query_one(
             "SELECT coalesce(sum(calls), 0)::bigint,
-                    coalesce(sum(calls) FILTER (WHERE query LIKE '%pg_advisory_xact_lock%'), 0)::bigint
+                    coalesce(sum(calls) FILTER (WHERE query LIKE '%pg_advisory_xact_lock($1)%'), 0)::bigint
              FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1",
             &[&name],
         )
