@@ -16,11 +16,11 @@ fn cargo(args: &[&str]) -> String {
 /// The package holds what builds the binaries and what crates.io shows, and none of CI's
 /// installs, the tests' fixtures, fuzzing or build output.
 #[test]
-fn the_package_holds_the_sources_and_readme_and_nothing_of_ci_or_tests() {
+fn the_package_holds_the_sources_readme_and_license_and_nothing_of_ci_or_tests() {
     let files = cargo(&["package", "--list", "--locked", "--offline", "--allow-dirty"]);
     let files: Vec<&str> = files.lines().collect();
     for needed in
-        ["Cargo.toml", "Cargo.lock", "README.md", "src/main.rs", "src/lib.rs", "src/bin/sessions-mcp-supervise.rs"]
+        ["Cargo.toml", "Cargo.lock", "README.md", "LICENSE", "src/main.rs", "src/lib.rs", "src/bin/sessions-mcp-supervise.rs"]
     {
         assert!(files.contains(&needed), "{needed} is not in the package");
     }
