@@ -19,9 +19,15 @@ fn cargo(args: &[&str]) -> String {
 fn the_package_holds_the_sources_readme_and_license_and_nothing_of_ci_or_tests() {
     let files = cargo(&["package", "--list", "--locked", "--offline", "--allow-dirty"]);
     let files: Vec<&str> = files.lines().collect();
-    for needed in
-        ["Cargo.toml", "Cargo.lock", "README.md", "LICENSE", "src/main.rs", "src/lib.rs", "src/bin/sessions-mcp-supervise.rs"]
-    {
+    for needed in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "README.md",
+        "LICENSE",
+        "src/main.rs",
+        "src/lib.rs",
+        "src/bin/sessions-mcp-supervise.rs",
+    ] {
         assert!(files.contains(&needed), "{needed} is not in the package");
     }
     let stray: Vec<&&str> = files
