@@ -58,27 +58,34 @@ pub fn spawn(cmd: &mut tokio::process::Command) -> std::io::Result<(tokio::proce
 
 /// Freezes, kills (deepest first) and reaps every orphan of the server and all below them.
 /// Blocking: the sweep's thread calls it.
+///
+/// Each round kills the orphans not killed yet, then reaps: a process dying as the scan reads
+/// the tree (the server has just killed the run's group) hands its children to the server only
+/// once it exits, after the walk below it found none, so they are found by a later round's scan.
+/// A zombie's children have all been handed over, so a scan that finds no orphan at all, not even
+/// an unreaped one, is the end.
 pub fn end_orphans() {
     let registry = started();
-    let roots = orphans(registry.as_ref());
-    if roots.is_empty() {
-        return;
-    }
-    let killed = freeze_and_kill_trees(&roots);
-    tracing::warn!(processes = killed.len(), "ended processes of finished runs whose supervisors had been killed");
-    // The killed die at once; what was below each root is re-parented here as its parent dies.
+    let mut killed: HashSet<i32> = HashSet::new();
     for _ in 0..REAP_ROUNDS {
-        let zombies = orphans(registry.as_ref());
-        if zombies.is_empty() {
-            return;
+        let found = orphans(registry.as_ref());
+        if found.is_empty() {
+            break;
         }
-        for pid in zombies {
+        let fresh: Vec<i32> = found.iter().copied().filter(|pid| !killed.contains(pid)).collect();
+        if !fresh.is_empty() {
+            killed.extend(freeze_and_kill_trees(&fresh));
+        }
+        for pid in found {
             // SAFETY: waitpid on a child of ours that nobody else waits for (not one we started).
             unsafe {
                 libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG);
             }
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    if !killed.is_empty() {
+        tracing::warn!(processes = killed.len(), "ended processes of finished runs whose supervisors had been killed");
     }
 }
 
