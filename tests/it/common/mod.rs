@@ -313,6 +313,11 @@ impl Drop for HttpServer {
     }
 }
 
+/// How long a client waits for the server's next line before it gives up on a response. Above the
+/// longest `timeoutSeconds` a test passes (120 s), so a call that waits its whole timeout on a
+/// loaded machine is not taken for a hung server; a server that died is seen at once anyway.
+const SILENCE_BOUND: Duration = Duration::from_secs(150);
+
 pub struct Client {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -424,7 +429,7 @@ impl Client {
         format!("the server exited with {status}; its stderr:\n{err}")
     }
 
-    /// Sends a request; None when the server died (or stayed silent 30 s) before answering.
+    /// Sends a request; None when the server died (or stayed silent [`SILENCE_BOUND`]) before answering.
     pub fn try_request(&mut self, method: &str, params: Value) -> Option<Value> {
         let id = self.next_id;
         self.next_id += 1;
@@ -435,13 +440,13 @@ impl Client {
         self.try_wait_for(id)
     }
 
-    /// The response to request `id`; None when the stream ended (or stayed silent 30 s) first.
+    /// The response to request `id`; None when the stream ended (or stayed silent [`SILENCE_BOUND`]) first.
     pub fn try_wait_for(&mut self, id: u64) -> Option<Value> {
         if let Some(pos) = self.pending.iter().position(|m| m.get("id") == Some(&json!(id))) {
             return Some(self.pending.remove(pos));
         }
         loop {
-            let line = self.lines.recv_timeout(Duration::from_secs(30)).ok()?;
+            let line = self.lines.recv_timeout(SILENCE_BOUND).ok()?;
             let msg: Value =
                 serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
             // A request from the server (elicitation/create) has an id of its own counter: it is
