@@ -8,6 +8,7 @@
 //! reply, the messages to persist, usage and errors.
 //! It never touches the store: the runtime persists the outcome.
 
+pub mod a2a;
 pub mod adapters;
 mod asking;
 pub mod discover;
