@@ -466,10 +466,19 @@ fn usage_report(usage: &Value) -> Option<Value> {
         ("costUsd", "cost_usd"),
     ] {
         if let Some(v) = obj.get(ours).or_else(|| obj.get(theirs)) {
-            report.insert(ours.into(), v.clone());
+            report.insert(ours.into(), whole(v));
         }
     }
     (!report.is_empty()).then_some(Value::Object(report))
+}
+
+/// A count that came as a float with nothing after the point (metadata travels as a protobuf
+/// `Struct`, whose numbers are all doubles) as the whole number it is; anything else as it was.
+fn whole(v: &Value) -> Value {
+    match v.as_f64() {
+        Some(f) if v.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => Value::from(f as i64),
+        _ => v.clone(),
+    }
 }
 
 /// The message an answer sends into the task: the answer's text, or the refusal.
@@ -582,7 +591,7 @@ mod tests {
 
     #[test]
     fn peer_usage_is_read_in_either_spelling_and_answers_become_messages() {
-        let report = usage_report(&json!({"input_tokens": 10, "outputTokens": 4, "cost_usd": 0.5, "other": 1})).unwrap();
+        let report = usage_report(&json!({"input_tokens": 10, "outputTokens": 4.0, "cost_usd": 0.5, "other": 1})).unwrap();
         assert_eq!(report, json!({"inputTokens": 10, "outputTokens": 4, "costUsd": 0.5}));
         assert_eq!(usage_report(&json!({"nothing": 1})), None);
         let allow = |t: Option<&str>| InputAnswer { decision: Decision::Allow, text: t.map(String::from) };
