@@ -162,7 +162,7 @@ fn an_input_required_travels_up_to_our_client_and_its_answer_completes_the_same_
     assert_eq!((request["kind"].as_str(), request["childSessionKey"].as_str()), (Some("question"), Some(child.as_str())), "{w}");
     assert!(w.to_string().contains("which colour?"), "{w}");
     let id = request["requestId"].as_str().unwrap();
-    let r = c.call("subagents", json!({"action": "respond", "requestId": id, "text": "blue"}));
+    let r = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "blue"}));
     assert_eq!(r["status"], "ok", "{r}");
     let done = finished(&mut c);
     assert!(done["outcome"].as_str().unwrap().contains("answer was: blue"), "{done}");
