@@ -201,10 +201,16 @@ impl Following<'_, '_> {
             };
             let next = match read {
                 Read::Ended => return None,
-                Read::Interrupted => match self.ask(cancel).await {
-                    Ok(answer) => self.send(answer).await,
-                    Err(stop) => return Some(stop),
-                },
+                Read::Interrupted => {
+                    // A person reading is not the run's time: the deadline moves by the wait.
+                    let asked = tokio::time::Instant::now();
+                    let answer = self.ask(cancel).await;
+                    self.deadline += asked.elapsed();
+                    match answer {
+                        Ok(answer) => self.send(answer).await,
+                        Err(stop) => return Some(stop),
+                    }
+                }
                 Read::Broken(why) => {
                     broken += 1;
                     let Some(task) = self.seen.task_id.clone().filter(|_| broken <= FOLLOW_ATTEMPTS) else {
