@@ -198,29 +198,62 @@ fn our_cancel_reaches_the_remote_agent() {
     c.close();
 }
 
-/// Our server dies while the remote task runs; the next one takes the run over and follows the
-/// task (it never sends the message again): the result arrives once.
+/// Our server dies (SIGKILL), or stops gracefully (SIGTERM), while the remote task runs; the next
+/// one takes the run over and follows the task (it never sends the message again, and a graceful
+/// stop does not cancel it): the result arrives once.
 #[test]
 fn a_remote_run_survives_a_restart_of_our_server_and_its_result_arrives_once() {
     let Some(python) = python() else { return };
+    for graceful in [false, true] {
+        let agent = RemoteAgent::start(&python, true);
+        let env = agent.env();
+        let mut c = serve(&env);
+        let child = spawn_remote(&mut c, "slow 6");
+        wait_until(Duration::from_secs(30), "the remote task id stored", || {
+            env.show(&child)["runs"][0]["remoteTaskId"].as_str().map(String::from)
+        });
+        if graceful {
+            assert!(c.terminate_and_wait(Duration::from_secs(30)).success());
+            assert_eq!(env.show(&child)["runs"][0]["status"], "running", "left running for the next owner");
+        } else {
+            c.kill_now();
+        }
+
+        let mut again = serve(&env);
+        let run = wait_until(Duration::from_secs(60), "the run taken over to end", || {
+            let show = env.show(&child);
+            (show["runs"][0]["status"] != "running").then(|| show["runs"][0].clone())
+        });
+        assert_eq!(run["status"], "ok", "graceful {graceful}: {run}");
+        assert_eq!(assistant_texts(&env, &child), ["slow done"], "the result, once");
+        assert_eq!(agent.logged("message ").len(), 1, "the message was never sent again");
+        assert!(agent.logged("cancel ").is_empty(), "the remote task was not cancelled");
+        let done = finished(&mut again);
+        assert!(done["outcome"].as_str().unwrap().contains("slow done"), "{done}");
+        again.close();
+    }
+}
+
+/// What a caller is told when the remote agent cannot be used: its token variable unset, or a
+/// token the agent refuses.
+#[test]
+fn a_missing_or_refused_token_fails_the_run_saying_which() {
+    let Some(python) = python() else { return };
     let agent = RemoteAgent::start(&python, true);
     let env = agent.env();
-    let mut c = serve(&env);
-    let child = spawn_remote(&mut c, "slow 6");
-    wait_until(Duration::from_secs(30), "the remote task id stored", || {
-        env.show(&child)["runs"][0]["remoteTaskId"].as_str().map(String::from)
-    });
-    c.kill_now();
-
-    let mut again = serve(&env);
-    let run = wait_until(Duration::from_secs(60), "the run taken over to end", || {
-        let show = env.show(&child);
-        (show["runs"][0]["status"] != "running").then(|| show["runs"][0].clone())
-    });
-    assert_eq!(run["status"], "ok", "{run}");
-    assert_eq!(assistant_texts(&env, &child), ["slow done"], "the result, once");
-    assert_eq!(agent.logged("message ").len(), 1, "the message was never sent again");
-    let done = finished(&mut again);
-    assert!(done["outcome"].as_str().unwrap().contains("slow done"), "{done}");
-    again.close();
+    for (token, says) in [
+        (None, "the remote agent's token variable REMOTE_AGENT_TOKEN (runner.tokenEnv) is not set on the server"),
+        (Some("a-wrong-token"), "401"),
+    ] {
+        let mut c = match token {
+            Some(t) => env.serve_with(None, &[(TOKEN_ENV, t)]),
+            None => env.serve(None),
+        };
+        spawn_remote(&mut c, "hello");
+        let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
+        let text = w.to_string();
+        assert!(text.contains(says), "{says}: {w}");
+        c.close();
+    }
+    assert!(agent.logged("message ").is_empty(), "nothing reached the agent");
 }
