@@ -6,8 +6,8 @@
 //! deserialises what is ours. `schemas/config.json` is generated from these types.
 
 mod paths;
-pub mod remote;
 mod presets;
+pub mod remote;
 
 pub use presets::RunnerPreset;
 
@@ -1210,7 +1210,8 @@ impl Config {
             Some(r) => (format!("agents.list[{i}].runner"), r.merged(defaults)),
             None => ("agents.defaults.runner".to_string(), defaults.clone()),
         });
-        let implicit_main = self.agents.list.is_empty().then(|| ("agents.defaults.runner".to_string(), defaults.clone()));
+        let implicit_main =
+            self.agents.list.is_empty().then(|| ("agents.defaults.runner".to_string(), defaults.clone()));
         for (path, r) in own.chain(implicit_main) {
             remote::validate(&path, &r)?;
         }

@@ -22,7 +22,10 @@ impl RemoteAgent {
     pub fn of(path: &str, r: &RunnerConfig) -> Result<Option<RemoteAgent>, String> {
         if r.kind != Some(RunnerKind::A2a) {
             if let Some(key) = a2a_key_set(r) {
-                return Err(format!("{path}.{key} is only for runner.kind \"a2a\" (a remote agent), not {}", kind_name(r)));
+                return Err(format!(
+                    "{path}.{key} is only for runner.kind \"a2a\" (a remote agent), not {}",
+                    kind_name(r)
+                ));
             }
             return Ok(None);
         }
@@ -38,7 +41,9 @@ impl RemoteAgent {
             ));
         }
         if r.skill.as_deref().is_some_and(|s| s.trim().is_empty()) {
-            return Err(format!("{path}.skill must not be empty: a skill id of the remote agent's card, or leave it out"));
+            return Err(format!(
+                "{path}.skill must not be empty: a skill id of the remote agent's card, or leave it out"
+            ));
         }
         Ok(Some(RemoteAgent { card_url, token_env: r.token_env.clone(), skill: r.skill.clone() }))
     }

@@ -112,7 +112,7 @@ pub struct Scheduler {
     starting: Mutex<HashMap<String, std::time::Instant>>,
     /// Runs of remote agents taken over from a dead owner (already `active` here), waiting for
     /// the next claim round to start following their tasks again.
-    resuming: Mutex<Vec<(RunRow, i64, CancellationToken, mpsc::UnboundedReceiver<Steer>)>>,
+    resuming: Mutex<Vec<TakenOver>>,
     /// This owner's lease on a shared database, and the fence that stops its agents when it
     /// cannot be renewed.
     lease: Lease,
@@ -832,6 +832,10 @@ impl Scheduler {
         }
     }
 }
+
+/// A run of a remote agent recovery took over: the run, its input's seq, its cancel token and
+/// its steers, as a claim would have made them.
+type TakenOver = (RunRow, i64, CancellationToken, mpsc::UnboundedReceiver<Steer>);
 
 /// Once load is over — the first tick with no more store operations than the scheduler's own
 /// background (about 20 a second), after more than that since the last time — the store's page

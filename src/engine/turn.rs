@@ -338,7 +338,11 @@ async fn remote_turn(
     let meter = match RunMeter::open(rt, &run.run_id, session, None)? {
         Ok(meter) => meter,
         Err(exhausted) => {
-            rt.store.finish_run(&run.run_id, rt.owner_id.as_str(), &Finished::without_output(RunStatus::BudgetExceeded, exhausted.clone()))?;
+            rt.store.finish_run(
+                &run.run_id,
+                rt.owner_id.as_str(),
+                &Finished::without_output(RunStatus::BudgetExceeded, exhausted.clone()),
+            )?;
             return Ok(TurnResult { status: RunStatus::BudgetExceeded, reply: None, silent: false });
         }
     };

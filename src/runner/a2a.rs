@@ -93,8 +93,10 @@ pub async fn execute(
         Ok(c) => c,
         Err(e) => return Outcome::failed(e),
     };
-    let mut seen = Seen { task_id: turn.started_task.clone(), context_id: turn.context_id.clone(), ..Default::default() };
-    let mut following = Following { turn: &turn, client: &client, card: &card, hooks, on_task, seen: &mut seen, deadline };
+    let mut seen =
+        Seen { task_id: turn.started_task.clone(), context_id: turn.context_id.clone(), ..Default::default() };
+    let mut following =
+        Following { turn: &turn, client: &client, card: &card, hooks, on_task, seen: &mut seen, deadline };
     let stop = following.run(&cancel).await;
     if matches!(stop, Some(Stop::Cancelled)) && seen.task_id.is_some() && (turn.hand_over)() {
         let mut left = outcome(turn.run_id, seen, stop, turn.timeout);
@@ -112,7 +114,11 @@ async fn connect(agent: &RemoteAgent) -> Result<(A2aClient, AgentCard), String> 
     let token = match agent.token_env.as_deref() {
         Some(name) => match std::env::var(name) {
             Ok(t) if !t.is_empty() => Some(t),
-            _ => return Err(format!("the remote agent's token variable {name} (runner.tokenEnv) is not set on the server")),
+            _ => {
+                return Err(format!(
+                    "the remote agent's token variable {name} (runner.tokenEnv) is not set on the server"
+                ));
+            }
         },
         None => None,
     };
@@ -141,7 +147,7 @@ async fn connect(agent: &RemoteAgent) -> Result<(A2aClient, AgentCard), String> 
     if let Some(t) = token {
         let store = std::sync::Arc::new(InMemoryCredentialsStore::new());
         let session = SessionId::new("runner");
-        store.set(session.clone(), "bearer", t.into());
+        store.set(session.clone(), "bearer", t);
         builder = builder.with_interceptor(AuthInterceptor::new(store, session));
     }
     let client = builder.build().map_err(|e| format!("cannot call the remote agent at {url}: {e}"))?;
@@ -176,7 +182,7 @@ struct Following<'a, 'h> {
 
 /// Where the next events of the task come from.
 enum Source {
-    Stream(EventStream),
+    Stream(Box<EventStream>),
     /// The peer answered a unary send: what it returned, then (if unfinished) a follow.
     Response(Box<SendMessageResponse>),
 }
@@ -216,7 +222,11 @@ impl Following<'_, '_> {
                     let Some(task) = self.seen.task_id.clone().filter(|_| broken <= FOLLOW_ATTEMPTS) else {
                         return Some(Stop::Failed(why));
                     };
-                    tracing::warn!(run = self.turn.run_id, task, "the remote task's stream broke ({why}); following it again");
+                    tracing::warn!(
+                        run = self.turn.run_id,
+                        task,
+                        "the remote task's stream broke ({why}); following it again"
+                    );
                     tokio::time::sleep(POLL_EVERY * broken).await;
                     self.follow(&task).await
                 }
@@ -238,7 +248,7 @@ impl Following<'_, '_> {
         let params = MessageSendParams { tenant: None, message, configuration: None, metadata };
         let streaming = self.card.capabilities.streaming == Some(true);
         let sent = match streaming {
-            true => self.client.stream_message(params).await.map(Source::Stream),
+            true => self.client.stream_message(params).await.map(|s| Source::Stream(Box::new(s))),
             false => self.client.send_message(params).await.map(|r| Source::Response(Box::new(r))),
         };
         sent.map_err(|e| format!("the remote agent did not take the message: {e}"))
@@ -247,10 +257,8 @@ impl Following<'_, '_> {
     /// Follows the task this run started: subscribed when the peer streams, else polled.
     async fn follow(&self, task: &str) -> Result<Source, String> {
         let streaming = self.card.capabilities.streaming == Some(true);
-        if streaming {
-            if let Ok(stream) = self.client.subscribe_to_task(task).await {
-                return Ok(Source::Stream(stream));
-            }
+        if streaming && let Ok(stream) = self.client.subscribe_to_task(task).await {
+            return Ok(Source::Stream(Box::new(stream)));
         }
         // One GetTask stands for a poll: the loop reads it and follows on while it is not done.
         let task = self
@@ -447,10 +455,10 @@ impl Seen {
     /// The turn's reply: the artifacts' text, then the final status message (or the direct reply).
     fn reply(&self) -> Option<String> {
         let mut parts: Vec<&str> = self.artifacts.iter().map(|(_, t)| t.as_str()).filter(|t| !t.is_empty()).collect();
-        if let Some(last) = self.direct_reply.as_deref().or(self.status_text.as_deref()) {
-            if !parts.contains(&last) {
-                parts.push(last);
-            }
+        if let Some(last) = self.direct_reply.as_deref().or(self.status_text.as_deref())
+            && !parts.contains(&last)
+        {
+            parts.push(last);
         }
         (!parts.is_empty()).then(|| parts.join("\n\n"))
     }
@@ -590,14 +598,18 @@ mod tests {
     fn a_task_that_never_ended_is_an_error_and_a_stop_wins() {
         let seen = Seen { state: Some(TaskState::Working), ..Default::default() };
         let out = outcome("r", seen, None, Duration::from_secs(1));
-        assert_eq!((out.status, out.error.as_deref()), (RunStatus::Error, Some("the remote task ended without a final state")));
+        assert_eq!(
+            (out.status, out.error.as_deref()),
+            (RunStatus::Error, Some("the remote task ended without a final state"))
+        );
         let seen = Seen { state: Some(TaskState::Completed), ..Default::default() };
         assert_eq!(outcome("r", seen, Some(Stop::Timeout), Duration::from_secs(3)).status, RunStatus::Timeout);
     }
 
     #[test]
     fn peer_usage_is_read_in_either_spelling_and_answers_become_messages() {
-        let report = usage_report(&json!({"input_tokens": 10, "outputTokens": 4.0, "cost_usd": 0.5, "other": 1})).unwrap();
+        let report =
+            usage_report(&json!({"input_tokens": 10, "outputTokens": 4.0, "cost_usd": 0.5, "other": 1})).unwrap();
         assert_eq!(report, json!({"inputTokens": 10, "outputTokens": 4, "costUsd": 0.5}));
         assert_eq!(usage_report(&json!({"nothing": 1})), None);
         let allow = |t: Option<&str>| InputAnswer { decision: Decision::Allow, text: t.map(String::from) };
@@ -617,7 +629,8 @@ mod tests {
             ]
         }))
         .unwrap();
-        own_origin_only(&mut card, &url::Url::parse("http://127.0.0.1:9/.well-known/agent-card.json").unwrap()).unwrap();
+        own_origin_only(&mut card, &url::Url::parse("http://127.0.0.1:9/.well-known/agent-card.json").unwrap())
+            .unwrap();
         assert_eq!(card.supported_interfaces.len(), 1);
         let e = own_origin_only(&mut card, &url::Url::parse("https://other.example/card").unwrap()).unwrap_err();
         assert!(e.contains("names no endpoint on https://other.example"), "{e}");

@@ -28,7 +28,10 @@ fn python() -> Option<String> {
     if ok {
         return Some(candidate);
     }
-    assert!(std::env::var_os("CI").is_none(), "CI needs the Python A2A SDK: set SESSIONS_MCP_PYTHON ({candidate} has no `a2a`)");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI needs the Python A2A SDK: set SESSIONS_MCP_PYTHON ({candidate} has no `a2a`)"
+    );
     eprintln!("skipped: no Python with the `a2a-sdk` (pip install -r tests/clients/requirements.txt)");
     None
 }
@@ -159,7 +162,11 @@ fn an_input_required_travels_up_to_our_client_and_its_answer_completes_the_same_
     let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
     assert_eq!(w["status"], "attention", "{w}");
     let request = &w["requests"][0];
-    assert_eq!((request["kind"].as_str(), request["childSessionKey"].as_str()), (Some("question"), Some(child.as_str())), "{w}");
+    assert_eq!(
+        (request["kind"].as_str(), request["childSessionKey"].as_str()),
+        (Some("question"), Some(child.as_str())),
+        "{w}"
+    );
     assert!(w.to_string().contains("which colour?"), "{w}");
     let id = request["requestId"].as_str().unwrap();
     let r = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "blue"}));
