@@ -23,17 +23,7 @@ const TOKEN_ENV: &str = "REMOTE_AGENT_TOKEN";
 const TOKEN: &str = "remote-agent-token-0123456789";
 
 fn python() -> Option<String> {
-    let candidate = std::env::var("SESSIONS_MCP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&candidate).args(["-c", "import a2a.server"]).output().is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(candidate);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI needs the Python A2A SDK: set SESSIONS_MCP_PYTHON ({candidate} has no `a2a`)"
-    );
-    eprintln!("skipped: no Python with the `a2a-sdk` (pip install -r tests/clients/requirements.txt)");
-    None
+    crate::python_sdk::python_with("a2a.server", "a2a-sdk")
 }
 
 /// The Python remote agent, stopped when dropped.
@@ -113,6 +103,29 @@ fn finished(c: &mut Client) -> Value {
     w["finished"][0].clone()
 }
 
+/// The agent got two messages, and they share their context (field 1) or task (field 2).
+fn two_messages_sharing(agent: &RemoteAgent, field: usize, what: &str) {
+    let messages = agent.logged("message ");
+    let id = |line: &str| line.split(' ').nth(field).unwrap().to_string();
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(id(&messages[0]), id(&messages[1]), "{what}: {messages:?}");
+}
+
+/// Waits until the child's run has stored its remote task.
+fn wait_remote_task(env: &TestEnv, child: &str) -> String {
+    wait_until(Duration::from_secs(30), "the remote task id stored", || {
+        env.show(child)["runs"][0]["remoteTaskId"].as_str().map(String::from)
+    })
+}
+
+/// Waits until the child's last run ended, and returns it.
+fn ended_run(env: &TestEnv, child: &str) -> Value {
+    wait_until(Duration::from_secs(60), "the run to end", || {
+        let show = env.show(child);
+        (show["runs"][0]["status"] != "running").then(|| show["runs"][0].clone())
+    })
+}
+
 fn assistant_texts(env: &TestEnv, key: &str) -> Vec<String> {
     let show = env.show(key);
     let messages = show["messages"].as_array().unwrap();
@@ -142,10 +155,7 @@ fn a_spawn_on_the_remote_agent_returns_its_result_and_the_next_turn_continues_it
         let r = c.call("sessions_send", json!({"sessionKey": child, "message": "second turn", "timeoutSeconds": 60}));
         assert_eq!(r["status"], "ok", "{r}");
         assert!(r["reply"].as_str().unwrap().contains("echo: second turn"), "{r}");
-        let messages = agent.logged("message ");
-        let context = |line: &str| line.split(' ').nth(1).unwrap().to_string();
-        assert_eq!(messages.len(), 2, "{messages:?}");
-        assert_eq!(context(&messages[0]), context(&messages[1]), "one remote context for the session: {messages:?}");
+        two_messages_sharing(&agent, 1, "one remote context for the session");
         c.close();
     }
 }
@@ -173,10 +183,7 @@ fn an_input_required_travels_up_to_our_client_and_its_answer_completes_the_same_
     assert_eq!(r["status"], "ok", "{r}");
     let done = finished(&mut c);
     assert!(done["outcome"].as_str().unwrap().contains("answer was: blue"), "{done}");
-    let messages = agent.logged("message ");
-    let task = |line: &str| line.split(' ').nth(2).unwrap().to_string();
-    assert_eq!(messages.len(), 2, "{messages:?}");
-    assert_eq!(task(&messages[0]), task(&messages[1]), "the answer went into the same task: {messages:?}");
+    two_messages_sharing(&agent, 2, "the answer went into the same task");
     c.close();
 }
 
@@ -188,18 +195,11 @@ fn our_cancel_reaches_the_remote_agent() {
     let env = agent.env();
     let mut c = serve(&env);
     let child = spawn_remote(&mut c, "slow 60");
-    let started = agent.wait_logged("message ", 1);
-    let task = started[0].split(' ').nth(2).unwrap().to_string();
-    wait_until(Duration::from_secs(30), "the remote task id stored", || {
-        env.show(&child)["runs"][0]["remoteTaskId"].as_str().map(String::from)
-    });
+    let task = wait_remote_task(&env, &child);
     let r = c.call("subagents", json!({"action": "cancel", "childSessionKey": child}));
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(agent.wait_logged("cancel ", 1), [format!("cancel {task}")]);
-    let run = wait_until(Duration::from_secs(30), "the run ended", || {
-        let show = env.show(&child);
-        (show["runs"][0]["status"] != "running").then(|| show["runs"][0].clone())
-    });
+    let run = ended_run(&env, &child);
     assert_eq!(run["status"], "cancelled", "{run}");
     assert!(agent.logged("done ").is_empty(), "the remote work was stopped");
     c.close();
@@ -216,9 +216,7 @@ fn a_remote_run_survives_a_restart_of_our_server_and_its_result_arrives_once() {
         let env = agent.env();
         let mut c = serve(&env);
         let child = spawn_remote(&mut c, "slow 6");
-        wait_until(Duration::from_secs(30), "the remote task id stored", || {
-            env.show(&child)["runs"][0]["remoteTaskId"].as_str().map(String::from)
-        });
+        wait_remote_task(&env, &child);
         if graceful {
             assert!(c.terminate_and_wait(Duration::from_secs(30)).success());
             assert_eq!(env.show(&child)["runs"][0]["status"], "running", "left running for the next owner");
@@ -227,10 +225,7 @@ fn a_remote_run_survives_a_restart_of_our_server_and_its_result_arrives_once() {
         }
 
         let mut again = serve(&env);
-        let run = wait_until(Duration::from_secs(60), "the run taken over to end", || {
-            let show = env.show(&child);
-            (show["runs"][0]["status"] != "running").then(|| show["runs"][0].clone())
-        });
+        let run = ended_run(&env, &child);
         assert_eq!(run["status"], "ok", "graceful {graceful}: {run}");
         assert_eq!(assistant_texts(&env, &child), ["slow done"], "the result, once");
         assert_eq!(agent.logged("message ").len(), 1, "the message was never sent again");
