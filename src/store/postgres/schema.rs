@@ -15,7 +15,7 @@
 
 /// The SQLite schema version whose semantics these migrations reproduce. A test fails when the
 /// SQLite store moves on without a PostgreSQL migration that follows it.
-pub const MIRRORS_SQLITE_VERSION: i64 = 15;
+pub const MIRRORS_SQLITE_VERSION: i64 = 16;
 
 /// The marker table: its one row says that sessions-mcp created this database's schema.
 pub const MARKER_TABLE: &str = "sessions_mcp";
