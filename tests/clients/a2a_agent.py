@@ -8,8 +8,8 @@ wants `Authorization: Bearer $A2A_AGENT_TOKEN` on every call but the card's, and
 it did, one line per event, in LOG_FILE (`message`, `cancel`, `done`). What it does, by the
 message's text:
 
-- `ask: <question>`: goes input-required with the question; the next message into the task
-  completes it with `answer was: <text>`.
+- `ask: <question>`: goes input-required with the question (`auth: <what>`: auth-required); the
+  next message into the task completes it with `answer was: <text>`.
 - `slow <seconds>`: works that long, then completes with `slow done`.
 - anything else: one artifact `echo: <text>`, then completes with `done`, reporting usage in
   the task's metadata.
@@ -54,12 +54,15 @@ class Agent(AgentExecutor):
             await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         log(f"message {task.context_id} {task.id} {text}")
-        if task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+        if task.status.state in (TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED):
             await updater.complete(agent_text(f"answer was: {text}", updater))
             return
         await updater.start_work()
         if text.startswith("ask: "):
             await updater.requires_input(agent_text(text[len("ask: "):], updater))
+            return
+        if text.startswith("auth: "):
+            await updater.requires_auth(agent_text(text[len("auth: "):], updater))
             return
         if text.startswith("slow "):
             await asyncio.sleep(float(text.split()[1]))

@@ -57,9 +57,14 @@ impl RemoteAgent {
 
     /// Our config: `main` may spawn `remote`, the Python agent.
     fn env(&self) -> TestEnv {
+        self.env_with(json!({}))
+    }
+
+    /// [`Self::env`] with these `agents.defaults.subagents`.
+    fn env_with(&self, subagents: Value) -> TestEnv {
         let card = format!("http://127.0.0.1:{}/.well-known/agent-card.json", self.port);
         TestEnv::with_config(
-            &json!({"agents": {"list": [
+            &json!({"agents": {"defaults": {"subagents": subagents}, "list": [
                 {"id": "main", "default": true, "subagents": {"allowAgents": ["remote"]}},
                 {"id": "remote", "runner": {"kind": "a2a", "cardUrl": card, "tokenEnv": TOKEN_ENV, "skill": "echo", "timeoutSeconds": 120}},
             ]}})
@@ -185,6 +190,60 @@ fn an_input_required_travels_up_to_our_client_and_its_answer_completes_the_same_
     assert!(done["outcome"].as_str().unwrap().contains("answer was: blue"), "{done}");
     two_messages_sharing(&agent, 2, "the answer went into the same task");
     c.close();
+}
+
+/// `auth-required` is an approval of the run; an allow goes into the same task as `yes`.
+#[test]
+fn an_auth_required_is_an_approval_and_its_allow_goes_into_the_task() {
+    let Some(python) = python() else { return };
+    let agent = RemoteAgent::start(&python, false);
+    let env = agent.env();
+    let mut c = serve(&env);
+    let child = spawn_remote(&mut c, "auth: sign in to the registry");
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let request = &w["requests"][0];
+    assert_eq!(request["kind"], "approval", "{w}");
+    assert!(w.to_string().contains("the remote agent asks for authorization: sign in to the registry"), "{w}");
+    let id = request["requestId"].as_str().unwrap();
+    let r = c.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow"}));
+    assert_eq!(r["status"], "ok", "{r}");
+    let done = finished(&mut c);
+    assert!(done["outcome"].as_str().unwrap().contains("answer was: yes"), "{done}");
+    assert_eq!(env.show(&child)["runs"][0]["status"], "ok");
+    two_messages_sharing(&agent, 2, "the answer went into the same task");
+    c.close();
+}
+
+/// A token budget cannot be promised for a peer that need not report usage: refused unless the
+/// operator allows it; then the usage the peer does report counts against it.
+#[test]
+fn a_token_budget_refuses_a_remote_agent_unless_allowed_and_then_counts_what_the_peer_reports() {
+    let Some(python) = python() else { return };
+    let agent = RemoteAgent::start(&python, true);
+    for allow in [false, true] {
+        let env = agent.env_with(json!({"allowUnmetered": allow}));
+        let mut c = serve(&env);
+        let r = c.call("sessions_spawn", json!({"task": "metered", "agentId": "remote", "budget": {"tokens": 1000}}));
+        if !allow {
+            assert_eq!(r["status"], "forbidden", "{r}");
+            let err = r["error"].as_str().unwrap();
+            assert!(
+                err.contains("agent \"remote\" is a remote agent (A2A), whose peer need not report its usage"),
+                "{err}"
+            );
+        } else {
+            assert_eq!(r["status"], "accepted", "{r}");
+            let done = finished(&mut c);
+            let outcome = done["outcome"].as_str().unwrap();
+            assert!(
+                outcome.contains("tokens 15 (in 12 / out 3)") && outcome.contains("budget 15/1,000 tokens"),
+                "{outcome}"
+            );
+            assert!(!outcome.contains("unmetered"), "{outcome}");
+        }
+        c.close();
+    }
 }
 
 /// `subagents cancel` sends `CancelTask`: the Python agent records the cancel of our task.
