@@ -17,7 +17,8 @@ use a2a_protocol_client::discovery::{CardFetchOptions, fetch_card_from_url_with_
 use a2a_protocol_client::streaming::EventStream;
 use a2a_protocol_client::{A2aClient, ClientBuilder, CredentialsStore};
 use a2a_protocol_types::{
-    AgentCard, Artifact, Message, MessageSendParams, SendMessageResponse, StreamResponse, Task, TaskState, TaskStatus,
+    AgentCard, Artifact, Message, MessageSendParams, SendMessageConfiguration, SendMessageResponse, StreamResponse,
+    Task, TaskState, TaskStatus,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -245,8 +246,13 @@ impl Following<'_, '_> {
         message.context_id = self.seen.context_id.clone().map(Into::into);
         message.task_id = self.seen.task_id.clone().filter(|_| self.is_interrupted()).map(Into::into);
         let metadata = self.turn.agent.skill.as_ref().map(|s| json!({ "skillId": s }));
-        let params = MessageSendParams { tenant: None, message, configuration: None, metadata };
         let streaming = self.card.capabilities.streaming == Some(true);
+        // Unary: the task comes back at once and is polled, so no call waits on the work itself
+        // (a send that outlived its call timeout would leave a task nobody follows).
+        let mut configuration = SendMessageConfiguration::default();
+        configuration.accepted_output_modes = Vec::new();
+        configuration.return_immediately = Some(!streaming);
+        let params = MessageSendParams { tenant: None, message, configuration: Some(configuration), metadata };
         let sent = match streaming {
             true => self.client.stream_message(params).await.map(|s| Source::Stream(Box::new(s))),
             false => self.client.send_message(params).await.map(|r| Source::Response(Box::new(r))),

@@ -246,11 +246,18 @@ fn a_token_budget_refuses_a_remote_agent_unless_allowed_and_then_counts_what_the
     }
 }
 
-/// `subagents cancel` sends `CancelTask`: the Python agent records the cancel of our task.
+/// `subagents cancel` sends `CancelTask`: the Python agent records the cancel of our task. Over a
+/// streaming peer, and one polled (the send returns the task at once).
 #[test]
 fn our_cancel_reaches_the_remote_agent() {
     let Some(python) = python() else { return };
-    let agent = RemoteAgent::start(&python, true);
+    for streaming in [true, false] {
+        cancel_reaches(&python, streaming);
+    }
+}
+
+fn cancel_reaches(python: &str, streaming: bool) {
+    let agent = RemoteAgent::start(python, streaming);
     let env = agent.env();
     let mut c = serve(&env);
     let child = spawn_remote(&mut c, "slow 60");
@@ -266,12 +273,12 @@ fn our_cancel_reaches_the_remote_agent() {
 
 /// Our server dies (SIGKILL), or stops gracefully (SIGTERM), while the remote task runs; the next
 /// one takes the run over and follows the task (it never sends the message again, and a graceful
-/// stop does not cancel it): the result arrives once.
+/// stop does not cancel it): the result arrives once. A peer that does not stream is polled.
 #[test]
 fn a_remote_run_survives_a_restart_of_our_server_and_its_result_arrives_once() {
     let Some(python) = python() else { return };
-    for graceful in [false, true] {
-        let agent = RemoteAgent::start(&python, true);
+    for (graceful, streaming) in [(false, true), (true, true), (false, false)] {
+        let agent = RemoteAgent::start(&python, streaming);
         let env = agent.env();
         let mut c = serve(&env);
         let child = spawn_remote(&mut c, "slow 6");
@@ -285,7 +292,7 @@ fn a_remote_run_survives_a_restart_of_our_server_and_its_result_arrives_once() {
 
         let mut again = serve(&env);
         let run = ended_run(&env, &child);
-        assert_eq!(run["status"], "ok", "graceful {graceful}: {run}");
+        assert_eq!(run["status"], "ok", "graceful {graceful}, streaming {streaming}: {run}");
         assert_eq!(assistant_texts(&env, &child), ["slow done"], "the result, once");
         assert_eq!(agent.logged("message ").len(), 1, "the message was never sent again");
         assert!(agent.logged("cancel ").is_empty(), "the remote task was not cancelled");
