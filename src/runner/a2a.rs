@@ -249,9 +249,11 @@ impl Following<'_, '_> {
         let streaming = self.card.capabilities.streaming == Some(true);
         // Unary: the task comes back at once and is polled, so no call waits on the work itself
         // (a send that outlived its call timeout would leave a task nobody follows).
-        let mut configuration = SendMessageConfiguration::default();
-        configuration.accepted_output_modes = Vec::new();
-        configuration.return_immediately = Some(!streaming);
+        let configuration = SendMessageConfiguration {
+            accepted_output_modes: Vec::new(),
+            return_immediately: Some(!streaming),
+            ..Default::default()
+        };
         let params = MessageSendParams { tenant: None, message, configuration: Some(configuration), metadata };
         let sent = match streaming {
             true => self.client.stream_message(params).await.map(|s| Source::Stream(Box::new(s))),
