@@ -495,6 +495,7 @@ impl Scheduler {
         let resuming = std::mem::take(&mut *self.resuming.lock().expect("resuming"));
         for (run, input_seq, token, steers) in resuming {
             tracing::info!(run = %run.run_id, task = run.remote_task_id.as_deref().unwrap_or_default(), "following the remote task of a run taken over");
+            crate::engine::ask::withdraw_asks_of_taken_over(self, &run.run_id);
             tokio::spawn(self.clone().execute(run, input_seq, token, steers));
         }
     }

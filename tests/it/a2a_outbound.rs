@@ -302,6 +302,42 @@ fn a_remote_run_survives_a_restart_of_our_server_and_its_result_arrives_once() {
     }
 }
 
+/// A question the remote task waits on when our server dies is asked again by the next one (the
+/// first ask withdrawn, one open request), and its answer still completes the same task.
+#[test]
+fn a_question_open_at_a_restart_is_asked_again_once_and_answered_into_the_same_task() {
+    let Some(python) = python() else { return };
+    let agent = RemoteAgent::start(&python, true);
+    let env = agent.env();
+    let mut c = serve(&env);
+    let child = spawn_remote(&mut c, "ask: still there?");
+    let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 60}));
+    assert_eq!(w["status"], "attention", "{w}");
+    let first = w["requests"][0]["requestId"].as_str().unwrap().to_string();
+    c.kill_now();
+
+    let mut again = serve(&env);
+    let w = wait_until(Duration::from_secs(60), "the question asked again", || {
+        let w = again.call("subagents", json!({"action": "wait", "timeoutSeconds": 5}));
+        let asked = w["requests"].as_array().is_some_and(|r| r.iter().any(|q| q["requestId"] != first.as_str()));
+        asked.then_some(w)
+    });
+    let requests = w["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 1, "only the new ask is open: {w}");
+    let id = requests[0]["requestId"].as_str().unwrap();
+    let r = again.call("subagents", json!({"action": "respond", "requestId": id, "decision": "allow", "text": "yes"}));
+    assert_eq!(r["status"], "ok", "{r}");
+    let run = ended_run(&env, &child);
+    assert_eq!(run["status"], "ok", "{run}");
+    assert!(
+        assistant_texts(&env, &child).iter().any(|t| t == "answer was: yes"),
+        "{:?}",
+        assistant_texts(&env, &child)
+    );
+    two_messages_sharing(&agent, 2, "the answer went into the task the first server started");
+    again.close();
+}
+
 /// What a caller is told when the remote agent cannot be used: its token variable unset, or a
 /// token the agent refuses.
 #[test]
