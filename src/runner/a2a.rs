@@ -33,7 +33,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a task is polled when the peer does not stream.
 const POLL_EVERY: Duration = Duration::from_millis(500);
-/// A broken stream is followed again this many times in a row before the run gives up.
+/// A broken stream (or poll) is followed again this many times before the run gives up (counted
+/// afresh after each answered question).
 const FOLLOW_ATTEMPTS: u32 = 5;
 
 /// One remote turn.
@@ -104,7 +105,8 @@ pub async fn execute(
         left.status = RunStatus::Interrupted;
         return left;
     }
-    if let Some(Stop::Cancelled | Stop::Timeout) = stop {
+    if stop.is_some() && !seen.state.is_some_and(TaskState::is_terminal) {
+        // Cancelled, out of time, or given up on: the peer must not go on working for nobody.
         cancel_task(&client, &seen, turn.cancel_grace).await;
     }
     outcome(turn.run_id, seen, stop, turn.timeout)
@@ -209,6 +211,7 @@ impl Following<'_, '_> {
             let next = match read {
                 Read::Ended => return None,
                 Read::Interrupted => {
+                    broken = 0;
                     // A person reading is not the run's time: the deadline moves by the wait.
                     let asked = tokio::time::Instant::now();
                     let answer = self.ask(cancel).await;
