@@ -271,6 +271,22 @@ fn cancel_reaches(python: &str, streaming: bool) {
     c.close();
 }
 
+/// The run's deadline cancels the remote task too, and the run ends `timeout`.
+#[test]
+fn the_runs_deadline_cancels_the_remote_task() {
+    let Some(python) = python() else { return };
+    let agent = RemoteAgent::start(&python, true);
+    let env = agent.env();
+    let mut c = serve(&env);
+    let r = c.call("sessions_spawn", json!({"task": "slow 60", "agentId": "remote", "runTimeoutSeconds": 2}));
+    let child = r["childSessionKey"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+    let run = ended_run(&env, &child);
+    assert_eq!((run["status"].as_str(), run["error"].as_str()), (Some("timeout"), Some("timed out after 2s")), "{run}");
+    let task = run["remoteTaskId"].as_str().unwrap();
+    assert_eq!(agent.wait_logged("cancel ", 1), [format!("cancel {task}")]);
+    c.close();
+}
+
 /// Our server dies (SIGKILL), or stops gracefully (SIGTERM), while the remote task runs; the next
 /// one takes the run over and follows the task (it never sends the message again, and a graceful
 /// stop does not cancel it): the result arrives once. A peer that does not stream is polled.
