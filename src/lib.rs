@@ -20,7 +20,7 @@
 //! | engine | [`engine`] | the runs: the scheduler (owner election, queue, waits, sweeps), one turn, the steps after it, send, spawn, deliveries, inject |
 //! | façade | [`access`] | who is calling ([`access::caller`]) and what they may see and do: loads facts from the store, asks `policy`; the tools' error type |
 //! | rooms | [`policy`] | pure decisions: visibility, agent-to-agent, send policy, sub-agent tool sets (no I/O) |
-//! | | [`runner`] | one agent turn as a supervised subprocess: `jsonl/1`, or an agent CLI through its adapter (and the bubblewrap jail); the per-run supervisor; discovery of the agent CLIs on PATH |
+//! | | [`runner`] | one agent turn as a supervised subprocess: `jsonl/1`, or an agent CLI through its adapter (and the bubblewrap jail); the per-run supervisor; discovery of the agent CLIs on PATH; a remote agent's turn as an A2A task (`runner::a2a`) |
 //! | | [`store`] | the durable store behind [`store::Store`]: the SQLite file (WAL, `synchronous=FULL`, versioned migrations) or PostgreSQL (`store::postgres`: its own migrations, one writer at a time across processes, change notifications, every node claiming runs under leases, copying a SQLite store into it); every operation written once against `store::sql::Sql`; the only module that speaks SQL |
 //! | | [`sanitize`] | what transcripts look like on the way out: redaction, cuts, fitting the answer budget |
 //! | base | [`config`] | the JSON5 config with the reference's key paths; every default in one place; the runner presets (`claude`, `codex`, `echo`) and the agents discovery adds |

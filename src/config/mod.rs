@@ -7,6 +7,7 @@
 
 mod paths;
 mod presets;
+pub mod remote;
 
 pub use presets::RunnerPreset;
 
@@ -482,6 +483,13 @@ pub struct RunnerConfig {
     pub max_concurrent: Option<u32>,
     pub context_budget_bytes: Option<u64>,
     pub sandbox: Option<RunnerSandbox>,
+    /// `kind: "a2a"`: the remote agent's card (docs/A2A-REMOTE.md). Only a configured URL is ever
+    /// called: https, or http to a loopback host.
+    pub card_url: Option<String>,
+    /// `kind: "a2a"`: the environment variable holding the bearer token sent to the remote agent.
+    pub token_env: Option<String>,
+    /// `kind: "a2a"`: the card's skill the messages ask for (one of the card's skill ids).
+    pub skill: Option<String>,
 }
 
 impl RunnerConfig {
@@ -520,6 +528,8 @@ pub enum RunnerKind {
     CodexExecJson,
     GeminiStreamJson,
     Text,
+    /// A remote agent over A2A v1.0: no local process (docs/A2A-REMOTE.md).
+    A2a,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -1107,6 +1117,7 @@ impl Config {
         }
         self.validate_sandbox()?;
         self.validate_runner_limits()?;
+        self.validate_remote_agents()?;
         self.validate_budgets()?;
         let server = &self.server;
         for (key, value) in [
@@ -1186,6 +1197,23 @@ impl Config {
                     "{path}.timeoutSeconds must be at least 1 (seconds), got 0: a run always has a deadline (idleTimeoutSeconds: 0 turns the idle limit off); leave it out for the default"
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// A remote (`kind: "a2a"`) runner names a card URL we may call, and only it uses the A2A keys.
+    fn validate_remote_agents(&self) -> Result<(), String> {
+        // Each agent as its runner applies (its own keys over the defaults'); the defaults' block
+        // alone only when an agent without a runner of its own takes it whole.
+        let defaults = &self.agents.defaults.runner;
+        let own = self.agents.list.iter().enumerate().map(|(i, a)| match &a.runner {
+            Some(r) => (format!("agents.list[{i}].runner"), r.merged(defaults)),
+            None => ("agents.defaults.runner".to_string(), defaults.clone()),
+        });
+        let implicit_main =
+            self.agents.list.is_empty().then(|| ("agents.defaults.runner".to_string(), defaults.clone()));
+        for (path, r) in own.chain(implicit_main) {
+            remote::validate(&path, &r)?;
         }
         Ok(())
     }

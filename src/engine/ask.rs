@@ -562,6 +562,28 @@ pub fn deliver_answers(rt: &Arc<Scheduler>) {
     }
 }
 
+/// Withdraws the open asks of a run taken over from a dead owner (a remote agent's run, which
+/// goes on): the turn that asked them is gone, and the new one asks again whatever its remote
+/// task still waits for.
+pub fn withdraw_asks_of_taken_over(rt: &Scheduler, run_id: &str) {
+    let asks = rt.store.asks_of_runs(&[run_id.to_string()]).unwrap_or_default();
+    for ask in asks.iter().filter(|a| a.state == AskState::Open) {
+        let answer = Answer {
+            decision: AskDecision::Deny,
+            text: Some(TAKEN_OVER),
+            by: "server",
+            via: AnsweredVia::Timeout,
+            host: None,
+        };
+        if let Err(e) = close(rt, &ask.id, AskState::Withdrawn, &answer) {
+            tracing::error!(ask = %ask.id, error = %e, "withdrawing an input request of a run taken over failed");
+        }
+    }
+}
+
+/// Why the open asks of a run taken over are closed.
+const TAKEN_OVER: &str = "the server that asked it stopped; the run was taken over and asks again if it still needs to";
+
 /// Why an ask whose run ended first (finished, cancelled, or interrupted at a restart) is closed.
 const WITHDRAWN: &str = "its run ended before an answer came";
 

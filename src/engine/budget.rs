@@ -53,6 +53,8 @@ pub enum BudgetRefusal {
     Unmetered {
         agent: String,
         dim: Dim,
+        /// What it runs that may report no usage.
+        runner: RunnerKind,
     },
     /// The requester's tree was stopped for its budget.
     Exceeded(String),
@@ -69,8 +71,12 @@ impl BudgetRefusal {
     pub fn message(&self) -> String {
         match self {
             BudgetRefusal::Short(s) => s.message(),
-            BudgetRefusal::Unmetered { agent, dim } => format!(
-                "agent \"{agent}\" runs the text runner, which reports no usage, so a {} budget cannot be kept for it; the operator can allow it with agents.defaults.subagents.allowUnmetered=true",
+            BudgetRefusal::Unmetered { agent, dim, runner } => format!(
+                "agent \"{agent}\" {}, so a {} budget cannot be kept for it; the operator can allow it with agents.defaults.subagents.allowUnmetered=true",
+                match runner {
+                    RunnerKind::A2a => "is a remote agent (A2A), whose peer need not report its usage",
+                    _ => "runs the text runner, which reports no usage",
+                },
                 dim.as_str()
             ),
             BudgetRefusal::Exceeded(text) => {
@@ -115,11 +121,11 @@ pub fn reserve(tx: &Tx, config: &Config, r: &Reservation) -> Result<Reserved, Bu
         .filter(|d| granted.limits.get(*d).is_none() && budget::drawn_from(&chain, *d).is_some())
         .collect();
     let metered_dims = [Dim::Tokens, Dim::CostUsd];
-    if r.child_runner == RunnerKind::Text
+    if matches!(r.child_runner, RunnerKind::Text | RunnerKind::A2a)
         && !sub.allow_unmetered
         && let Some(dim) = metered_dims.into_iter().find(|d| granted.limits.get(*d).is_some() || shared.contains(d))
     {
-        return Err(BudgetRefusal::Unmetered { agent: r.child_agent.to_string(), dim });
+        return Err(BudgetRefusal::Unmetered { agent: r.child_agent.to_string(), dim, runner: r.child_runner });
     }
     if !granted.limits.is_empty() {
         tx.open_budget(r.child, &granted.limits, &granted.clamped)?;

@@ -110,6 +110,9 @@ pub struct Scheduler {
     /// Claimed runs of this process whose agent's process has not started yet, since when:
     /// one that does not start within `runtime.startTimeoutSeconds` is ended.
     starting: Mutex<HashMap<String, std::time::Instant>>,
+    /// Runs of remote agents taken over from a dead owner (already `active` here), waiting for
+    /// the next claim round to start following their tasks again.
+    resuming: Mutex<Vec<TakenOver>>,
     /// This owner's lease on a shared database, and the fence that stops its agents when it
     /// cannot be renewed.
     lease: Lease,
@@ -182,6 +185,7 @@ impl Scheduler {
             asks: Mutex::new(HashMap::new()),
             told: Mutex::new(HashMap::new()),
             starting: Mutex::new(HashMap::new()),
+            resuming: Mutex::new(Vec::new()),
             lease: Lease {
                 renewed: Mutex::new(std::time::Instant::now()),
                 fenced: AtomicBool::new(false),
@@ -321,6 +325,12 @@ impl Scheduler {
                 return Vec::new();
             }
         };
+        let (resumed, orphans): (Vec<_>, Vec<_>) = orphans.into_iter().partition(|o| o.resumed.is_some());
+        for o in resumed {
+            let (token, steers) = self.register(&o.run.run_id, std::time::Instant::now());
+            let seq = o.resumed.unwrap_or_default();
+            self.resuming.lock().expect("resuming").push((o.run, seq, token, steers));
+        }
         let here: Vec<String> = orphans.iter().filter(|o| o.of_node).map(|o| o.run.run_id.clone()).collect();
         kill_leftover_groups(&self.store.supervisors(&here).unwrap_or_default());
         let runs: Vec<RunRow> = orphans.into_iter().map(|o| o.run).collect();
@@ -374,6 +384,7 @@ impl Scheduler {
                 self.stop_flagged();
                 crate::engine::steer::offer_pending(&self);
                 crate::engine::ask::deliver_answers(&self);
+                self.resume_remote_runs();
                 self.claim_all();
                 self.end_unstarted();
                 if sweeps {
@@ -460,16 +471,32 @@ impl Scheduler {
             // A claim renews the owner's lease in its transaction.
             self.lease_renewed(asked);
             for (run, input_seq) in claimed {
-                let token = CancellationToken::new();
-                self.starting.lock().expect("starting").insert(run.run_id.clone(), asked);
-                self.active.lock().expect("active").insert(run.run_id.clone(), token.clone());
-                let (tx, _) = broadcast::channel(256);
-                self.progress.lock().expect("progress").insert(run.run_id.clone(), tx);
-                let (steer_tx, steers) = mpsc::unbounded_channel();
-                self.steers.lock().expect("steers").insert(run.run_id.clone(), steer_tx);
+                let (token, steers) = self.register(&run.run_id, asked);
                 tokio::spawn(self.clone().execute(run, input_seq, token, steers));
             }
             self.wake();
+        }
+    }
+
+    /// Makes `run_id` a run of this process (started at `asked`): its cancel token and steers.
+    fn register(&self, run_id: &str, asked: std::time::Instant) -> (CancellationToken, mpsc::UnboundedReceiver<Steer>) {
+        let token = CancellationToken::new();
+        self.starting.lock().expect("starting").insert(run_id.to_string(), asked);
+        self.active.lock().expect("active").insert(run_id.to_string(), token.clone());
+        let (tx, _) = broadcast::channel(256);
+        self.progress.lock().expect("progress").insert(run_id.to_string(), tx);
+        let (steer_tx, steers) = mpsc::unbounded_channel();
+        self.steers.lock().expect("steers").insert(run_id.to_string(), steer_tx);
+        (token, steers)
+    }
+
+    /// Starts following again the remote tasks recovery took over.
+    fn resume_remote_runs(self: &Arc<Self>) {
+        let resuming = std::mem::take(&mut *self.resuming.lock().expect("resuming"));
+        for (run, input_seq, token, steers) in resuming {
+            tracing::info!(run = %run.run_id, task = run.remote_task_id.as_deref().unwrap_or_default(), "following the remote task of a run taken over");
+            crate::engine::ask::withdraw_asks_of_taken_over(self, &run.run_id);
+            tokio::spawn(self.clone().execute(run, input_seq, token, steers));
         }
     }
 
@@ -508,6 +535,9 @@ impl Scheduler {
         }
         match finished {
             Ok(outcome) => crate::engine::take_steps(&self, &run, &outcome),
+            Err(StoreError::NotRunning { status, .. }) if status == crate::engine::turn::HANDED_OVER => {
+                tracing::info!(run = %run_id, "left running at shutdown: {status}");
+            }
             Err(e) => tracing::error!(run = %run_id, error = %e, "recording a run failed"),
         }
         self.wake();
@@ -803,6 +833,10 @@ impl Scheduler {
         }
     }
 }
+
+/// A run of a remote agent recovery took over: the run, its input's seq, its cancel token and
+/// its steers, as a claim would have made them.
+type TakenOver = (RunRow, i64, CancellationToken, mpsc::UnboundedReceiver<Steer>);
 
 /// Once load is over — the first tick with no more store operations than the scheduler's own
 /// background (about 20 a second), after more than that since the last time — the store's page

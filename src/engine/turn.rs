@@ -195,6 +195,10 @@ pub async fn run_turn(
     if let Some(ms) = run.timeout_ms.filter(|ms| *ms > 0) {
         spec.timeout = spec.timeout.min(std::time::Duration::from_millis(ms as u64));
     }
+    if let Some(remote) = spec.remote.clone() {
+        let ends = RemoteEnds { cancel, on_delta, steers, asks };
+        return remote_turn(rt, run, &session, &spec, &remote, ends).await;
+    }
     let sandboxed = session.sandboxed || configured_sandbox(config, &run.session_key);
     let workspace = spec.workdir.clone();
     if sandboxed {
@@ -305,6 +309,86 @@ pub async fn run_turn(
         return Err(StoreError::NotRunning { run_id: run.run_id.clone(), status: "interrupted".into() });
     }
     let outcome = rt.runner.execute(&spec, &launch, &input, cancel, &hooks, Some(steers)).await;
+    record(rt, run, outcome, &meter, totals_before.as_ref()).await
+}
+
+/// What a remote turn is driven by and reports to.
+struct RemoteEnds<'a> {
+    cancel: CancellationToken,
+    on_delta: &'a (dyn Fn(&str) + Send + Sync),
+    steers: tokio::sync::mpsc::UnboundedReceiver<crate::runner::Steer>,
+    asks: tokio::sync::mpsc::UnboundedSender<crate::runner::InputRequest>,
+}
+
+/// A run that was left running when this server stopped: its remote task goes on, and the next
+/// owner follows it ([`crate::store::Orphan::resumed`]).
+pub const HANDED_OVER: &str = "handed over: its remote task goes on and the next owner follows it";
+
+/// One turn of a remote agent (`runner.kind: "a2a"`): an A2A task instead of a process. The
+/// task's id is stored as soon as it is known; a run that has one (recovery took it over) only
+/// follows it.
+async fn remote_turn(
+    rt: &Arc<Scheduler>,
+    run: &RunRow,
+    session: &SessionRow,
+    spec: &RunnerSpec,
+    remote: &crate::config::remote::RemoteAgent,
+    ends: RemoteEnds<'_>,
+) -> Result<TurnResult, StoreError> {
+    let meter = match RunMeter::open(rt, &run.run_id, session, None)? {
+        Ok(meter) => meter,
+        Err(exhausted) => {
+            rt.store.finish_run(
+                &run.run_id,
+                rt.owner_id.as_str(),
+                &Finished::without_output(RunStatus::BudgetExceeded, exhausted.clone()),
+            )?;
+            return Ok(TurnResult { status: RunStatus::BudgetExceeded, reply: None, silent: false });
+        }
+    };
+    // No process to wait for: the turn has started once it calls the peer.
+    rt.agent_started(&run.run_id);
+    let on_task = |task: &str| {
+        if let Err(e) = rt.store.set_remote_task(&run.run_id, task) {
+            tracing::error!(run = %run.run_id, task, error = %e, "cannot record the remote task: a restart would interrupt this run");
+        }
+    };
+    let on_usage = |usage: &Value| meter.on_usage(usage);
+    let on_waiting = |waiting: bool| meter.on_waiting(waiting);
+    let hooks = Hooks {
+        on_spawn: &|_| {},
+        on_delta: ends.on_delta,
+        on_input: Some(&ends.asks),
+        on_usage: Some(&on_usage),
+        on_waiting: Some(&on_waiting),
+    };
+    let turn = crate::runner::a2a::RemoteTurn {
+        agent: remote,
+        run_id: &run.run_id,
+        text: crate::runner::protocol::content_text(run.input.get("content").unwrap_or(&Value::Null)),
+        context_id: session.external_session_id.clone(),
+        started_task: run.remote_task_id.clone(),
+        timeout: spec.timeout,
+        cancel_grace: spec.cancel_grace,
+        hand_over: &|| rt.shutting_down(),
+    };
+    let outcome = crate::runner::a2a::execute(turn, ends.cancel, &hooks, &on_task, Some(ends.steers)).await;
+    if outcome.status == RunStatus::Interrupted {
+        return Err(StoreError::NotRunning { run_id: run.run_id.clone(), status: HANDED_OVER.into() });
+    }
+    record(rt, run, outcome, &meter, None).await
+}
+
+/// Commits a turn's outcome: its status under the budget's and the runtime's say, its messages
+/// and usage.
+async fn record(
+    rt: &Arc<Scheduler>,
+    run: &RunRow,
+    outcome: crate::runner::Outcome,
+    meter: &RunMeter,
+    totals_before: Option<&Value>,
+) -> Result<TurnResult, StoreError> {
+    let store = &rt.store;
     crate::engine::steer::settled_for(rt, &run.run_id).await;
     let (status, error) = match outcome.status {
         RunStatus::Cancelled if rt.shutting_down() => (RunStatus::Interrupted, outcome.error),
@@ -315,7 +399,7 @@ pub async fn run_turn(
     let cli_usage_total = usage
         .as_mut()
         .filter(|u| u.get("cumulative") == Some(&Value::Bool(true)))
-        .map(|total| turn_usage(total, totals_before.as_ref()));
+        .map(|total| turn_usage(total, totals_before));
     let silent = outcome.reply.as_deref().is_some_and(is_skip);
     let mut messages = outcome.messages;
     for m in &mut messages {

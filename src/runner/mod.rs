@@ -6,8 +6,10 @@
 //! the engine and writes its answers back (`asking`), handles cancellation (cancel line or
 //! signal, grace, then the supervisor's group kill) and returns an [`Outcome`]: the status, the
 //! reply, the messages to persist, usage and errors.
-//! It never touches the store: the runtime persists the outcome.
+//! It never touches the store: the runtime persists the outcome. A remote agent's turn
+//! (`kind: "a2a"`) is no process but an A2A task, with the same hooks and [`Outcome`] ([`a2a`]).
 
+pub mod a2a;
 pub mod adapters;
 mod asking;
 pub mod discover;

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::template::{CliTemplate, Thinking};
+use crate::config::remote::RemoteAgent;
 use crate::config::{
     Config, ContextMode, HomeMode, PromptInput, RunnerConfig, RunnerKind, RunnerPreset, SandboxNetwork, SessionMode,
     SystemPromptWhen, WorkspaceAccess, defaults,
@@ -43,6 +44,8 @@ pub struct RunnerSpec {
     /// The built-in echo agent runs: it answers `ECHO: <input>` and does no work, which every
     /// answer that shows its replies says.
     pub echo: bool,
+    /// `kind: "a2a"`: the remote agent its turns are A2A tasks of (no local process).
+    pub remote: Option<RemoteAgent>,
 }
 
 /// The runner settings of `agent` as they apply: its own `runner` over `agents.defaults.runner`
@@ -142,6 +145,11 @@ pub fn agent_runner(config: &Config, agent: &AgentId, check: LoginCheck) -> Agen
         None => "command",
     }
     .to_string();
+    if r.kind == Some(RunnerKind::A2a) {
+        // A remote agent: whether it answers is learnt by calling it, which listing agents never does.
+        let note = r.card_url.as_ref().map(|url| format!("a remote agent over A2A, at {url}"));
+        return AgentRunner { runner: "a2a".into(), available: true, version, note, login: None };
+    }
     if runs_echo(&r) {
         let note =
             "the built-in echo agent: it answers \"ECHO: <input>\" and does no work (no real agent is configured)";
@@ -192,7 +200,7 @@ pub fn missing_adapter_flags(spec: &RunnerSpec) -> Option<String> {
             let stream_json = has_value("--output-format", "stream-json") || has_value("-o", "stream-json");
             (!stream_json).then_some("--output-format stream-json").into_iter().collect()
         }
-        RunnerKind::Jsonl | RunnerKind::Text => Vec::new(),
+        RunnerKind::Jsonl | RunnerKind::Text | RunnerKind::A2a => Vec::new(),
     };
     (!missing.is_empty()).then(|| {
         let kind = serde_json::to_value(spec.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
@@ -212,7 +220,9 @@ pub fn missing_adapter_flags(spec: &RunnerSpec) -> Option<String> {
 pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &Path) -> Result<RunnerSpec, String> {
     let r = effective_runner(config, agent);
     let echo = runs_echo(&r);
+    let remote = RemoteAgent::of("runner", &r).map_err(|e| format!("agent \"{agent}\": {e}"))?;
     let (command, args) = match &r.command {
+        _ if remote.is_some() => (String::new(), Vec::new()),
         Some(c) => (c.clone(), r.args.clone().unwrap_or_default()),
         None if echo => (exe.display().to_string(), vec!["agent".to_string()]),
         None => {
@@ -222,7 +232,7 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         }
     };
     let kind = r.kind.unwrap_or(RunnerKind::Jsonl);
-    let cli = (kind != RunnerKind::Jsonl)
+    let cli = (!matches!(kind, RunnerKind::Jsonl | RunnerKind::A2a))
         .then(|| cli_template(&r))
         .transpose()
         .map_err(|e| format!("agent \"{agent}\": {e}"))?;
@@ -254,6 +264,7 @@ pub fn resolve_runner(config: &Config, agent: &AgentId, state_dir: &Path, exe: &
         network_host: r.sandbox.as_ref().and_then(|s| s.network) == Some(SandboxNetwork::Host),
         workspace_rw: r.sandbox.as_ref().and_then(|s| s.workspace) == Some(WorkspaceAccess::Rw),
         echo,
+        remote,
     })
 }
 

@@ -730,7 +730,8 @@ mod tests {
              DELETE FROM schema_version WHERE version >= 11;
              DROP TABLE access_tokens; ALTER TABLE budget_live DROP COLUMN waiting_since;
              ALTER TABLE asks DROP COLUMN routes;
-             ALTER TABLE asks DROP COLUMN answered_host;",
+             ALTER TABLE asks DROP COLUMN answered_host;
+             ALTER TABLE runs DROP COLUMN remote_task_id;",
         )
         .unwrap();
         let kind: String = conn.query_row("SELECT typeof(tokens_total) FROM sessions", [], |r| r.get(0)).unwrap();

@@ -182,6 +182,8 @@ pub struct RunRow {
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub ended_at: Option<i64>,
+    /// The A2A task a run of a remote agent started (docs/A2A-REMOTE.md).
+    pub remote_task_id: Option<String>,
 }
 
 impl RunRow {
@@ -215,17 +217,18 @@ impl RunRow {
             created_at: 0,
             started_at: None,
             ended_at: None,
+            remote_task_id: None,
         }
     }
 }
 
 pub(super) const RUN_COLUMNS: &str = "r.run_id, r.session, s.key, s.agent_id, r.mode, r.status, r.input, r.provenance, \
     r.requester_key, r.chain_id, r.hop, r.announce_kind, r.model, r.thinking, r.timeout_ms, r.reply, r.error, \
-    r.extra, r.created_at, r.started_at, r.ended_at";
+    r.extra, r.created_at, r.started_at, r.ended_at, r.remote_task_id";
 
 /// How many columns [`RUN_COLUMNS`] has: a row that holds several runs side by side holds the
 /// next one this many columns on.
-pub(super) const RUN_WIDTH: usize = 21;
+pub(super) const RUN_WIDTH: usize = 22;
 
 /// [`RUN_COLUMNS`] with the run's table as `run` and its session's as `session` (a read that
 /// joins several runs).
@@ -279,6 +282,7 @@ pub(super) fn run_at(r: &Row, at: usize) -> Result<RunRow> {
         created_at: r.get(at + 18)?,
         started_at: r.get(at + 19)?,
         ended_at: r.get(at + 20)?,
+        remote_task_id: r.get(at + 21)?,
     })
 }
 
@@ -388,6 +392,9 @@ fn interrupted_why(of_node: bool, dead: Option<&str>) -> String {
 pub struct Orphan {
     pub run: RunRow,
     pub of_node: bool,
+    /// A run of a remote agent whose task was started: not interrupted but taken over by the
+    /// caller, still running, to follow its task from this input seq on.
+    pub resumed: Option<i64>,
 }
 
 /// Marks `run` running for `owner` and appends its input to its transcript: the claimed row and
@@ -761,20 +768,26 @@ impl Store {
                 false => String::new(),
             };
             let sql = format!(
-                "SELECT {RUN_COLUMNS}, r.owner FROM runs r JOIN sessions s ON s.id = r.session
+                "SELECT {RUN_COLUMNS}, r.owner, r.input_seq FROM runs r JOIN sessions s ON s.id = r.session
                  WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1) {others_expired}"
             );
             let args = match shared {
                 true => args![owner.as_str(), owner.node()],
                 false => args![owner.as_str()],
             };
-            let found: Vec<(RunRow, Option<String>)> =
-                tx.query_map(&sql, args, |r| Ok((run_from_row(r)?, r.get(RUN_WIDTH)?)))?;
+            let found: Vec<(RunRow, Option<String>, Option<i64>)> =
+                tx.query_map(&sql, args, |r| Ok((run_from_row(r)?, r.get(RUN_WIDTH)?, r.get(RUN_WIDTH + 1)?)))?;
             let now = now_ms();
             let mut runs = Vec::with_capacity(found.len());
-            for (mut r, dead) in found {
-                super::budgets::settle_run(tx, &r.run_id, None, now)?;
+            for (mut r, dead, input_seq) in found {
                 let of_node = dead.as_deref().and_then(|d| d.split(':').next()) == Some(owner.node());
+                if let (Some(_), Some(seq)) = (&r.remote_task_id, input_seq) {
+                    // Its work goes on at the peer: the new owner follows the task.
+                    tx.execute("UPDATE runs SET owner = ?2 WHERE run_id = ?1", args![r.run_id, owner.as_str()])?;
+                    runs.push(Orphan { run: r, of_node, resumed: Some(seq) });
+                    continue;
+                }
+                super::budgets::settle_run(tx, &r.run_id, None, now)?;
                 let error = interrupted_why(of_node, dead.as_deref());
                 tx.execute(
                     "UPDATE runs SET status = 'interrupted', ended_at = ?2, error = ?3
@@ -783,7 +796,7 @@ impl Store {
                 )?;
                 tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1", args![r.run_id, now])?;
                 (r.status, r.ended_at, r.error) = (RunStatus::Interrupted, Some(now), Some(error));
-                runs.push(Orphan { run: r, of_node });
+                runs.push(Orphan { run: r, of_node, resumed: None });
             }
             if shared {
                 // The leases of owners gone, whose runs have just ended if they had any left.
@@ -801,6 +814,17 @@ impl Store {
             tx.execute(
                 "UPDATE runs SET supervisor_pid = ?2, supervisor_pgid = ?2, supervisor_start = ?3 WHERE run_id = ?1",
                 args![run_id, pid, start_time],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Records the A2A task a run of a remote agent started, so that a restart follows it.
+    pub fn set_remote_task(&self, run_id: &str, task_id: &str) -> Result<()> {
+        self.write_sql(|tx| -> Result<()> {
+            tx.execute(
+                "UPDATE runs SET remote_task_id = ?2 WHERE run_id = ?1 AND status = 'running'",
+                args![run_id, task_id],
             )?;
             Ok(())
         })

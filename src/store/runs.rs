@@ -10,7 +10,7 @@ impl Store {
     pub fn recent_runs(&self, session: i64, limit: usize) -> Result<Vec<Value>> {
         self.read(|c| {
             let runs_sql = format!(
-                "SELECT run_id, mode, status, started_at, ended_at, error FROM runs
+                "SELECT run_id, mode, status, started_at, ended_at, error, remote_task_id FROM runs
                  WHERE session = ?1 ORDER BY created_at DESC, {} DESC LIMIT ?2",
                 c.dialect().runs_order()
             );
@@ -22,6 +22,9 @@ impl Store {
                                          "endedAt": r.get::<Option<i64>>(4)?});
                 if let Some(e) = r.get::<Option<String>>(5)? {
                     run["error"] = e.into();
+                }
+                if let Some(task) = r.get::<Option<String>>(6)? {
+                    run["remoteTaskId"] = task.into();
                 }
                 Ok(run)
             })?;

@@ -1,7 +1,7 @@
 //! Embedded, versioned migrations. Migration `i` (0-based) brings the store to version `i + 1`.
 //! Never edit a migration that has shipped; add a new one.
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13, V14, V15];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13, V14, V15, V16];
 
 /// Version 1: sessions, messages, and the shape of runs, deliveries, tokens, idempotency and
 /// attachments that the runner, send and spawn flows use.
@@ -515,4 +515,10 @@ DROP TABLE deliveries;
 ALTER TABLE deliveries_v15 RENAME TO deliveries;
 CREATE INDEX deliveries_run ON deliveries (run_id);
 CREATE INDEX deliveries_status_next ON deliveries (status, next_attempt_at);
+"#;
+
+/// Version 16: the remote task a run of a remote agent (`runner.kind: "a2a"`) started, so that a
+/// restart follows that task instead of interrupting the run or sending its message again.
+const V16: &str = r#"
+ALTER TABLE runs ADD COLUMN remote_task_id TEXT;
 "#;

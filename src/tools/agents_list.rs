@@ -35,7 +35,8 @@ pub struct AgentInfo {
     pub configured: bool,
     /// Found on PATH when the server started (no agents.list entry of its own).
     pub discovered: bool,
-    /// What it runs: a preset (claude, codex, gemini, echo) or `command` (a runner block of its own).
+    /// What it runs: a preset (claude, codex, gemini, echo), `command` (a runner block of its own), or
+    /// `a2a` (a remote agent over A2A).
     pub runner: String,
     /// Whether it can start now: its program is installed, and its CLI does not say it is logged out.
     pub available: bool,

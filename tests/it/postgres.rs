@@ -240,7 +240,7 @@ fn migrate_copies_every_row_keeps_ids_and_leaves_the_sqlite_store_as_it_was() {
     let token: String = query(&url, "SELECT session_key FROM tokens")[0].get(0);
     assert_eq!(token, "agent:main:subagent:child");
     let version: i64 = query(&url, "SELECT max(version) FROM schema_version")[0].get(0);
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     let marker: String = query(&url, "SELECT product FROM sessions_mcp")[0].get(0);
     assert_eq!(marker, "sessions-mcp");
 
@@ -334,7 +334,7 @@ fn a_newer_schema_is_refused_in_migrate_and_doctor() {
     assert_eq!(
         line,
         format!(
-            "sessions-mcp: {} has schema version 99, newer than this sessions-mcp writes (9); upgrade sessions-mcp",
+            "sessions-mcp: {} has schema version 99, newer than this sessions-mcp writes (10); upgrade sessions-mcp",
             db.shown()
         )
     );
@@ -385,7 +385,7 @@ fn doctor_reports_the_connection_the_schema_and_the_clock() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains(&format!("store url: {} (PostgreSQL ", db.shown())), "{stdout}");
-    assert!(stdout.contains("store schema: version 9, ours"), "{stdout}");
+    assert!(stdout.contains("store schema: version 10, ours"), "{stdout}");
     assert!(
         stdout.lines().any(|l| l.starts_with("store clock: ") && l.ends_with(" ms from this machine's")),
         "{stdout}"
@@ -533,7 +533,7 @@ fn migrate_and_doctor_go_over_tls_checked_as_the_url_says() {
     let line = stdout.lines().find(|l| l.starts_with("store tls: ")).expect(&stdout);
     assert!(line.starts_with("store tls: TLSv1."), "{line}");
     assert!(line.ends_with(", the server's certificate and host name checked (sslmode verify-full)"), "{line}");
-    assert!(stdout.contains("store schema: version 9, ours"), "{stdout}");
+    assert!(stdout.contains("store schema: version 10, ours"), "{stdout}");
 
     // The same server by its address: its certificate does not name it, and nothing is copied.
     let by_address = format!("{}?{ca}", db.url());

@@ -30,7 +30,8 @@ pub trait Decoder: Send {
 /// The decoder for a runner kind.
 pub fn decoder(kind: RunnerKind) -> Box<dyn Decoder> {
     match kind {
-        RunnerKind::Jsonl => Box::new(Jsonl),
+        // A remote (`a2a`) agent has no stdout; its transcript is built by `runner::a2a`.
+        RunnerKind::Jsonl | RunnerKind::A2a => Box::new(Jsonl),
         RunnerKind::ClaudeStreamJson => Box::<claude::Claude>::default(),
         RunnerKind::CodexExecJson => Box::<codex::Codex>::default(),
         RunnerKind::GeminiStreamJson => Box::<gemini::Gemini>::default(),

@@ -618,13 +618,15 @@ mod tests {
         with_test_database(async |target| {
             let pool = open(&target).await.unwrap();
             let client = target.client(&pool).await.unwrap();
-            // Back to version 3 (versions 4 and 5 changed rows; 6, 7 and 8 are undone here, to be
-            // applied again), with the rows a bridge and a spawn left there.
+            // Back to version 3 (versions 4 and 5 changed rows; 6, 7, 8 and 10 are undone here, to
+            // be applied again; 9 applies again as it is), with the rows a bridge and a spawn left
+            // there.
             let rows = crate::store::tests::V10_IDEMPOTENCY_ROWS.replace("{now}", &crate::store::now_ms().to_string());
             let undo_6 = "DROP TABLE access_tokens; ALTER TABLE budget_live DROP COLUMN waiting_since;
                           ALTER TABLE asks DROP COLUMN routes, DROP COLUMN answered_host;
                           DROP TABLE node_leases; DROP INDEX runs_running_owner;
-                          CREATE INDEX runs_running_lease ON runs (lease_until) WHERE status = 'running';";
+                          CREATE INDEX runs_running_lease ON runs (lease_until) WHERE status = 'running';
+                          ALTER TABLE runs DROP COLUMN remote_task_id;";
             client
                 .batch_execute(&format!("DELETE FROM schema_version WHERE version > 3; {undo_6} {rows}"))
                 .await

@@ -15,14 +15,14 @@
 
 /// The SQLite schema version whose semantics these migrations reproduce. A test fails when the
 /// SQLite store moves on without a PostgreSQL migration that follows it.
-pub const MIRRORS_SQLITE_VERSION: i64 = 15;
+pub const MIRRORS_SQLITE_VERSION: i64 = 16;
 
 /// The marker table: its one row says that sessions-mcp created this database's schema.
 pub const MARKER_TABLE: &str = "sessions_mcp";
 /// The version table, one row per applied migration.
 pub const VERSION_TABLE: &str = "schema_version";
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
 
 /// The tables a copy fills, parents before the tables that reference them (every foreign key
 /// points at `sessions`). The version and marker tables are not data.
@@ -456,4 +456,9 @@ const V9: &str = r#"
 ALTER TABLE deliveries DROP CONSTRAINT deliveries_kind_check;
 ALTER TABLE deliveries ADD CONSTRAINT deliveries_kind_check
     CHECK (kind IN ('inbox', 'reply', 'announce', 'completion', 'ask'));
+"#;
+
+/// Version 10: the SQLite store's version 16 — the remote task a run of a remote agent started.
+const V10: &str = r#"
+ALTER TABLE runs ADD COLUMN remote_task_id TEXT;
 "#;

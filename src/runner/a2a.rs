@@ -1,0 +1,649 @@
+//! One turn of a remote agent (`runner.kind: "a2a"`, docs/A2A-REMOTE.md) as an A2A v1.0 task:
+//! the card is read from its configured URL, the turn's input is sent as a message in the
+//! session's remote context (streamed where the card says so, else sent and the task followed
+//! by `GetTask` polling), `input-required` / `auth-required` become the turn's input requests
+//! (answered by a message into the same task), our cancel and deadline send `CancelTask`, and
+//! the task's artifacts, final message and terminal state make the [`Outcome`].
+//!
+//! A run that already started its task (a restart of the server) only follows it again
+//! (`SubscribeToTask`, else `GetTask`): a message that may have started a task is never sent
+//! twice. Calls go only to the card's own origin, over TLS unless loopback (checked when the
+//! config loads), each with a bounded timeout.
+
+use std::time::Duration;
+
+use a2a_protocol_client::auth::{AuthInterceptor, InMemoryCredentialsStore, SessionId};
+use a2a_protocol_client::discovery::{CardFetchOptions, fetch_card_from_url_with_options};
+use a2a_protocol_client::streaming::EventStream;
+use a2a_protocol_client::{A2aClient, ClientBuilder, CredentialsStore};
+use a2a_protocol_types::{
+    AgentCard, Artifact, Message, MessageSendParams, SendMessageConfiguration, SendMessageResponse, StreamResponse,
+    Task, TaskState, TaskStatus,
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::{Decision, Hooks, InputAnswer, InputKind, InputRequest, Outcome, RunStatus, Steer};
+use crate::config::remote::RemoteAgent;
+use crate::store::NewMessage;
+
+/// Connecting to the peer, and reading the card: past this the peer is unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// One unary call (card, send, get, cancel).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a task is polled when the peer does not stream.
+const POLL_EVERY: Duration = Duration::from_millis(500);
+/// A broken stream (or poll) is followed again this many times before the run gives up (counted
+/// afresh after each answered question).
+const FOLLOW_ATTEMPTS: u32 = 5;
+
+/// One remote turn.
+pub struct RemoteTurn<'a> {
+    pub agent: &'a RemoteAgent,
+    pub run_id: &'a str,
+    /// The turn's new message.
+    pub text: String,
+    /// The remote context of the session, from its earlier turns.
+    pub context_id: Option<String>,
+    /// The task this run already started (after a restart): followed, never sent again.
+    pub started_task: Option<String>,
+    pub timeout: Duration,
+    pub cancel_grace: Duration,
+    /// Whether a cancel is this server stopping: a started task is then left running for the
+    /// next owner to follow (the outcome is `Interrupted`), not cancelled.
+    pub hand_over: &'a (dyn Fn() -> bool + Send + Sync),
+}
+
+/// Why a remote turn stopped before its task ended.
+enum Stop {
+    Cancelled,
+    Timeout,
+    Failed(String),
+}
+
+/// What the task has said so far.
+#[derive(Default)]
+struct Seen {
+    task_id: Option<String>,
+    context_id: Option<String>,
+    state: Option<TaskState>,
+    /// The last status message's text (the question of an interrupted task, the final word).
+    status_text: Option<String>,
+    /// The artifacts in arrival order, by id (an update appends to or replaces its artifact).
+    artifacts: Vec<(String, String)>,
+    /// A reply the peer gave as a message, with no task.
+    direct_reply: Option<String>,
+    usage: Option<Value>,
+    reported: crate::policy::usage::UsageSoFar,
+}
+
+/// Executes one remote turn; `on_task` is told the remote task id once it is known (the runtime
+/// stores it, so a restart follows the task instead of losing it).
+pub async fn execute(
+    turn: RemoteTurn<'_>,
+    cancel: CancellationToken,
+    hooks: &Hooks<'_>,
+    on_task: &(dyn Fn(&str) + Send + Sync),
+    steers: Option<tokio::sync::mpsc::UnboundedReceiver<Steer>>,
+) -> Outcome {
+    if let Some(mut rx) = steers {
+        // A2A has no way into a working turn but the task's own input requests.
+        super::stdin::refuse(&mut rx);
+    }
+    let deadline = tokio::time::Instant::now() + turn.timeout;
+    let (client, card) = match connect(turn.agent).await {
+        Ok(c) => c,
+        Err(e) => return Outcome::failed(e),
+    };
+    let mut seen =
+        Seen { task_id: turn.started_task.clone(), context_id: turn.context_id.clone(), ..Default::default() };
+    let mut following =
+        Following { turn: &turn, client: &client, card: &card, hooks, on_task, seen: &mut seen, deadline };
+    let stop = following.run(&cancel).await;
+    if matches!(stop, Some(Stop::Cancelled)) && seen.task_id.is_some() && (turn.hand_over)() {
+        let mut left = outcome(turn.run_id, seen, stop, turn.timeout);
+        left.status = RunStatus::Interrupted;
+        return left;
+    }
+    if stop.is_some() && !seen.state.is_some_and(TaskState::is_terminal) {
+        // Cancelled, out of time, or given up on: the peer must not go on working for nobody.
+        cancel_task(&client, &seen, turn.cancel_grace).await;
+    }
+    outcome(turn.run_id, seen, stop, turn.timeout)
+}
+
+/// Reads the card and builds a client for it with the bearer token, bound to the card's origin.
+async fn connect(agent: &RemoteAgent) -> Result<(A2aClient, AgentCard), String> {
+    let token = match agent.token_env.as_deref() {
+        Some(name) => match std::env::var(name) {
+            Ok(t) if !t.is_empty() => Some(t),
+            _ => {
+                return Err(format!(
+                    "the remote agent's token variable {name} (runner.tokenEnv) is not set on the server"
+                ));
+            }
+        },
+        None => None,
+    };
+    let mut options = CardFetchOptions::default().with_timeout(CALL_TIMEOUT);
+    if let Some(t) = &token {
+        options = options.with_header("authorization", format!("Bearer {t}"));
+    }
+    let url = agent.card_url.as_str();
+    let mut card = fetch_card_from_url_with_options(url, &options)
+        .await
+        .map_err(|e| format!("cannot read the remote agent's card at {url}: {e}"))?;
+    own_origin_only(&mut card, &agent.card_url)?;
+    if let Some(skill) = agent.skill.as_deref().filter(|s| !card.skills.iter().any(|k| k.id == *s)) {
+        let offered: Vec<&str> = card.skills.iter().map(|k| k.id.as_str()).collect();
+        return Err(format!(
+            "the remote agent at {url} has no skill {skill:?} (runner.skill); its card offers: {}",
+            offered.join(", ")
+        ));
+    }
+    let mut builder = ClientBuilder::from_card(&card)
+        .map_err(|e| format!("the remote agent's card at {url} names no endpoint this server can call: {e}"))?
+        .with_connection_timeout(CONNECT_TIMEOUT)
+        .with_timeout(CALL_TIMEOUT)
+        .with_stream_connect_timeout(CONNECT_TIMEOUT)
+        .require_https_credentials();
+    if let Some(t) = token {
+        let store = std::sync::Arc::new(InMemoryCredentialsStore::new());
+        let session = SessionId::new("runner");
+        store.set(session.clone(), "bearer", t);
+        builder = builder.with_interceptor(AuthInterceptor::new(store, session));
+    }
+    let client = builder.build().map_err(|e| format!("cannot call the remote agent at {url}: {e}"))?;
+    Ok((client, card))
+}
+
+/// Keeps only the card's endpoints on the card URL's own origin: a card must not send our
+/// messages and token to a host nobody configured.
+fn own_origin_only(card: &mut AgentCard, card_url: &url::Url) -> Result<(), String> {
+    let origin = card_url.origin();
+    let same = |u: &str| url::Url::parse(u).is_ok_and(|u| u.origin() == origin);
+    card.supported_interfaces.retain(|i| same(&i.url));
+    if card.supported_interfaces.is_empty() {
+        return Err(format!(
+            "the remote agent's card at {card_url} names no endpoint on {} (only the configured card's origin is called)",
+            origin.ascii_serialization()
+        ));
+    }
+    Ok(())
+}
+
+/// Following one task to its end.
+struct Following<'a, 'h> {
+    turn: &'a RemoteTurn<'a>,
+    client: &'a A2aClient,
+    card: &'a AgentCard,
+    hooks: &'a Hooks<'h>,
+    on_task: &'a (dyn Fn(&str) + Send + Sync),
+    seen: &'a mut Seen,
+    deadline: tokio::time::Instant,
+}
+
+/// Where the next events of the task come from.
+enum Source {
+    Stream(Box<EventStream>),
+    /// The peer answered a unary send: what it returned, then (if unfinished) a follow.
+    Response(Box<SendMessageResponse>),
+}
+
+impl Following<'_, '_> {
+    /// Sends (or, after a restart, follows) and reads until the task ends; `None` when it did.
+    async fn run(&mut self, cancel: &CancellationToken) -> Option<Stop> {
+        let first = match self.seen.task_id.clone() {
+            Some(task) => self.follow(&task).await,
+            None => self.send(self.turn.text.clone()).await,
+        };
+        let mut source = match first {
+            Ok(s) => s,
+            Err(e) => return Some(Stop::Failed(e)),
+        };
+        let mut broken = 0;
+        loop {
+            let read = tokio::select! {
+                _ = cancel.cancelled() => return Some(Stop::Cancelled),
+                _ = tokio::time::sleep_until(self.deadline) => return Some(Stop::Timeout),
+                read = self.read(source) => read,
+            };
+            let next = match read {
+                Read::Ended => return None,
+                Read::Interrupted => {
+                    broken = 0;
+                    // A person reading is not the run's time: the deadline moves by the wait.
+                    let asked = tokio::time::Instant::now();
+                    let answer = self.ask(cancel).await;
+                    self.deadline += asked.elapsed();
+                    match answer {
+                        Ok(answer) => self.send(answer).await,
+                        Err(stop) => return Some(stop),
+                    }
+                }
+                Read::Broken(why) => {
+                    broken += 1;
+                    let Some(task) = self.seen.task_id.clone().filter(|_| broken <= FOLLOW_ATTEMPTS) else {
+                        return Some(Stop::Failed(why));
+                    };
+                    tracing::warn!(
+                        run = self.turn.run_id,
+                        task,
+                        "the remote task's stream broke ({why}); following it again"
+                    );
+                    tokio::time::sleep(POLL_EVERY * broken).await;
+                    self.follow(&task).await
+                }
+            };
+            source = match next {
+                Ok(s) => s,
+                Err(e) => return Some(Stop::Failed(e)),
+            };
+        }
+    }
+
+    /// Sends `text` into the session's context (and into the task, when one waits for input).
+    /// Never retried by us: the client retries only what cannot have started a task.
+    async fn send(&mut self, text: String) -> Result<Source, String> {
+        let mut message = Message::user_text(uuid::Uuid::new_v4().to_string(), text);
+        message.context_id = self.seen.context_id.clone().map(Into::into);
+        message.task_id = self.seen.task_id.clone().filter(|_| self.is_interrupted()).map(Into::into);
+        let metadata = self.turn.agent.skill.as_ref().map(|s| json!({ "skillId": s }));
+        let streaming = self.card.capabilities.streaming == Some(true);
+        // Unary: the task comes back at once and is polled, so no call waits on the work itself
+        // (a send that outlived its call timeout would leave a task nobody follows).
+        let configuration = SendMessageConfiguration {
+            accepted_output_modes: Vec::new(),
+            return_immediately: Some(!streaming),
+            ..Default::default()
+        };
+        let params = MessageSendParams { tenant: None, message, configuration: Some(configuration), metadata };
+        let sent = match streaming {
+            true => self.client.stream_message(params).await.map(|s| Source::Stream(Box::new(s))),
+            false => self.client.send_message(params).await.map(|r| Source::Response(Box::new(r))),
+        };
+        sent.map_err(|e| format!("the remote agent did not take the message: {e}"))
+    }
+
+    /// Follows the task this run started: subscribed when the peer streams, else polled.
+    async fn follow(&self, task: &str) -> Result<Source, String> {
+        let streaming = self.card.capabilities.streaming == Some(true);
+        if streaming && let Ok(stream) = self.client.subscribe_to_task(task).await {
+            return Ok(Source::Stream(Box::new(stream)));
+        }
+        // One GetTask stands for a poll: the loop reads it and follows on while it is not done.
+        let task = self
+            .client
+            .get_task(a2a_protocol_types::TaskQueryParams::new(task))
+            .await
+            .map_err(|e| format!("cannot read the remote task {task}: {e}"))?;
+        Ok(Source::Response(Box::new(SendMessageResponse::Task(task))))
+    }
+
+    fn is_interrupted(&self) -> bool {
+        self.seen.state.is_some_and(TaskState::is_interrupted)
+    }
+
+    /// Reads `source` until the task ends, waits for input, or the source breaks.
+    async fn read(&mut self, source: Source) -> Read {
+        match source {
+            Source::Stream(mut stream) => {
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(event) => self.take(event),
+                        Err(e) => return Read::Broken(e.to_string()),
+                    }
+                    if let Some(read) = self.settled() {
+                        return read;
+                    }
+                }
+                self.settled().unwrap_or_else(|| Read::Broken("the stream ended before the task did".into()))
+            }
+            Source::Response(response) => {
+                match *response {
+                    SendMessageResponse::Message(m) => self.take(StreamResponse::Message(m)),
+                    SendMessageResponse::Task(t) => self.take(StreamResponse::Task(t)),
+                    // A later protocol's kind of answer: nothing this version can read.
+                    _ => {}
+                }
+                match self.settled() {
+                    Some(read) => read,
+                    None => self.poll().await,
+                }
+            }
+        }
+    }
+
+    /// Polls `GetTask` until the task ends or waits for input.
+    async fn poll(&mut self) -> Read {
+        let Some(task) = self.seen.task_id.clone() else {
+            return Read::Broken("the remote agent answered with neither a task nor a message".into());
+        };
+        loop {
+            tokio::time::sleep(POLL_EVERY).await;
+            match self.client.get_task(a2a_protocol_types::TaskQueryParams::new(&task)).await {
+                Ok(t) => self.take(StreamResponse::Task(t)),
+                Err(e) => return Read::Broken(format!("cannot read the remote task {task}: {e}")),
+            }
+            if let Some(read) = self.settled() {
+                return read;
+            }
+        }
+    }
+
+    /// Whether the task is over (or the peer replied without one), or waits for input.
+    fn settled(&self) -> Option<Read> {
+        if self.seen.direct_reply.is_some() {
+            return Some(Read::Ended);
+        }
+        match self.seen.state {
+            Some(s) if s.is_terminal() => Some(Read::Ended),
+            Some(s) if s.is_interrupted() => Some(Read::Interrupted),
+            _ => None,
+        }
+    }
+
+    /// Takes one event of the task.
+    fn take(&mut self, event: StreamResponse) {
+        match event {
+            StreamResponse::Task(task) => self.take_task(task),
+            StreamResponse::StatusUpdate(update) => {
+                self.know_task(update.task_id.as_ref(), update.context_id.as_ref());
+                self.take_usage(update.metadata.as_ref());
+                self.take_status(update.status);
+            }
+            StreamResponse::ArtifactUpdate(update) => {
+                self.know_task(update.task_id.as_ref(), update.context_id.as_ref());
+                let text = artifact_text(&update.artifact);
+                (self.hooks.on_delta)(&text);
+                self.seen.take_artifact(update.artifact.id.as_ref(), text, update.append == Some(true));
+            }
+            StreamResponse::Message(message) => {
+                if let Some(c) = &message.context_id {
+                    self.seen.context_id = Some(c.as_ref().to_string());
+                }
+                let text = message.texts().collect::<Vec<_>>().join("\n");
+                self.seen.direct_reply = Some(text);
+            }
+            // A later protocol's kind of event: nothing this version can read.
+            _ => {}
+        }
+    }
+
+    fn take_task(&mut self, task: Task) {
+        self.know_task(task.id.as_ref(), task.context_id.as_ref());
+        self.take_usage(task.metadata.as_ref());
+        for artifact in task.artifacts.iter().flatten() {
+            self.seen.take_artifact(artifact.id.as_ref(), artifact_text(artifact), false);
+        }
+        self.take_status(task.status);
+    }
+
+    fn take_status(&mut self, status: TaskStatus) {
+        let text = status.message.as_ref().map(|m| m.texts().collect::<Vec<_>>().join("\n")).filter(|t| !t.is_empty());
+        if let (Some(t), TaskState::Working) = (&text, status.state) {
+            (self.hooks.on_delta)(t);
+        }
+        if text.is_some() || status.state.is_terminal() {
+            self.seen.status_text = text;
+        }
+        self.seen.state = Some(status.state);
+    }
+
+    /// The task's and context's ids, the task's told to the runtime the first time it is seen.
+    fn know_task(&mut self, task: &str, context: &str) {
+        if !context.is_empty() {
+            self.seen.context_id = Some(context.to_string());
+        }
+        if self.seen.task_id.as_deref() != Some(task) && !task.is_empty() {
+            self.seen.task_id = Some(task.to_string());
+            (self.on_task)(task);
+        }
+    }
+
+    /// Usage the peer reports in the task's metadata (`usage`), checked like any agent's report.
+    fn take_usage(&mut self, metadata: Option<&Value>) {
+        let Some(report) = metadata.and_then(|m| m.get("usage")).and_then(usage_report) else { return };
+        if let Some(usage) = self.seen.reported.take(&report) {
+            if let Some(on_usage) = self.hooks.on_usage {
+                on_usage(&usage);
+            }
+            self.seen.usage = Some(usage);
+        }
+    }
+
+    /// Puts the interrupted task's question to the run's asker and waits for the answer: the text
+    /// to send into the task.
+    async fn ask(&mut self, cancel: &CancellationToken) -> Result<String, Stop> {
+        let Some(asks) = self.hooks.on_input else {
+            return Err(Stop::Failed("the remote agent asked for input, and this run cannot ask".into()));
+        };
+        let auth = self.seen.state == Some(TaskState::AuthRequired);
+        let question = self.seen.status_text.clone().unwrap_or_else(|| "the remote agent asks for input".into());
+        let text = match auth {
+            true => format!("the remote agent asks for authorization: {question}"),
+            false => question,
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let id = format!("{}-{}", self.seen.task_id.as_deref().unwrap_or("task"), uuid::Uuid::new_v4().simple());
+        let kind = if auth { InputKind::Approval } else { InputKind::Question };
+        let request = InputRequest { id, kind, text, options: None, details: self.details(), answer };
+        if asks.send(request).is_err() {
+            return Err(Stop::Failed("the remote agent asked for input, and nobody can answer it".into()));
+        }
+        let waiting = |on: bool| self.hooks.on_waiting.inspect(|w| w(on));
+        waiting(true);
+        let answer = tokio::select! {
+            _ = cancel.cancelled() => Err(Stop::Cancelled),
+            a = answered => Ok(a.unwrap_or(InputAnswer { decision: Decision::Deny, text: Some("the request was dropped unanswered".into()) })),
+        };
+        waiting(false);
+        answer.map(answer_text)
+    }
+
+    fn details(&self) -> Option<Value> {
+        let task = self.seen.task_id.as_deref()?;
+        Some(json!({ "a2a": { "taskId": task, "state": self.seen.state.map(|s| s.to_string()) } }))
+    }
+}
+
+/// What reading a source came to.
+enum Read {
+    Ended,
+    Interrupted,
+    Broken(String),
+}
+
+impl Seen {
+    fn take_artifact(&mut self, id: &str, text: String, append: bool) {
+        match self.artifacts.iter_mut().find(|(a, _)| a == id) {
+            Some((_, kept)) if append => kept.push_str(&text),
+            Some((_, kept)) => *kept = text,
+            None => self.artifacts.push((id.to_string(), text)),
+        }
+    }
+
+    /// The turn's reply: the artifacts' text, then the final status message (or the direct reply).
+    fn reply(&self) -> Option<String> {
+        let mut parts: Vec<&str> = self.artifacts.iter().map(|(_, t)| t.as_str()).filter(|t| !t.is_empty()).collect();
+        if let Some(last) = self.direct_reply.as_deref().or(self.status_text.as_deref())
+            && !parts.contains(&last)
+        {
+            parts.push(last);
+        }
+        (!parts.is_empty()).then(|| parts.join("\n\n"))
+    }
+}
+
+fn artifact_text(artifact: &Artifact) -> String {
+    artifact.texts().collect::<Vec<_>>().join("\n")
+}
+
+/// A usage object from a peer, in our field names or the snake_case ones, as a usage report.
+fn usage_report(usage: &Value) -> Option<Value> {
+    let obj = usage.as_object()?;
+    let mut report = serde_json::Map::new();
+    for (ours, theirs) in [
+        ("inputTokens", "input_tokens"),
+        ("outputTokens", "output_tokens"),
+        ("cacheReadTokens", "cache_read_tokens"),
+        ("cacheWriteTokens", "cache_write_tokens"),
+        ("costUsd", "cost_usd"),
+    ] {
+        if let Some(v) = obj.get(ours).or_else(|| obj.get(theirs)) {
+            report.insert(ours.into(), whole(v));
+        }
+    }
+    (!report.is_empty()).then_some(Value::Object(report))
+}
+
+/// A count that came as a float with nothing after the point (metadata travels as a protobuf
+/// `Struct`, whose numbers are all doubles) as the whole number it is; anything else as it was.
+fn whole(v: &Value) -> Value {
+    match v.as_f64() {
+        Some(f) if v.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => Value::from(f as i64),
+        _ => v.clone(),
+    }
+}
+
+/// The message an answer sends into the task: the answer's text, or the refusal.
+fn answer_text(answer: InputAnswer) -> String {
+    match (answer.decision, answer.text) {
+        (Decision::Allow, Some(t)) if !t.is_empty() => t,
+        (Decision::Allow, _) => "yes".into(),
+        (Decision::Deny, Some(t)) if !t.is_empty() => format!("declined: {t}"),
+        (Decision::Deny, _) => "declined".into(),
+    }
+}
+
+/// Asks the peer to cancel the task (bounded by the cancel grace); the run ends cancelled
+/// whatever it answers.
+async fn cancel_task(client: &A2aClient, seen: &Seen, grace: Duration) {
+    let Some(task) = seen.task_id.clone() else { return };
+    match tokio::time::timeout(grace.max(Duration::from_secs(1)), client.cancel_task(task.clone())).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(task, error = %e, "the remote agent did not cancel its task"),
+        Err(_) => tracing::warn!(task, "the remote agent did not answer the cancel in time"),
+    }
+}
+
+/// Our status and error for the task's terminal state (None: the task is not over).
+pub fn status_of(state: TaskState, said: Option<&str>) -> Option<(RunStatus, Option<String>)> {
+    let why = |what: &str| Some(said.map_or_else(|| what.to_string(), |s| format!("{what}: {s}")));
+    match state {
+        TaskState::Completed => Some((RunStatus::Ok, None)),
+        TaskState::Failed => Some((RunStatus::Error, why("the remote agent failed the task"))),
+        TaskState::Rejected => Some((RunStatus::Error, why("the remote agent rejected the task"))),
+        TaskState::Canceled => Some((RunStatus::Cancelled, why("the remote agent cancelled the task"))),
+        _ => None,
+    }
+}
+
+fn outcome(run_id: &str, seen: Seen, stop: Option<Stop>, timeout: Duration) -> Outcome {
+    let reply = seen.reply();
+    let (status, error) = match stop {
+        Some(Stop::Cancelled) => (RunStatus::Cancelled, Some("cancelled".to_string())),
+        Some(Stop::Timeout) => (RunStatus::Timeout, Some(format!("timed out after {}s", timeout.as_secs()))),
+        Some(Stop::Failed(e)) => (RunStatus::Error, Some(e)),
+        None if seen.direct_reply.is_some() => (RunStatus::Ok, None),
+        None => seen
+            .state
+            .and_then(|s| status_of(s, seen.status_text.as_deref()))
+            .unwrap_or((RunStatus::Error, Some("the remote task ended without a final state".into()))),
+    };
+    let messages = reply
+        .iter()
+        .map(|text| NewMessage {
+            role: "assistant".into(),
+            content: Value::String(text.clone()),
+            run_id: Some(run_id.to_string()),
+            ..Default::default()
+        })
+        .collect();
+    Outcome {
+        status,
+        reply,
+        messages,
+        usage: seen.usage,
+        model: None,
+        stop_reason: seen.state.map(|s| s.to_string()),
+        external_session_id: seen.context_id,
+        error,
+        exit_status: None,
+        stderr_tail: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_states_map_onto_our_statuses() {
+        assert_eq!(status_of(TaskState::Completed, Some("done")), Some((RunStatus::Ok, None)));
+        let (s, e) = status_of(TaskState::Failed, Some("disk full")).unwrap();
+        assert_eq!((s, e.as_deref()), (RunStatus::Error, Some("the remote agent failed the task: disk full")));
+        let (s, e) = status_of(TaskState::Rejected, None).unwrap();
+        assert_eq!((s, e.as_deref()), (RunStatus::Error, Some("the remote agent rejected the task")));
+        assert_eq!(status_of(TaskState::Canceled, None).map(|(s, _)| s), Some(RunStatus::Cancelled));
+        for open in [TaskState::Submitted, TaskState::Working, TaskState::InputRequired, TaskState::AuthRequired] {
+            assert_eq!(status_of(open, None), None, "{open}");
+        }
+    }
+
+    #[test]
+    fn artifacts_and_the_final_message_make_the_reply() {
+        let mut seen = Seen::default();
+        seen.take_artifact("a", "part one".into(), false);
+        seen.take_artifact("a", ", more".into(), true);
+        seen.take_artifact("b", "second".into(), false);
+        seen.status_text = Some("all done".into());
+        seen.state = Some(TaskState::Completed);
+        let out = outcome("r", seen, None, Duration::from_secs(1));
+        assert_eq!(out.reply.as_deref(), Some("part one, more\n\nsecond\n\nall done"));
+        assert_eq!(out.status, RunStatus::Ok);
+        assert_eq!(out.messages.len(), 1);
+    }
+
+    #[test]
+    fn a_task_that_never_ended_is_an_error_and_a_stop_wins() {
+        let seen = Seen { state: Some(TaskState::Working), ..Default::default() };
+        let out = outcome("r", seen, None, Duration::from_secs(1));
+        assert_eq!(
+            (out.status, out.error.as_deref()),
+            (RunStatus::Error, Some("the remote task ended without a final state"))
+        );
+        let seen = Seen { state: Some(TaskState::Completed), ..Default::default() };
+        assert_eq!(outcome("r", seen, Some(Stop::Timeout), Duration::from_secs(3)).status, RunStatus::Timeout);
+    }
+
+    #[test]
+    fn peer_usage_is_read_in_either_spelling_and_answers_become_messages() {
+        let report =
+            usage_report(&json!({"input_tokens": 10, "outputTokens": 4.0, "cost_usd": 0.5, "other": 1})).unwrap();
+        assert_eq!(report, json!({"inputTokens": 10, "outputTokens": 4, "costUsd": 0.5}));
+        assert_eq!(usage_report(&json!({"nothing": 1})), None);
+        let allow = |t: Option<&str>| InputAnswer { decision: Decision::Allow, text: t.map(String::from) };
+        assert_eq!(answer_text(allow(Some("blue"))), "blue");
+        assert_eq!(answer_text(allow(None)), "yes");
+        assert_eq!(answer_text(InputAnswer { decision: Decision::Deny, text: Some("no".into()) }), "declined: no");
+    }
+
+    #[test]
+    fn only_the_card_urls_origin_is_called() {
+        let mut card: AgentCard = serde_json::from_value(json!({
+            "name": "r", "description": "d", "version": "1", "capabilities": {},
+            "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"], "skills": [],
+            "supportedInterfaces": [
+                {"url": "http://127.0.0.1:9/a2a", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+                {"url": "http://evil.example/a2a", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+            ]
+        }))
+        .unwrap();
+        own_origin_only(&mut card, &url::Url::parse("http://127.0.0.1:9/.well-known/agent-card.json").unwrap())
+            .unwrap();
+        assert_eq!(card.supported_interfaces.len(), 1);
+        let e = own_origin_only(&mut card, &url::Url::parse("https://other.example/card").unwrap()).unwrap_err();
+        assert!(e.contains("names no endpoint on https://other.example"), "{e}");
+    }
+}
