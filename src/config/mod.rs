@@ -391,6 +391,9 @@ pub struct AgentEntry {
     pub id: String,
     #[serde(default)]
     pub name: Option<String>,
+    /// What the agent is for, in words: its A2A card's description and skill (docs/A2A.md).
+    #[serde(default)]
+    pub description: Option<String>,
     #[serde(default)]
     pub default: bool,
     #[serde(default)]
@@ -418,6 +421,7 @@ impl AgentEntry {
         AgentEntry {
             id: id.to_string(),
             name: None,
+            description: None,
             default: false,
             workspace: None,
             model: None,
@@ -926,6 +930,40 @@ pub struct ServerConfig {
     pub operator_tokens: Vec<TokenHash>,
     /// `/metrics` without a token, on a loopback bind only (serve refuses it on another).
     pub metrics_public: bool,
+    /// Our agents served over A2A (docs/A2A.md).
+    pub a2a: A2aServerConfig,
+}
+
+/// Which of our agents `serve --http` / `daemon --http` also serve as A2A agents, under
+/// `/a2a/<agentId>` (docs/A2A.md). None by default: nothing is served.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct A2aServerConfig {
+    /// The agent ids to expose, each with its own agent card at
+    /// `/a2a/<agentId>/.well-known/agent-card.json`.
+    pub agents: Vec<String>,
+    /// The base URL peers reach this server at (`https://host:port`), written into the cards'
+    /// interface URLs; unset: the scheme and `Host` of the request that fetched the card.
+    pub public_url: Option<String>,
+}
+
+impl A2aServerConfig {
+    /// Whether `agent` is served over A2A.
+    pub fn exposes(&self, agent: &crate::keys::AgentId) -> bool {
+        self.agents.iter().any(|a| crate::keys::AgentId::parse(a).is_ok_and(|a| a == *agent))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        for (i, agent) in self.agents.iter().enumerate() {
+            crate::keys::AgentId::parse(agent).map_err(|e| format!("server.a2a.agents[{i}]: {e}"))?;
+        }
+        if let Some(url) = &self.public_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return Err(format!("server.a2a.publicUrl must be an http:// or https:// URL, got {url:?}"));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerConfig {
@@ -942,6 +980,7 @@ impl Default for ServerConfig {
             max_subscriptions: defaults::MAX_SUBSCRIPTIONS,
             operator_tokens: Vec::new(),
             metrics_public: false,
+            a2a: A2aServerConfig::default(),
         }
     }
 }
@@ -1054,6 +1093,7 @@ pub fn problems(text: &str) -> Vec<String> {
 impl Config {
     /// Range and cross-field checks serde cannot express. One message per problem, naming the key.
     pub fn validate(&self) -> Result<(), String> {
+        self.server.a2a.validate()?;
         let sub = &self.agents.defaults.subagents;
         if !(1..=5).contains(&sub.max_spawn_depth) {
             return Err(format!("agents.defaults.subagents.maxSpawnDepth must be 1-5, got {}", sub.max_spawn_depth));

@@ -22,6 +22,9 @@ pub enum Origin {
     Operator,
     /// A user on a channel, as its bridge tells it, and where a reply to them goes.
     Channel(Box<(ChannelUser, Route)>),
+    /// An A2A peer (`channel: "a2a"`, `senderId`: its caller key, `threadId`: its contextId,
+    /// `messageId`: its message's); the reply is read back from the run (its task), not delivered.
+    A2a(Box<ChannelUser>),
 }
 
 /// What became of a message from outside.
@@ -109,6 +112,7 @@ pub fn start(
     let (tool, user, route) = match origin {
         Origin::Operator => (SourceTool::Inject, None, None),
         Origin::Channel(channel) => (SourceTool::ChannelBridge, Some(channel.0.clone()), Some(&channel.1)),
+        Origin::A2a(peer) => (SourceTool::A2a, Some(peer.as_ref().clone()), None),
     };
     let message_id = user.as_ref().and_then(|u| u.message_id.clone());
     let provenance = Provenance::ExternalUser { tool, chain: Some(chain.clone()), user }.to_json();

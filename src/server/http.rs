@@ -104,6 +104,7 @@ pub fn router(
     let outside = options.outside_endpoints.then(|| {
         let dashboard = super::dashboard::Shared { hub: hub.clone(), open: open.clone(), cancel: cancel.clone() };
         super::bridge::router(access.clone(), runtime.clone())
+            .merge(super::a2a::router(access.clone(), runtime.clone()))
             .merge(super::metrics::router(access.clone()))
             .merge(super::dashboard::router(access.clone(), runtime.clone(), options.clone(), dashboard))
             .layer(axum::middleware::from_fn_with_state(options.clone(), same_host_only))

@@ -54,13 +54,15 @@ pub enum AnsweredVia {
     Timeout,
     /// A person in the chat the ask was posted to, through the channel's bridge.
     Channel,
+    /// The A2A peer whose task the ask holds `input-required` (docs/A2A.md).
+    A2a,
 }
 
 text_enum!(AskKind { Approval => "approval", Question => "question" });
 text_enum!(AskState { Open => "open", Answered => "answered", Expired => "expired", Withdrawn => "withdrawn" });
 text_enum!(AskDecision { Allow => "allow", Deny => "deny" });
 text_enum!(AnsweredVia {
-    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Dashboard => "dashboard", Rule => "rule", Timeout => "timeout", Channel => "channel",
+    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Dashboard => "dashboard", Rule => "rule", Timeout => "timeout", Channel => "channel", A2a => "a2a",
 });
 
 /// An ask to record.
