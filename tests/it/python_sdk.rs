@@ -15,16 +15,23 @@ use common::TestEnv;
 use sha2::{Digest, Sha256};
 
 pub(crate) fn python() -> Option<String> {
+    python_with("mcp")
+}
+
+/// The interpreter that can import `module` (an SDK of `tests/clients/requirements.txt`); None,
+/// with a note, outside CI when there is none; under CI a missing SDK fails the test.
+pub(crate) fn python_with(module: &str) -> Option<String> {
     let candidate = std::env::var("SESSIONS_MCP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&candidate).args(["-c", "import mcp"]).output().is_ok_and(|o| o.status.success());
+    let import = format!("import {module}");
+    let ok = Command::new(&candidate).args(["-c", &import]).output().is_ok_and(|o| o.status.success());
     if ok {
         return Some(candidate);
     }
     assert!(
         std::env::var_os("CI").is_none(),
-        "CI needs the Python MCP SDK: set SESSIONS_MCP_PYTHON ({candidate} has no `mcp`)"
+        "CI needs the Python SDK `{module}`: set SESSIONS_MCP_PYTHON ({candidate} has no `{module}`)"
     );
-    eprintln!("skipped: no Python with the `mcp` SDK (pip install -r tests/clients/requirements.txt)");
+    eprintln!("skipped: no Python with `{module}` (pip install -r tests/clients/requirements.txt)");
     None
 }
 

@@ -1,0 +1,128 @@
+//! Our agents as A2A agents (docs/A2A.md), driven by the official Python A2A SDK (PyPI `a2a-sdk`,
+//! pinned in `tests/clients/requirements.txt`) through `tests/clients/a2a_client.py`: the card, a
+//! wrong token, a streamed reply, the next turn of a context, input-required answered, cancel, and
+//! another caller's task not found; and, without Python, what the endpoint answers on the wire.
+
+use crate::common;
+
+use std::process::{Command, Stdio};
+
+use common::http_client::http_to;
+use common::{TestEnv, scripted_agent};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const ALICE: &str = "a2a-alice-token-0123456789";
+const BOB: &str = "a2a-bob-token-0123456789";
+
+fn sha(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// `main` served over A2A: it echoes, asks an approval on "approve", sleeps on "slow".
+fn env_exposing(agents: &[&str]) -> TestEnv {
+    let mut env = TestEnv::new();
+    let script = json!({"rules": [
+        {"match": {"input": "approve"}, "ask": {"kind": "approval", "text": "May I deploy?", "details": {"toolName": "Deploy"}},
+         "reply": "decision={decision} answer={answer}"},
+        {"match": {"input": "slow"}, "sleepMs": 120_000, "reply": "too late"},
+    ], "default": {"reply": "ECHO: {input}"}});
+    let main = scripted_agent(&env, "main", &script, json!({}));
+    let mut main = main;
+    main["description"] = json!("Echoes what it is told; asks before it deploys.");
+    env.set_config(
+        &json!({
+            "agents": {"list": [main]},
+            "server": {
+                "tokens": [{"sha256": sha(ALICE), "sessionKey": "agent:main:alice"},
+                           {"sha256": sha(BOB), "sessionKey": "agent:main:bob"}],
+                "a2a": {"agents": agents},
+            },
+        })
+        .to_string(),
+    );
+    env
+}
+
+fn rpc(port: u16, token: &str, method: &str, params: Value) -> (u16, Value) {
+    let auth = format!("Bearer {token}");
+    let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+    let (status, _, body) = http_to(port, "POST", "/a2a/main", &headers, &body);
+    (status, serde_json::from_str(&body).unwrap_or_else(|_| json!({"raw": body})))
+}
+
+#[test]
+fn the_python_a2a_sdk_streams_asks_answers_cancels_and_sees_only_its_own_tasks() {
+    let Some(python) = crate::python_sdk::python_with("a2a.client") else { return };
+    let env = env_exposing(&["main"]);
+    let server = env.serve_http(&[]);
+    let base = format!("http://127.0.0.1:{}/a2a/main", server.port);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/a2a_client.py");
+    let out = Command::new(&python).arg(&script).args([&base, ALICE, BOB]).stdin(Stdio::null()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ok a2a"),
+        "the A2A client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The transcript records the peer and its context as the message's provenance.
+    let line = stdout.lines().find_map(|l| l.strip_prefix("session ")).expect("the session line");
+    let (key, context) = line.split_once(' ').unwrap();
+    assert!(key.starts_with("agent:main:a2a:direct:"), "{key}");
+    let show = env.show(key);
+    let user = show["messages"].as_array().unwrap().iter().find(|m| m["role"] == "user").unwrap().clone();
+    let p = &user["provenance"];
+    assert_eq!((&p["kind"], &p["sourceTool"]), (&json!("external_user"), &json!("a2a")), "{user}");
+    assert_eq!((&p["senderId"], &p["threadId"]), (&json!("agent:main:alice"), &json!(context)), "{user}");
+    drop(server);
+}
+
+#[test]
+fn on_the_wire_a_wrong_token_is_a_401_with_the_bearer_scheme_and_bad_params_name_the_field() {
+    let env = env_exposing(&["main"]);
+    let server = env.serve_http(&[]);
+    let (status, headers, body) = http_to(server.port, "GET", "/a2a/main/.well-known/agent-card.json", &[], "");
+    assert_eq!(status, 200, "{body}");
+    let card: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(card["skills"][0]["description"], "Echoes what it is told; asks before it deploys.", "{card}");
+    assert_eq!(card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "Bearer", "{card}");
+    let bindings: Vec<&str> =
+        card["supportedInterfaces"].as_array().unwrap().iter().map(|i| i["protocolBinding"].as_str().unwrap()).collect();
+    assert_eq!(bindings, ["JSONRPC", "HTTP+JSON"], "{card}");
+    let _ = headers;
+    let (status, body) = rpc(server.port, "wrong-token", "GetTask", json!({"id": "x"}));
+    assert_eq!(status, 401, "{body}");
+    let (_, head, _) = http_to(server.port, "POST", "/a2a/main", &[("Content-Type", "application/json")], "{}");
+    assert!(head.iter().any(|(k, v)| k == "www-authenticate" && v.starts_with("Bearer")), "{head:?}");
+    let (status, body) = rpc(server.port, ALICE, "SendMessage", json!({"message": {"role": "ROLE_USER"}}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["error"]["code"], -32602, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("params.message"), "{body}");
+    let (_, body) = rpc(server.port, ALICE, "tasks/get", json!({"id": "x"}));
+    assert_eq!(body["error"]["code"], -32601, "{body}");
+    let (_, body) = rpc(server.port, ALICE, "CreateTaskPushNotificationConfig", json!({}));
+    assert_eq!(body["error"]["code"], -32003, "{body}");
+    // A message with no text part is refused and starts nothing.
+    let msg = json!({"message": {"role": "ROLE_USER", "messageId": "m1", "parts": [{"url": "https://x/y"}]}});
+    let (_, body) = rpc(server.port, ALICE, "SendMessage", msg);
+    assert_eq!(body["error"]["code"], -32005, "{body}");
+    assert_eq!(env.unfinished_runs(), 0);
+    drop(server);
+}
+
+#[test]
+fn nothing_is_served_over_a2a_unless_the_config_exposes_the_agent() {
+    let env = env_exposing(&[]);
+    let server = env.serve_http(&[]);
+    let (status, _, _) = http_to(server.port, "GET", "/a2a/main/.well-known/agent-card.json", &[], "");
+    assert_eq!(status, 404);
+    let (status, _) = rpc(server.port, ALICE, "GetTask", json!({"id": "x"}));
+    assert_eq!(status, 404);
+    drop(server);
+    let env = env_exposing(&["other"]);
+    let server = env.serve_http(&[]);
+    let (status, _, _) = http_to(server.port, "GET", "/a2a/main/.well-known/agent-card.json", &[], "");
+    assert_eq!(status, 404, "an agent not in server.a2a.agents");
+    drop(server);
+}
