@@ -4,11 +4,12 @@
 
 BASE_URL is the agent's A2A URL (http://host:port/a2a/<agentId>); TOKEN and OTHER_TOKEN are the
 client tokens of two different callers. The agent is the scripted one of tests/it/a2a_inbound.rs:
-it echoes, asks an approval for a message containing "approve", and sleeps on "slow".
+it echoes, asks an approval for a message containing "approve", sleeps on "slow", and on
+"delegate" spawns a child that asks, and waits for it.
 
 Checks, over JSON-RPC (streaming and not) and HTTP+JSON: the card and its bearer scheme; a wrong
 token refused; a streamed reply that creates the session; the next turn in the same context;
-input-required answered by the next message on the task; cancel; the other caller's view of the
+input-required answered by the next message on the task, its run's own ask and a child's; cancel; the other caller's view of the
 first caller's task (not found). Prints `session <key> <contextId>` of the first context, then
 `ok a2a`, and exits 0; or raises.
 """
@@ -120,6 +121,16 @@ async def main():
     evs = await events(plain, pb.SendMessageRequest(message=message("allow go ahead", task_id=asking.id)))
     done = await wait_state(plain, asking.id, [S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED])
     assert text(done.status.message) == "decision=allow answer=go ahead", done
+
+    # A descendant's approval: the task of the run that waits on its child goes input-required.
+    evs = await events(plain, pb.SendMessageRequest(message=message("delegate the release")))
+    waiting = evs[0].task
+    assert waiting.status.state == S.TASK_STATE_INPUT_REQUIRED, waiting
+    question = text(waiting.status.message)
+    assert "May I deploy?" in question and ":subagent:" in question, question
+    await events(plain, pb.SendMessageRequest(message=message("allow ship it", task_id=waiting.id)))
+    done = await wait_state(plain, waiting.id, [S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED])
+    assert "decision=allow answer=ship it" in text(done.status.message), done
 
     # Cancel, over HTTP+JSON: the slow task stops and ends canceled.
     rest = client_for(card, TOKEN, streaming=False, binding="HTTP+JSON")

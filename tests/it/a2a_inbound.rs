@@ -19,10 +19,19 @@ fn sha(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// `main` served over A2A: it echoes, asks an approval on "approve", sleeps on "slow".
+/// `main` served over A2A: it echoes, asks an approval on "approve", sleeps on "slow", and on
+/// "delegate" spawns a child that asks, and waits for it.
 fn env_exposing(agents: &[&str]) -> TestEnv {
     let mut env = TestEnv::new();
+    let wait = json!({"tool": "subagents", "arguments": {"action": "wait", "timeoutSeconds": 120}});
     let script = json!({"rules": [
+        {"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
+        {"match": {"mode": "completion"}, "reply": "noted"},
+        // A model that delegates and waits: the first wait returns when the child's approval is
+        // told (it waits for a person), the second when the child is done.
+        {"match": {"input": "delegate"},
+         "call": [{"tool": "sessions_spawn", "arguments": {"task": "approve the release"}}, wait.clone(), wait],
+         "reply": "child: {result}"},
         {"match": {"input": "approve"}, "ask": {"kind": "approval", "text": "May I deploy?", "details": {"toolName": "Deploy"}},
          "reply": "decision={decision} answer={answer}"},
         {"match": {"input": "slow"}, "sleepMs": 120_000, "reply": "too late"},
