@@ -131,3 +131,19 @@ fn stream(id: JsonRpcId, a: A2a, w: Watched) -> Response {
     });
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_a2a_error_is_a_json_rpc_error_with_its_code_and_error_info() {
+        let body = serde_json::to_value(error_body(Some(7.into()), &A2aError::task_not_found("r1"))).unwrap();
+        assert_eq!(body["id"], 7);
+        assert_eq!(body["error"]["code"], -32001, "{body}");
+        assert_eq!(body["error"]["data"][0]["reason"], "TASK_NOT_FOUND", "{body}");
+        let parse = serde_json::to_value(error_body(None, &A2aError::parse_error("bad"))).unwrap();
+        assert_eq!((&parse["id"], &parse["error"]["code"]), (&serde_json::Value::Null, &json!(-32700)), "{parse}");
+    }
+}

@@ -366,3 +366,97 @@ pub(super) fn approval_answer(text: &str) -> Result<(AskDecision, Option<&str>),
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{AskRow, AskState, RunMode, RunRow};
+
+    fn view(status: RunStatus, ask: Option<AskRow>) -> TaskView {
+        let mut run = RunRow::for_test("r1", RunMode::Inject, status);
+        run.reply = Some("done".into());
+        run.error = Some("the agent failed".into());
+        TaskView { run, context_id: "c1".into(), ask }
+    }
+
+    fn ask() -> AskRow {
+        AskRow {
+            id: "ask-1".into(),
+            run_id: "r1".into(),
+            session: 1,
+            child: crate::keys::SessionKey::from_canonical("agent:main:subagent:x"),
+            agent_request_id: "a1".into(),
+            kind: AskKind::Approval,
+            text: "May I deploy?".into(),
+            options: None,
+            details: None,
+            target: crate::keys::SessionKey::from_canonical("agent:main:main"),
+            state: AskState::Open,
+            decision: None,
+            answer_text: None,
+            answered_by: None,
+            answered_via: None,
+            answered_host: None,
+            routes: vec![],
+            created_at: 0,
+            deadline_at: 0,
+        }
+    }
+
+    #[test]
+    fn every_run_status_maps_to_one_task_state() {
+        let cases = [
+            (RunStatus::Queued, false, TaskState::Submitted),
+            (RunStatus::Running, false, TaskState::Working),
+            (RunStatus::Running, true, TaskState::InputRequired),
+            (RunStatus::Ok, false, TaskState::Completed),
+            (RunStatus::Cancelled, false, TaskState::Canceled),
+            (RunStatus::Error, false, TaskState::Failed),
+            (RunStatus::Timeout, false, TaskState::Failed),
+            (RunStatus::Interrupted, false, TaskState::Failed),
+            (RunStatus::BudgetExceeded, false, TaskState::Failed),
+        ];
+        for (status, asking, state) in cases {
+            assert_eq!(state_of(status, asking), state, "{status:?} asking={asking}");
+        }
+    }
+
+    #[test]
+    fn a_task_carries_the_reply_the_failure_or_the_question_in_its_status() {
+        let done = task_of(&view(RunStatus::Ok, None));
+        assert_eq!(done.status.message.as_ref().and_then(|m| m.text()), Some("done"));
+        assert_eq!(done.artifacts.as_ref().map(Vec::len), Some(1));
+        assert_eq!((done.id.0.as_str(), done.context_id.0.as_str()), ("r1", "c1"));
+        let failed = task_of(&view(RunStatus::Error, None));
+        assert_eq!(failed.status.message.as_ref().and_then(|m| m.text()), Some("the agent failed"));
+        assert!(failed.artifacts.is_none());
+        let asking = task_of(&view(RunStatus::Running, Some(ask())));
+        assert_eq!(asking.status.state, TaskState::InputRequired);
+        let message = asking.status.message.unwrap();
+        let words = message.text().unwrap();
+        assert!(words.contains("agent:main:subagent:x asks: May I deploy?") && words.contains("\"allow\""), "{words}");
+        let wire = serde_json::to_value(&message.parts).unwrap();
+        assert_eq!(wire[1]["data"]["requestId"], "ask-1", "{wire}");
+        let working = task_of(&view(RunStatus::Running, None));
+        assert!(working.status.message.is_none());
+    }
+
+    #[test]
+    fn an_approval_is_answered_allow_or_deny_and_anything_else_is_refused() {
+        assert_eq!(approval_answer("allow").unwrap(), (AskDecision::Allow, None));
+        assert_eq!(approval_answer(" Approve. go on ").unwrap(), (AskDecision::Allow, Some("go on")));
+        assert_eq!(approval_answer("deny not on main").unwrap(), (AskDecision::Deny, Some("not on main")));
+        assert_eq!(approval_answer("NO").unwrap(), (AskDecision::Deny, None));
+        for text in ["maybe", "", "allowed", "please allow"] {
+            let e = approval_answer(text).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidParams, "{text}");
+        }
+    }
+
+    #[test]
+    fn methods_not_offered_say_which_kind_of_refusal() {
+        assert_eq!(not_offered(Method::ListTasks).code, ErrorCode::UnsupportedOperation);
+        assert_eq!(not_offered(Method::CreateTaskPushNotificationConfig).code, ErrorCode::PushNotificationNotSupported);
+        assert_eq!(not_offered(Method::GetTaskPushNotificationConfig).code, ErrorCode::PushNotificationNotSupported);
+    }
+}
