@@ -118,7 +118,8 @@ impl super::Engine<'_> {
 
 /// The oldest open ask of `run` itself or of a session below its session.
 fn oldest_open_ask(rt: &Scheduler, run: &RunRow) -> Result<Option<AskRow>, StoreError> {
-    let own = rt.store.asks_of_runs(std::slice::from_ref(&run.run_id))?.into_iter().filter(|a| a.state == AskState::Open);
+    let own =
+        rt.store.asks_of_runs(std::slice::from_ref(&run.run_id))?.into_iter().filter(|a| a.state == AskState::Open);
     let below = rt.store.open_asks_below(&run.session_key)?;
     Ok(own.chain(below).min_by_key(|a| a.created_at))
 }
@@ -151,7 +152,8 @@ mod tests {
         assert_eq!(context_of(&run, &alice).as_deref(), Some("c1"));
         assert_eq!(context_of(&run, &bob), None);
         // A channel bridge's run with the same sender id is no A2A task.
-        run.provenance = Some(json!({"sourceTool": "channel_bridge", "senderId": "agent:main:alice", "threadId": "c1"}));
+        run.provenance =
+            Some(json!({"sourceTool": "channel_bridge", "senderId": "agent:main:alice", "threadId": "c1"}));
         assert_eq!(context_of(&run, &alice), None);
     }
 }

@@ -96,8 +96,12 @@ fn on_the_wire_a_wrong_token_is_a_401_with_the_bearer_scheme_and_bad_params_name
     let card: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(card["skills"][0]["description"], "Echoes what it is told; asks before it deploys.", "{card}");
     assert_eq!(card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "Bearer", "{card}");
-    let bindings: Vec<&str> =
-        card["supportedInterfaces"].as_array().unwrap().iter().map(|i| i["protocolBinding"].as_str().unwrap()).collect();
+    let bindings: Vec<&str> = card["supportedInterfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["protocolBinding"].as_str().unwrap())
+        .collect();
     assert_eq!(bindings, ["JSONRPC", "HTTP+JSON"], "{card}");
     let _ = headers;
     let (status, body) = rpc(server.port, "wrong-token", "GetTask", json!({"id": "x"}));

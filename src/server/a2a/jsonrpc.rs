@@ -14,8 +14,8 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::tasks::task_of;
 use super::{A2a, caller_of, exposed, not_served};
@@ -40,7 +40,7 @@ pub(super) async fn handle(
     let id = request.id.to_response_id();
     match dispatch(&a, caller, agent, request).await {
         Ok(Answer::One(result)) => success(id, result),
-        Ok(Answer::Stream(first_error_or_stream)) => stream(id, a, first_error_or_stream),
+        Ok(Answer::Stream(watched)) => stream(id, a, *watched),
         Err(e) => failure(id, &e),
     }
 }
@@ -48,7 +48,7 @@ pub(super) async fn handle(
 /// What a method answers: one result, or a stream of a task's events.
 enum Answer {
     One(serde_json::Value),
-    Stream(Watched),
+    Stream(Box<Watched>),
 }
 
 /// A stream to open: the caller, the agent and the task it follows.
@@ -60,7 +60,8 @@ struct Watched {
 
 fn params<T: DeserializeOwned>(raw: Option<serde_json::Value>) -> Result<T, A2aError> {
     let raw = raw.ok_or_else(|| A2aError::invalid_params("params are required"))?;
-    serde_path_to_error::deserialize(raw).map_err(|e| A2aError::invalid_params(format!("params.{}: {}", e.path(), e.inner())))
+    serde_path_to_error::deserialize(raw)
+        .map_err(|e| A2aError::invalid_params(format!("params.{}: {}", e.path(), e.inner())))
 }
 
 fn json<T: Serialize>(value: &T) -> Result<serde_json::Value, A2aError> {
@@ -82,7 +83,7 @@ async fn dispatch(a: &A2a, caller: Caller, agent: AgentId, request: JsonRpcReque
         Method::SendStreamingMessage => {
             let p: MessageSendParams = params(request.params)?;
             let view = a.send(&caller, &agent, &p)?;
-            Ok(Answer::Stream(Watched { caller, agent, view }))
+            Ok(Answer::Stream(Box::new(Watched { caller, agent, view })))
         }
         Method::GetTask => {
             let p: TaskQueryParams = params(request.params)?;
@@ -95,7 +96,7 @@ async fn dispatch(a: &A2a, caller: Caller, agent: AgentId, request: JsonRpcReque
         Method::SubscribeToTask => {
             let p: TaskIdParams = params(request.params)?;
             let view = a.subscribable(&caller, &agent, &p.id)?;
-            Ok(Answer::Stream(Watched { caller, agent, view }))
+            Ok(Answer::Stream(Box::new(Watched { caller, agent, view })))
         }
         other => Err(super::tasks::not_offered(other)),
     }

@@ -49,7 +49,10 @@ pub fn router(access: Access, runtime: Option<Arc<Scheduler>>) -> axum::Router {
 pub fn banner(config: &crate::config::Config) -> Option<String> {
     let agents = &config.server.a2a.agents;
     (!agents.is_empty()).then(|| {
-        format!("A2A: agents {} at /a2a/<agentId> (cards at /a2a/<agentId>/.well-known/agent-card.json)", agents.join(", "))
+        format!(
+            "A2A: agents {} at /a2a/<agentId> (cards at /a2a/<agentId>/.well-known/agent-card.json)",
+            agents.join(", ")
+        )
     })
 }
 
@@ -59,7 +62,8 @@ fn exposed(a: &A2a, raw: &str) -> Option<AgentId> {
 }
 
 fn not_served() -> Response {
-    (StatusCode::NOT_FOUND, axum::Json(serde_json::json!({"error": "no agent is served over A2A here"}))).into_response()
+    (StatusCode::NOT_FOUND, axum::Json(serde_json::json!({"error": "no agent is served over A2A here"})))
+        .into_response()
 }
 
 /// The bearer token's caller: an external caller by a client token; anything else is refused

@@ -33,7 +33,8 @@ pub(super) async fn message(
         "message:stream" => true,
         _ => return failure(&A2aError::new(ErrorCode::MethodNotFound, format!("no A2A operation {action:?}"))),
     };
-    let p: MessageSendParams = match serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body)) {
+    let p: MessageSendParams = match serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
+    {
         Ok(p) => p,
         Err(e) => return failure(&A2aError::invalid_params(format!("body.{}: {}", e.path(), e.inner()))),
     };

@@ -44,9 +44,7 @@ pub(super) fn state_of(status: RunStatus, asking: bool) -> TaskState {
         RunStatus::Running => TaskState::Working,
         RunStatus::Ok => TaskState::Completed,
         RunStatus::Cancelled => TaskState::Canceled,
-        RunStatus::Error | RunStatus::Timeout | RunStatus::Interrupted | RunStatus::BudgetExceeded => {
-            TaskState::Failed
-        }
+        RunStatus::Error | RunStatus::Timeout | RunStatus::Interrupted | RunStatus::BudgetExceeded => TaskState::Failed,
     }
 }
 
@@ -134,7 +132,10 @@ fn text_of(message: &Message) -> Result<String, A2aError> {
         ));
     }
     if text.len() > MAX_TEXT_BYTES {
-        return Err(A2aError::invalid_params(format!("the message's text is {} bytes; at most {MAX_TEXT_BYTES}", text.len())));
+        return Err(A2aError::invalid_params(format!(
+            "the message's text is {} bytes; at most {MAX_TEXT_BYTES}",
+            text.len()
+        )));
     }
     Ok(text)
 }
@@ -160,7 +161,12 @@ impl A2a {
 
     /// `SendMessage` / `SendStreamingMessage`: a new turn of the context's session, or — with the
     /// `taskId` of a task waiting on an ask — the answer to that ask. Answers the task.
-    pub(super) fn send(&self, caller: &Caller, agent: &AgentId, params: &MessageSendParams) -> Result<TaskView, A2aError> {
+    pub(super) fn send(
+        &self,
+        caller: &Caller,
+        agent: &AgentId,
+        params: &MessageSendParams,
+    ) -> Result<TaskView, A2aError> {
         let message = &params.message;
         let text = text_of(message)?;
         if let Some(task_id) = &message.task_id {
@@ -176,7 +182,9 @@ impl A2a {
         let peer = PeerMessage { caller: &caller.key, context_id: &context_id, message_id: &message.id.0, text: &text };
         let run_id = match self.engine().a2a_start(agent, &peer) {
             Ok(Injected::Queued(id) | Injected::Duplicate(Some(id))) => id,
-            Ok(other) => return Err(A2aError::internal(format!("the message was taken but started no task ({other:?})"))),
+            Ok(other) => {
+                return Err(A2aError::internal(format!("the message was taken but started no task ({other:?})")));
+            }
             Err(InjectError::Policy(m)) => return Err(A2aError::permission_denied(m)),
             Err(InjectError::NoRunner(m)) => return Err(A2aError::unsupported_operation(m)),
             Err(e) => return Err(A2aError::internal(e.to_string())),
@@ -348,7 +356,9 @@ fn artifact_event(view: &TaskView) -> StreamResponse {
 /// The error for a method this server does not offer.
 pub(super) fn not_offered(method: Method) -> A2aError {
     if method.requires_push_capability() {
-        return A2aError::push_not_supported("push notifications are not offered: SubscribeToTask or GetTask follow a task");
+        return A2aError::push_not_supported(
+            "push notifications are not offered: SubscribeToTask or GetTask follow a task",
+        );
     }
     A2aError::unsupported_operation(format!("{} is not offered by this agent", method.wire_name()))
 }
@@ -361,9 +371,7 @@ pub(super) fn approval_answer(text: &str) -> Result<(AskDecision, Option<&str>),
     match verb.to_ascii_lowercase().trim_end_matches(['.', '!', ',']) {
         "allow" | "approve" | "yes" => Ok((AskDecision::Allow, rest)),
         "deny" | "reject" | "no" => Ok((AskDecision::Deny, rest)),
-        _ => Err(A2aError::invalid_params(
-            "the task waits on an approval: answer \"allow [words]\" or \"deny [why]\"",
-        )),
+        _ => Err(A2aError::invalid_params("the task waits on an approval: answer \"allow [words]\" or \"deny [why]\"")),
     }
 }
 
