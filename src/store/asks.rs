@@ -121,6 +121,35 @@ pub struct AskRow {
     pub deadline_at: i64,
 }
 
+impl AskRow {
+    /// An open ask `a1` of run `r1`, asked by `agent:main:subagent:x` of `agent:main:main`, for
+    /// unit tests that need a row without a store; set other fields by struct update.
+    #[cfg(test)]
+    pub fn for_test(kind: AskKind, text: &str) -> AskRow {
+        AskRow {
+            id: "a1".into(),
+            run_id: "r1".into(),
+            session: 1,
+            child: SessionKey::from_canonical("agent:main:subagent:x"),
+            agent_request_id: "q".into(),
+            kind,
+            text: text.into(),
+            options: None,
+            details: None,
+            target: SessionKey::from_canonical("agent:main:main"),
+            state: AskState::Open,
+            decision: None,
+            answer_text: None,
+            answered_by: None,
+            answered_via: None,
+            answered_host: None,
+            routes: Vec::new(),
+            created_at: 0,
+            deadline_at: 0,
+        }
+    }
+}
+
 const SELECT: &str = "SELECT a.id, a.run_id, a.session, c.key, a.agent_request_id, a.kind, a.text, a.options,
          a.details, a.target_key, a.state, a.decision, a.answer_text, a.answered_by, a.answered_via, a.created_at,
          a.deadline_at, a.answered_host, a.routes

@@ -19,9 +19,13 @@ fn sha(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
+fn env_exposing(agents: &[&str]) -> TestEnv {
+    env_with(agents, json!({}))
+}
+
 /// `main` served over A2A: it echoes, asks an approval on "approve", sleeps on "slow", and on
 /// "delegate" spawns a child that asks, and waits for it.
-fn env_exposing(agents: &[&str]) -> TestEnv {
+fn env_with(agents: &[&str], session: Value) -> TestEnv {
     let mut env = TestEnv::new();
     let wait = json!({"tool": "subagents", "arguments": {"action": "wait", "timeoutSeconds": 120}});
     let script = json!({"rules": [
@@ -42,6 +46,7 @@ fn env_exposing(agents: &[&str]) -> TestEnv {
     env.set_config(
         &json!({
             "agents": {"list": [main]},
+            "session": session,
             "server": {
                 "tokens": [{"sha256": sha(ALICE), "sessionKey": "agent:main:alice"},
                            {"sha256": sha(BOB), "sessionKey": "agent:main:bob"}],
@@ -59,6 +64,11 @@ fn rpc(port: u16, token: &str, method: &str, params: Value) -> (u16, Value) {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
     let (status, _, body) = http_to(port, "POST", "/a2a/main", &headers, &body);
     (status, serde_json::from_str(&body).unwrap_or_else(|_| json!({"raw": body})))
+}
+
+fn assert_nothing_ran(env: &TestEnv) {
+    let runs = env.run_counts();
+    assert!(runs.as_object().unwrap().values().all(|n| n == 0), "nothing ran: {runs}");
 }
 
 #[test]
@@ -120,7 +130,7 @@ fn on_the_wire_a_wrong_token_is_a_401_with_the_bearer_scheme_and_bad_params_name
     let msg = json!({"message": {"role": "ROLE_USER", "messageId": "m1", "parts": [{"url": "https://x/y"}]}});
     let (_, body) = rpc(server.port, ALICE, "SendMessage", msg);
     assert_eq!(body["error"]["code"], -32005, "{body}");
-    assert_eq!(env.unfinished_runs(), 0);
+    assert_nothing_ran(&env);
     drop(server);
 }
 
@@ -137,5 +147,23 @@ fn nothing_is_served_over_a2a_unless_the_config_exposes_the_agent() {
     let server = env.serve_http(&[]);
     let (status, _, _) = http_to(server.port, "GET", "/a2a/main/.well-known/agent-card.json", &[], "");
     assert_eq!(status, 404, "an agent not in server.a2a.agents");
+    drop(server);
+}
+
+#[test]
+fn the_send_policy_refuses_a_peers_message_on_channel_a2a_over_both_bindings() {
+    let policy =
+        json!({"sendPolicy": {"default": "allow", "rules": [{"action": "deny", "match": {"channel": "a2a"}}]}});
+    let env = env_with(&["main"], policy);
+    let server = env.serve_http(&[]);
+    let msg = json!({"message": {"role": "ROLE_USER", "messageId": "m1", "parts": [{"text": "hello"}]}});
+    let (status, body) = rpc(server.port, ALICE, "SendMessage", msg.clone());
+    assert_eq!((status, &body["error"]["code"]), (200, &json!(-32600)), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("rule"), "{body}");
+    let auth = format!("Bearer {ALICE}");
+    let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
+    let (status, _, body) = http_to(server.port, "POST", "/a2a/main/message:send", &headers, &msg.to_string());
+    assert_eq!(status, 403, "{body}");
+    assert_nothing_ran(&env);
     drop(server);
 }

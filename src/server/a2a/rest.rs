@@ -108,9 +108,12 @@ fn status_body(e: &A2aError) -> serde_json::Value {
     }})
 }
 
-/// The error's body at its HTTP status.
+/// The error's body at its HTTP status (403 for a refusal of a signed-in caller).
 fn failure(e: &A2aError) -> Response {
-    let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status = match e.auth_rejection() {
+        Some(_) => StatusCode::FORBIDDEN,
+        None => StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+    };
     (status, axum::Json(status_body(e))).into_response()
 }
 

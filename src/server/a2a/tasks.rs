@@ -378,7 +378,7 @@ pub(super) fn approval_answer(text: &str) -> Result<(AskDecision, Option<&str>),
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{AskRow, AskState, RunMode, RunRow};
+    use crate::store::{AskRow, RunMode, RunRow};
 
     fn view(status: RunStatus, ask: Option<AskRow>) -> TaskView {
         let mut run = RunRow::for_test("r1", RunMode::Inject, status);
@@ -388,27 +388,7 @@ mod tests {
     }
 
     fn ask() -> AskRow {
-        AskRow {
-            id: "ask-1".into(),
-            run_id: "r1".into(),
-            session: 1,
-            child: crate::keys::SessionKey::from_canonical("agent:main:subagent:x"),
-            agent_request_id: "a1".into(),
-            kind: AskKind::Approval,
-            text: "May I deploy?".into(),
-            options: None,
-            details: None,
-            target: crate::keys::SessionKey::from_canonical("agent:main:main"),
-            state: AskState::Open,
-            decision: None,
-            answer_text: None,
-            answered_by: None,
-            answered_via: None,
-            answered_host: None,
-            routes: vec![],
-            created_at: 0,
-            deadline_at: 0,
-        }
+        AskRow { id: "ask-1".into(), ..AskRow::for_test(AskKind::Approval, "May I deploy?") }
     }
 
     #[test]
