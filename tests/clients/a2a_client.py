@@ -63,6 +63,10 @@ def text(msg):
     return "".join(p.text for p in msg.parts)
 
 
+async def collect(stream):
+    return [e async for e in stream]
+
+
 async def refused(coro, what):
     try:
         await coro
@@ -132,7 +136,7 @@ async def main():
     done = await wait_state(plain, waiting.id, [S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED])
     assert "decision=allow answer=ship it" in text(done.status.message), done
 
-    # Cancel, over HTTP+JSON: the slow task stops and ends canceled.
+    # Cancel, over HTTP+JSON, while a JSON-RPC SubscribeToTask follows the task to its end.
     rest = client_for(card, TOKEN, streaming=False, binding="HTTP+JSON")
     request = pb.SendMessageRequest(message=message("slow please"))
     request.configuration.return_immediately = True
@@ -140,10 +144,17 @@ async def main():
     slow = evs[0].task
     assert slow.status.state in (S.TASK_STATE_SUBMITTED, S.TASK_STATE_WORKING), slow
     await wait_state(rest, slow.id, [S.TASK_STATE_WORKING])
+    followed = asyncio.create_task(collect(alice.subscribe(pb.SubscribeToTaskRequest(id=slow.id))))
+    await asyncio.sleep(0.5)
     cancelled = await rest.cancel_task(pb.CancelTaskRequest(id=slow.id))
     assert cancelled.status.state == S.TASK_STATE_CANCELED, cancelled
+    seen = await asyncio.wait_for(followed, 60)
+    assert seen[0].HasField("task") and seen[0].task.id == slow.id, seen
+    assert seen[-1].status_update.status.state == S.TASK_STATE_CANCELED, seen
     why = await refused(rest.cancel_task(pb.CancelTaskRequest(id=slow.id)), "a second cancel")
     assert "NotCancelable" in why, why
+    why = await refused(collect(alice.subscribe(pb.SubscribeToTaskRequest(id=slow.id))), "a subscribe to an ended task")
+    assert "Unsupported" in why, why
 
     # Another caller's task looks exactly like a missing one, on both bindings.
     for binding in ("JSONRPC", "HTTP+JSON"):
