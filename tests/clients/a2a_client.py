@@ -5,7 +5,7 @@
 BASE_URL is the agent's A2A URL (http://host:port/a2a/<agentId>); TOKEN and OTHER_TOKEN are the
 client tokens of two different callers. The agent is the scripted one of tests/it/a2a_inbound.rs:
 it echoes, asks an approval for a message containing "approve", sleeps on "slow", and on
-"delegate" spawns a child that asks, and waits for it.
+"delegate" spawns a child that asks, and waits for it; on "type" it types its reply in pieces.
 
 Checks, over JSON-RPC (streaming and not) and HTTP+JSON: the card and its bearer scheme; a wrong
 token refused; a streamed reply that creates the session; the next turn in the same context;
@@ -107,6 +107,14 @@ async def main():
     assert text(first.status.message) == "ECHO: hello there", first
     context = first.context_id
     assert context, first
+
+    # The reply as it is typed: pieces of the `reply` artifact, then the whole of it.
+    evs = await events(alice, pb.SendMessageRequest(message=message("type a long answer", context_id=context)))
+    pieces = [e.artifact_update for e in evs if e.HasField("artifact_update") and not e.artifact_update.last_chunk]
+    assert len(pieces) > 1 and not pieces[0].append and pieces[1].append, evs
+    whole = "typed for you: type a long answer"
+    assert "".join(text(p.artifact) for p in pieces) == whole, pieces
+    assert text(final_task(evs).status.message) == whole, evs
 
     # The next turn in the same context is a new task of the same context (the same session).
     evs = await events(alice, pb.SendMessageRequest(message=message("second turn", context_id=context)))

@@ -24,7 +24,7 @@ fn env_exposing(agents: &[&str]) -> TestEnv {
 }
 
 /// `main` served over A2A: it echoes, asks an approval on "approve", sleeps on "slow", and on
-/// "delegate" spawns a child that asks, and waits for it.
+/// "delegate" spawns a child that asks, and waits for it; on "type" it types its reply in pieces.
 fn env_with(agents: &[&str], session: Value) -> TestEnv {
     let mut env = TestEnv::new();
     let wait = json!({"tool": "subagents", "arguments": {"action": "wait", "timeoutSeconds": 120}});
@@ -39,6 +39,7 @@ fn env_with(agents: &[&str], session: Value) -> TestEnv {
         {"match": {"input": "approve"}, "ask": {"kind": "approval", "text": "May I deploy?", "details": {"toolName": "Deploy"}},
          "reply": "decision={decision} answer={answer}"},
         {"match": {"input": "slow"}, "sleepMs": 120_000, "reply": "too late"},
+        {"match": {"input": "type"}, "sleepMs": 1500, "deltas": true, "reply": "typed for you: {input}"},
     ], "default": {"reply": "ECHO: {input}"}});
     let main = scripted_agent(&env, "main", &script, json!({}));
     let mut main = main;

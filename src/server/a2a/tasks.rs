@@ -13,6 +13,7 @@ use a2a_protocol_types::params::MessageSendParams;
 use a2a_protocol_types::task::{Task, TaskState, TaskStatus};
 use futures::Stream;
 use serde_json::json;
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::A2a;
@@ -260,8 +261,19 @@ impl A2a {
         agent: AgentId,
         first: TaskView,
     ) -> impl Stream<Item = Result<StreamResponse, A2aError>> + Send + 'static {
-        let id = first.run.run_id.clone();
-        let start = Watch { a: self, caller, agent, id, pending: Some(first), last: None, done: false };
+        let (id, context_id) = (first.run.run_id.clone(), first.context_id.clone());
+        let start = Watch {
+            a: self,
+            caller,
+            agent,
+            id,
+            context_id,
+            pending: Some(first),
+            last: None,
+            done: false,
+            deltas: None,
+            typed: false,
+        };
         futures::stream::unfold(start, |mut w| async move {
             if w.done {
                 return None;
@@ -273,14 +285,20 @@ impl A2a {
                     return Some((Ok(StreamResponse::Task(task_of(&view))), w));
                 }
                 Some(view) => view,
-                None => match w.a.next_change(&w.caller, &w.agent, &w.id, w.last.clone()).await {
-                    Ok(now) if now.run.status == RunStatus::Ok => {
-                        // The reply first; the final status at the stream's next turn.
+                None => match w.next().await {
+                    Ok(Step::Typed(text)) => {
+                        let chunk = chunk_event(&w.id, &w.context_id, text, w.typed);
+                        w.typed = true;
+                        return Some((Ok(chunk), w));
+                    }
+                    Ok(Step::Changed(now)) if now.run.status == RunStatus::Ok => {
+                        // The reply whole (replacing what was typed); the final status at the
+                        // stream's next turn.
                         let artifact = artifact_event(&now);
                         w.pending = Some(now);
                         return Some((Ok(artifact), w));
                     }
-                    Ok(now) => now,
+                    Ok(Step::Changed(now)) => now,
                     Err(e) => {
                         w.done = true;
                         return Some((Err(e), w));
@@ -317,6 +335,14 @@ impl A2a {
 /// A task's phase for a watcher: a change of it is an event.
 type Phase = (TaskState, Option<String>);
 
+/// What a watcher tells next.
+enum Step {
+    /// A piece of the reply as the agent typed it.
+    Typed(String),
+    /// The task in its next phase.
+    Changed(TaskView),
+}
+
 /// One `watch` stream's place.
 struct Watch {
     a: A2a,
@@ -327,6 +353,35 @@ struct Watch {
     pending: Option<TaskView>,
     last: Option<Phase>,
     done: bool,
+    /// The run's typed text, once it runs on this process (only the owner streams).
+    deltas: Option<broadcast::Receiver<String>>,
+    /// Whether a piece of the reply was told (the next one appends to it).
+    typed: bool,
+    /// The task's context, for the pieces of its reply.
+    context_id: String,
+}
+
+impl Watch {
+    /// The next piece of the reply, or the task's next phase, whichever comes first.
+    async fn next(&mut self) -> Result<Step, A2aError> {
+        let Watch { a, caller, agent, id, last, deltas, .. } = self;
+        loop {
+            if deltas.is_none() {
+                *deltas = a.runtime.as_ref().and_then(|rt| rt.subscribe(id));
+            }
+            let change = a.next_change(caller, agent, id, last.clone());
+            let Some(rx) = deltas.as_mut() else { return change.await.map(Step::Changed) };
+            tokio::select! {
+                changed = change => return changed.map(Step::Changed),
+                typed = rx.recv() => match typed {
+                    Ok(text) => return Ok(Step::Typed(text)),
+                    // A slow reader misses pieces; the whole reply still comes at the end.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return a.next_change(caller, agent, id, last.clone()).await.map(Step::Changed),
+                },
+            }
+        }
+    }
 }
 
 /// A status-update event of the task as it now is.
@@ -336,6 +391,18 @@ fn status_event(view: &TaskView) -> StreamResponse {
         task_id: task.id,
         context_id: task.context_id,
         status: task.status,
+        metadata: None,
+    })
+}
+
+/// A piece of the reply as it is typed: the first starts the `reply` artifact, the next append.
+fn chunk_event(task_id: &str, context_id: &str, text: String, appends: bool) -> StreamResponse {
+    StreamResponse::ArtifactUpdate(a2a_protocol_types::events::TaskArtifactUpdateEvent {
+        task_id: task_id.into(),
+        context_id: context_id.into(),
+        artifact: Artifact::new("reply", vec![Part::text(text)]),
+        append: Some(appends),
+        last_chunk: Some(false),
         metadata: None,
     })
 }
