@@ -292,13 +292,14 @@ impl A2a {
                         return Some((Ok(chunk), w));
                     }
                     Ok(Step::Changed(now)) if now.run.status == RunStatus::Ok => {
+                        let now = *now;
                         // The reply whole (replacing what was typed); the final status at the
                         // stream's next turn.
                         let artifact = artifact_event(&now);
                         w.pending = Some(now);
                         return Some((Ok(artifact), w));
                     }
-                    Ok(Step::Changed(now)) => now,
+                    Ok(Step::Changed(now)) => *now,
                     Err(e) => {
                         w.done = true;
                         return Some((Err(e), w));
@@ -340,7 +341,7 @@ enum Step {
     /// A piece of the reply as the agent typed it.
     Typed(String),
     /// The task in its next phase.
-    Changed(TaskView),
+    Changed(Box<TaskView>),
 }
 
 /// One `watch` stream's place.
@@ -365,19 +366,23 @@ impl Watch {
     /// The next piece of the reply, or the task's next phase, whichever comes first.
     async fn next(&mut self) -> Result<Step, A2aError> {
         let Watch { a, caller, agent, id, last, deltas, .. } = self;
+        let changed = |view: TaskView| Step::Changed(Box::new(view));
         loop {
             if deltas.is_none() {
                 *deltas = a.runtime.as_ref().and_then(|rt| rt.subscribe(id));
             }
             let change = a.next_change(caller, agent, id, last.clone());
-            let Some(rx) = deltas.as_mut() else { return change.await.map(Step::Changed) };
+            let Some(rx) = deltas.as_mut() else { return change.await.map(changed) };
             tokio::select! {
-                changed = change => return changed.map(Step::Changed),
+                view = change => return view.map(changed),
                 typed = rx.recv() => match typed {
                     Ok(text) => return Ok(Step::Typed(text)),
                     // A slow reader misses pieces; the whole reply still comes at the end.
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => return a.next_change(caller, agent, id, last.clone()).await.map(Step::Changed),
+                    // The run ended here: only its phase is left to tell.
+                    Err(broadcast::error::RecvError::Closed) => {
+                        return a.next_change(caller, agent, id, last.clone()).await.map(changed);
+                    }
                 },
             }
         }
