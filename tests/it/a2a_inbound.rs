@@ -168,3 +168,27 @@ fn the_send_policy_refuses_a_peers_message_on_channel_a2a_over_both_bindings() {
     assert_nothing_ran(&env);
     drop(server);
 }
+
+#[test]
+fn a_token_of_a_driven_session_is_refused_as_a_peer_and_a_repeated_message_id_starts_nothing_new() {
+    let env = env_exposing(&["main"]);
+    let server = env.serve_http(&[]);
+    let msg =
+        json!({"message": {"role": "ROLE_USER", "messageId": "m-1", "contextId": "c-1", "parts": [{"text": "hi"}]}});
+    let (_, first) = rpc(server.port, ALICE, "SendMessage", msg.clone());
+    assert_eq!(first["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{first}");
+    assert_eq!(first["result"]["task"]["contextId"], "c-1", "{first}");
+    // The same message id again (a retry): the same task, no second run.
+    let (_, again) = rpc(server.port, ALICE, "SendMessage", msg);
+    assert_eq!(again["result"]["task"]["id"], first["result"]["task"]["id"], "{again}");
+    assert_eq!(env.run_counts()["ok"], 1, "{}", env.run_counts());
+    // A client token minted for the context's own session (one our agent drives) may only read.
+    let key = first["result"]["task"]["metadata"]["sessionKey"].as_str().unwrap().to_string();
+    let out = env.run(&["token", "create", "--client", &key]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (status, body) = rpc(server.port, &token, "GetTask", json!({"id": first["result"]["task"]["id"]}));
+    assert_eq!(status, 403, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("may only read"), "{body}");
+    drop(server);
+}

@@ -74,9 +74,19 @@ async fn caller_of(a: &A2a, headers: &HeaderMap) -> Result<Caller, Response> {
     };
     let access = a.access.clone();
     match tokio::task::spawn_blocking(move || access.caller_by_token(&token)).await {
-        Ok(Ok(Some(caller))) if caller.external && caller.run.is_none() => Ok(caller),
+        Ok(Ok(Some(caller))) if caller.run.is_none() && caller.external && !caller.read_only => Ok(caller),
+        // A client token acting as one of our driven sessions may only read (docs/TOKENS.md).
+        Ok(Ok(Some(caller))) if caller.run.is_none() => Err(forbidden(&format!(
+            "this client token acts as {}, a session one of our agents drives: it may only read; an A2A peer needs a token of its own session",
+            caller.key
+        ))),
         _ => Err(unauthorized("token not recognised: an A2A caller signs in with a client token (docs/TOKENS.md)")),
     }
+}
+
+fn forbidden(why: &str) -> Response {
+    let body = serde_json::json!({"error": {"code": 403, "status": "PERMISSION_DENIED", "message": why}});
+    (StatusCode::FORBIDDEN, axum::Json(body)).into_response()
 }
 
 fn unauthorized(why: &str) -> Response {
