@@ -26,6 +26,10 @@ fn env_exposing(agents: &[&str]) -> TestEnv {
 /// `main` served over A2A: it echoes, asks an approval on "approve", sleeps on "slow", and on
 /// "delegate" spawns a child that asks, and waits for it; on "type" it types its reply in pieces.
 fn env_with(agents: &[&str], session: Value) -> TestEnv {
+    env_with_server(agents, session, json!({}))
+}
+
+fn env_with_server(agents: &[&str], session: Value, server: Value) -> TestEnv {
     let mut env = TestEnv::new();
     let wait = json!({"tool": "subagents", "arguments": {"action": "wait", "timeoutSeconds": 120}});
     let script = json!({"rules": [
@@ -52,6 +56,7 @@ fn env_with(agents: &[&str], session: Value) -> TestEnv {
                 "tokens": [{"sha256": sha(ALICE), "sessionKey": "agent:main:alice"},
                            {"sha256": sha(BOB), "sessionKey": "agent:main:bob"}],
                 "a2a": {"agents": agents},
+                "maxStreamsPerCredential": server.get("maxStreamsPerCredential").cloned().unwrap_or(json!(64)),
             },
         })
         .to_string(),
@@ -190,5 +195,38 @@ fn a_token_of_a_driven_session_is_refused_as_a_peer_and_a_repeated_message_id_st
     let (status, body) = rpc(server.port, &token, "GetTask", json!({"id": first["result"]["task"]["id"]}));
     assert_eq!(status, 403, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("may only read"), "{body}");
+    drop(server);
+}
+
+#[test]
+fn an_open_task_stream_holds_one_of_its_tokens_places() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = env_with_server(&["main"], json!({}), json!({"maxStreamsPerCredential": 1}));
+    let server = env.serve_http(&[]);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "params": {"message": {"role": "ROLE_USER", "messageId": "m1", "parts": [{"text": "slow"}]}}})
+    .to_string();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        stream,
+        "POST /a2a/main HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.contains("200"), "{status}");
+    // While that stream is open, alice has no place left; bob has his own.
+    let (busy, body) = rpc(server.port, ALICE, "GetTask", json!({"id": "x"}));
+    assert_eq!(busy, 429, "{body}");
+    let (free, body) = rpc(server.port, BOB, "GetTask", json!({"id": "x"}));
+    assert_eq!((free, &body["error"]["code"]), (200, &json!(-32001)), "{body}");
+    drop(reader);
+    drop(stream);
+    // The server sees the stream gone at its next write (a keep-alive at the latest).
+    common::wait_until(std::time::Duration::from_secs(90), "alice's place back", || {
+        (rpc(server.port, ALICE, "GetTask", json!({"id": "x"})).0 == 200).then_some(())
+    });
     drop(server);
 }

@@ -17,6 +17,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use super::http::{Credential, Open};
 use crate::access::Access;
 use crate::access::caller::Caller;
 use crate::engine::scheduler::Scheduler;
@@ -31,18 +32,22 @@ struct A2a {
     runtime: Option<Arc<Scheduler>>,
 }
 
-/// The A2A routes; an empty router when no agent is exposed.
-pub fn router(access: Access, runtime: Option<Arc<Scheduler>>) -> axum::Router {
+/// The A2A routes; an empty router when no agent is exposed. Each request and stream holds one of
+/// its bearer token's places (`server.maxStreamsPerCredential`, shared with `/mcp` and the
+/// dashboard on this listener).
+pub(super) fn router(access: Access, runtime: Option<Arc<Scheduler>>, open: Open<Credential>) -> axum::Router {
     if access.config().server.a2a.agents.is_empty() {
         return axum::Router::new();
     }
     use axum::routing::{get, post};
-    axum::Router::new()
-        .route("/a2a/{agent}/.well-known/agent-card.json", get(card))
+    let state = A2a { access, runtime };
+    let card = axum::Router::new().route("/a2a/{agent}/.well-known/agent-card.json", get(card));
+    let bindings = axum::Router::new()
         .route("/a2a/{agent}", post(jsonrpc::handle))
         .route("/a2a/{agent}/{action}", post(rest::message))
         .route("/a2a/{agent}/tasks/{task}", get(rest::task_get).post(rest::task_action))
-        .with_state(A2a { access, runtime })
+        .layer(axum::middleware::from_fn_with_state(open, super::http::within_cap_of_bearer));
+    card.merge(bindings).with_state(state)
 }
 
 /// The banner line `serve` prints when agents are exposed.
