@@ -58,6 +58,8 @@ pub mod defaults {
     pub const MAX_SUBSCRIPTIONS: u32 = 100;
     /// `channels.<name>.bridge.maxQueuedRuns`: a chat's burst waits, a flood is refused.
     pub const BRIDGE_MAX_QUEUED_RUNS: u32 = 10;
+    /// `server.a2a.maxQueuedRuns`: one A2A peer's burst waits, a flood is refused.
+    pub const A2A_MAX_QUEUED_RUNS: u32 = 10;
     /// Every major host shows an answer this size whole (Codex cuts above ~12,000 bytes).
     pub const MAX_RESULT_BYTES: usize = 10_000;
     /// Below 4 KiB one message and the answer's own fields no longer fit; above 1 MiB an answer
@@ -945,9 +947,17 @@ pub struct A2aServerConfig {
     /// The base URL peers reach this server at (`https://host:port`), written into the cards'
     /// interface URLs; unset: the scheme and `Host` of the request that fetched the card.
     pub public_url: Option<String>,
+    /// Runs one peer's messages may have waiting at once over its contexts (default 10); a
+    /// message past them is refused and queues nothing.
+    pub max_queued_runs: Option<u32>,
 }
 
 impl A2aServerConfig {
+    /// Runs one A2A peer may have queued (`maxQueuedRuns`, default 10).
+    pub fn max_queued_runs(&self) -> u32 {
+        self.max_queued_runs.unwrap_or(defaults::A2A_MAX_QUEUED_RUNS)
+    }
+
     /// Whether `agent` is served over A2A.
     pub fn exposes(&self, agent: &crate::keys::AgentId) -> bool {
         self.agents.iter().any(|a| crate::keys::AgentId::parse(a).is_ok_and(|a| a == *agent))

@@ -48,19 +48,23 @@ fn env_with_server(agents: &[&str], session: Value, server: Value) -> TestEnv {
     let main = scripted_agent(&env, "main", &script, json!({}));
     let mut main = main;
     main["description"] = json!("Echoes what it is told; asks before it deploys.");
-    env.set_config(
-        &json!({
-            "agents": {"list": [main]},
-            "session": session,
-            "server": {
-                "tokens": [{"sha256": sha(ALICE), "sessionKey": "agent:main:alice"},
-                           {"sha256": sha(BOB), "sessionKey": "agent:main:bob"}],
-                "a2a": {"agents": agents},
-                "maxStreamsPerCredential": server.get("maxStreamsPerCredential").cloned().unwrap_or(json!(64)),
-            },
-        })
-        .to_string(),
-    );
+    let mut config = json!({
+        "agents": {"list": [main]},
+        "session": session,
+        "server": {
+            "tokens": [{"sha256": sha(ALICE), "sessionKey": "agent:main:alice"},
+                       {"sha256": sha(BOB), "sessionKey": "agent:main:bob"}],
+            "a2a": {"agents": agents},
+        },
+    });
+    // The test's own server keys, merged in (`a2a` key by key).
+    for (key, value) in server.as_object().unwrap() {
+        match value.as_object().filter(|_| key == "a2a") {
+            Some(a2a) => config["server"]["a2a"].as_object_mut().unwrap().extend(a2a.clone()),
+            None => config["server"][key] = value.clone(),
+        }
+    }
+    env.set_config(&config.to_string());
     env
 }
 
@@ -228,5 +232,37 @@ fn an_open_task_stream_holds_one_of_its_tokens_places() {
     common::wait_until(std::time::Duration::from_secs(90), "alice's place back", || {
         (rpc(server.port, ALICE, "GetTask", json!({"id": "x"})).0 == 200).then_some(())
     });
+    drop(server);
+}
+
+#[test]
+fn a_peer_with_its_queue_full_is_told_to_retry_later_and_nothing_is_queued() {
+    let env = env_with_server(&["main"], json!({}), json!({"a2a": {"maxQueuedRuns": 1}}));
+    let server = env.serve_http(&[]);
+    let send = |id: &str| {
+        let msg = json!({"message": {"role": "ROLE_USER", "messageId": id, "contextId": "c", "parts": [{"text": "slow"}]},
+                         "configuration": {"returnImmediately": true}});
+        rpc(server.port, ALICE, "SendMessage", msg)
+    };
+    let (_, running) = send("m1");
+    let first = running["result"]["task"]["id"].as_str().unwrap().to_string();
+    common::wait_until(std::time::Duration::from_secs(30), "the first turn running", || {
+        let (_, t) = rpc(server.port, ALICE, "GetTask", json!({"id": first}));
+        (t["result"]["status"]["state"] == "TASK_STATE_WORKING").then_some(())
+    });
+    // The next turn of the same context waits behind it: the one queued run allowed.
+    let (_, queued) = send("m2");
+    assert_eq!(queued["result"]["task"]["status"]["state"], "TASK_STATE_SUBMITTED", "{queued}");
+    let (status, full) = send("m3");
+    assert_eq!((status, &full["error"]["code"]), (200, &json!(-32603)), "{full}");
+    assert!(full["error"]["message"].as_str().unwrap().contains("server.a2a.maxQueuedRuns is 1"), "{full}");
+    assert!(full["error"]["data"].to_string().contains("RetryInfo"), "{full}");
+    let auth = format!("Bearer {ALICE}");
+    let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
+    let body = json!({"message": {"role": "ROLE_USER", "messageId": "m4", "parts": [{"text": "hi"}]}}).to_string();
+    let (status, head, body) = http_to(server.port, "POST", "/a2a/main/message:send", &headers, &body);
+    assert_eq!(status, 429, "{body}");
+    assert!(head.iter().any(|(k, v)| k == "retry-after" && v == "10"), "{head:?}");
+    assert_eq!(env.run_counts()["queued"], 1, "{}", env.run_counts());
     drop(server);
 }

@@ -108,8 +108,13 @@ fn status_body(e: &A2aError) -> serde_json::Value {
     }})
 }
 
-/// The error's body at its HTTP status (403 for a refusal of a signed-in caller).
+/// The error's body at its HTTP status: 403 for a refusal of a signed-in caller, 429 (with
+/// `Retry-After`) for a peer whose queue is full, else the status A2A gives its code.
 fn failure(e: &A2aError) -> Response {
+    if let Some(after) = e.retry_after() {
+        let headers = [(axum::http::header::RETRY_AFTER, after.as_secs().to_string())];
+        return (StatusCode::TOO_MANY_REQUESTS, headers, axum::Json(status_body(e))).into_response();
+    }
     let status = match e.auth_rejection() {
         Some(_) => StatusCode::FORBIDDEN,
         None => StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),

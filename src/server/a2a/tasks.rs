@@ -34,6 +34,8 @@ const CANCEL_WAIT: Duration = Duration::from_secs(15);
 /// How long one wait of a watcher lasts before it waits again (the stream's keep-alive is the
 /// SSE layer's).
 const WATCH_ROUND: Duration = Duration::from_secs(60);
+/// When a peer whose runs fill its queue is told to try again.
+const QUEUE_FULL_RETRY: Duration = Duration::from_secs(10);
 /// Longest message text, in bytes (a spawn's task's).
 const MAX_TEXT_BYTES: usize = 64 * 1024;
 
@@ -188,6 +190,9 @@ impl A2a {
             }
             Err(InjectError::Policy(m)) => return Err(A2aError::permission_denied(m)),
             Err(InjectError::NoRunner(m)) => return Err(A2aError::unsupported_operation(m)),
+            Err(InjectError::QueueFull { message, .. }) => {
+                return Err(A2aError::rate_limited(message, QUEUE_FULL_RETRY));
+            }
             Err(e) => return Err(A2aError::internal(e.to_string())),
         };
         self.view(caller, agent, &run_id)
