@@ -691,6 +691,9 @@ async fn serve_http(
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     eprintln!("sessions-mcp: listening on {scheme}://{}/mcp", listener.local_addr().map_or(sock, |a| a));
+    if let Some(line) = server::a2a::banner(&config) {
+        eprintln!("sessions-mcp: {line}");
+    }
     let serving = tokio::spawn(server::http::serve_tcp(listener, router, limits, tls, cancel.clone()));
     terminate_signal().await;
     cancel.cancel();

@@ -59,6 +59,8 @@ pub mod defaults {
     pub const MAX_SUBSCRIPTIONS: u32 = 100;
     /// `channels.<name>.bridge.maxQueuedRuns`: a chat's burst waits, a flood is refused.
     pub const BRIDGE_MAX_QUEUED_RUNS: u32 = 10;
+    /// `server.a2a.maxQueuedRuns`: one A2A peer's burst waits, a flood is refused.
+    pub const A2A_MAX_QUEUED_RUNS: u32 = 10;
     /// Every major host shows an answer this size whole (Codex cuts above ~12,000 bytes).
     pub const MAX_RESULT_BYTES: usize = 10_000;
     /// Below 4 KiB one message and the answer's own fields no longer fit; above 1 MiB an answer
@@ -392,6 +394,9 @@ pub struct AgentEntry {
     pub id: String,
     #[serde(default)]
     pub name: Option<String>,
+    /// What the agent is for, in words: its A2A card's description and skill (docs/A2A.md).
+    #[serde(default)]
+    pub description: Option<String>,
     #[serde(default)]
     pub default: bool,
     #[serde(default)]
@@ -419,6 +424,7 @@ impl AgentEntry {
         AgentEntry {
             id: id.to_string(),
             name: None,
+            description: None,
             default: false,
             workspace: None,
             model: None,
@@ -483,7 +489,7 @@ pub struct RunnerConfig {
     pub max_concurrent: Option<u32>,
     pub context_budget_bytes: Option<u64>,
     pub sandbox: Option<RunnerSandbox>,
-    /// `kind: "a2a"`: the remote agent's card (docs/A2A-REMOTE.md). Only a configured URL is ever
+    /// `kind: "a2a"`: the remote agent's card (docs/A2A.md). Only a configured URL is ever
     /// called: https, or http to a loopback host.
     pub card_url: Option<String>,
     /// `kind: "a2a"`: the environment variable holding the bearer token sent to the remote agent.
@@ -528,7 +534,7 @@ pub enum RunnerKind {
     CodexExecJson,
     GeminiStreamJson,
     Text,
-    /// A remote agent over A2A v1.0: no local process (docs/A2A-REMOTE.md).
+    /// A remote agent over A2A v1.0: no local process (docs/A2A.md).
     A2a,
 }
 
@@ -936,6 +942,48 @@ pub struct ServerConfig {
     pub operator_tokens: Vec<TokenHash>,
     /// `/metrics` without a token, on a loopback bind only (serve refuses it on another).
     pub metrics_public: bool,
+    /// Our agents served over A2A (docs/A2A.md).
+    pub a2a: A2aServerConfig,
+}
+
+/// Which of our agents `serve --http` / `daemon --http` also serve as A2A agents, under
+/// `/a2a/<agentId>` (docs/A2A.md). None by default: nothing is served.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct A2aServerConfig {
+    /// The agent ids to expose, each with its own agent card at
+    /// `/a2a/<agentId>/.well-known/agent-card.json`.
+    pub agents: Vec<String>,
+    /// The base URL peers reach this server at (`https://host:port`), written into the cards'
+    /// interface URLs; unset: the scheme and `Host` of the request that fetched the card.
+    pub public_url: Option<String>,
+    /// Runs one peer's messages may have waiting at once over its contexts (default 10); a
+    /// message past them is refused and queues nothing.
+    pub max_queued_runs: Option<u32>,
+}
+
+impl A2aServerConfig {
+    /// Runs one A2A peer may have queued (`maxQueuedRuns`, default 10).
+    pub fn max_queued_runs(&self) -> u32 {
+        self.max_queued_runs.unwrap_or(defaults::A2A_MAX_QUEUED_RUNS)
+    }
+
+    /// Whether `agent` is served over A2A.
+    pub fn exposes(&self, agent: &crate::keys::AgentId) -> bool {
+        self.agents.iter().any(|a| crate::keys::AgentId::parse(a).is_ok_and(|a| a == *agent))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        for (i, agent) in self.agents.iter().enumerate() {
+            crate::keys::AgentId::parse(agent).map_err(|e| format!("server.a2a.agents[{i}]: {e}"))?;
+        }
+        if let Some(url) = &self.public_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return Err(format!("server.a2a.publicUrl must be an http:// or https:// URL, got {url:?}"));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerConfig {
@@ -952,6 +1000,7 @@ impl Default for ServerConfig {
             max_subscriptions: defaults::MAX_SUBSCRIPTIONS,
             operator_tokens: Vec::new(),
             metrics_public: false,
+            a2a: A2aServerConfig::default(),
         }
     }
 }
@@ -1064,6 +1113,7 @@ pub fn problems(text: &str) -> Vec<String> {
 impl Config {
     /// Range and cross-field checks serde cannot express. One message per problem, naming the key.
     pub fn validate(&self) -> Result<(), String> {
+        self.server.a2a.validate()?;
         let sub = &self.agents.defaults.subagents;
         if !(1..=5).contains(&sub.max_spawn_depth) {
             return Err(format!("agents.defaults.subagents.maxSpawnDepth must be 1-5, got {}", sub.max_spawn_depth));

@@ -71,6 +71,8 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         true => super::ask_chat::chat_of(rt, &child)?,
         false => None,
     };
+    // The peer of an A2A tree sees every open ask of its task (`input-required`): a person route.
+    let peer = rule.is_none() && super::a2a::in_a2a_tree(rt, &child)?;
     let cap = approvals.max_open_per_run;
     let id = uuid::Uuid::new_v4().to_string();
     let ask = NewAsk {
@@ -106,9 +108,13 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
             if let Some(chat) = &chat {
                 super::ask_chat::post(tx, run, &ask, chat)?;
             }
+            if peer {
+                tx.add_ask_route(&id, &super::a2a::route_event())?;
+            }
+            let person = chat.is_some() || peer;
             if let Some(target) = &target
                 && (target.external
-                    || model_may_answer_driven(&rt.config, &run.agent_id, kind, tool.as_deref(), chat.is_some()))
+                    || model_may_answer_driven(&rt.config, &run.agent_id, kind, tool.as_deref(), person))
             {
                 put_to(tx, run, &child, target, &ask, &rt.config)?;
             }
@@ -129,7 +135,8 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
 }
 
 /// Whether a driven answerer's model may be given the ask: it has no host, so only the operator
-/// and the people of the chat it was posted to (`in_chat`) are persons to wait for.
+/// and the people of the chat it was posted to, or the A2A peer of the tree (`in_chat`), are
+/// persons to wait for.
 fn model_may_answer_driven(
     config: &crate::config::Config,
     agent: &crate::keys::AgentId,
@@ -168,7 +175,7 @@ pub fn pending(config: &crate::config::Config, caller: &SessionKey, host: Host, 
         HostRoute::Asked
     };
     let timed_out = approvals.person_timeout_seconds.is_some_and(|s| now_ms() - ask.created_at >= (s * 1000) as i64);
-    let chat = super::ask_chat::posted_to(&ask).map(String::from);
+    let chat = super::ask_chat::posted_to(&ask).map(String::from).or_else(|| super::a2a::shown_to_peer(&ask));
     let routes =
         PersonRoutes { host: host_route, operator: approvals.operator_watches, channel: chat.is_some(), timed_out };
     let agent = ask.child.agent_id(&config.default_agent());
@@ -514,6 +521,7 @@ pub fn answerer_words(via: AnsweredVia, by: &str, host: Option<&str>) -> String 
         AnsweredVia::Rule => "a rule".into(),
         AnsweredVia::Timeout => "no one in time".into(),
         AnsweredVia::Channel => format!("a person via {}", host.unwrap_or("a channel")),
+        AnsweredVia::A2a => format!("the A2A peer {by}"),
     }
 }
 

@@ -89,6 +89,8 @@ pub enum SourceTool {
     InputRequest,
     /// A user's message on a channel, posted by the channel's bridge.
     ChannelBridge,
+    /// A message from an A2A peer (`SendMessage`, docs/A2A.md).
+    A2a,
 }
 
 impl SourceTool {
@@ -101,6 +103,7 @@ impl SourceTool {
             SourceTool::Subagents => "subagents",
             SourceTool::InputRequest => "input_request",
             SourceTool::ChannelBridge => "channel_bridge",
+            SourceTool::A2a => "a2a",
         }
     }
 }

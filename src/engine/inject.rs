@@ -22,6 +22,9 @@ pub enum Origin {
     Operator,
     /// A user on a channel, as its bridge tells it, and where a reply to them goes.
     Channel(Box<(ChannelUser, Route)>),
+    /// An A2A peer (`channel: "a2a"`, `senderId`: its caller key, `threadId`: its contextId,
+    /// `messageId`: its message's); the reply is read back from the run (its task), not delivered.
+    A2a(Box<ChannelUser>),
 }
 
 /// What became of a message from outside.
@@ -73,14 +76,23 @@ impl From<StoreError> for InjectError {
 fn check_channel_queue(tx: &crate::store::Tx, config: &Config, channel: &str) -> Result<(), InjectError> {
     let max = config.bridge_max_queued_runs(channel);
     let queued = tx.queued_channel_runs(channel)?;
+    let limit = format!("channels.{channel}.bridge.maxQueuedRuns");
+    check_queue(queued, max, limit, &format!("channel {channel:?}"), "its users' messages")
+}
+
+/// [`check_channel_queue`] for an A2A peer (`server.a2a.maxQueuedRuns`).
+fn check_peer_queue(tx: &crate::store::Tx, config: &Config, peer: &str) -> Result<(), InjectError> {
+    let max = config.server.a2a.max_queued_runs();
+    let queued = tx.queued_peer_runs(peer)?;
+    check_queue(queued, max, "server.a2a.maxQueuedRuns".into(), &format!("A2A peer {peer}"), "its messages")
+}
+
+fn check_queue(queued: i64, max: u32, limit: String, who: &str, what: &str) -> Result<(), InjectError> {
     if queued < i64::from(max) {
         return Ok(());
     }
-    let limit = format!("channels.{channel}.bridge.maxQueuedRuns");
-    let message = format!(
-        "channel {channel:?} already has {queued} runs queued for its users' messages; {limit} is {max}: \
-         retry once they have started"
-    );
+    let message =
+        format!("{who} already has {queued} runs queued for {what}; {limit} is {max}: retry once they have started");
     Err(InjectError::QueueFull { message, limit, max })
 }
 
@@ -109,6 +121,7 @@ pub fn start(
     let (tool, user, route) = match origin {
         Origin::Operator => (SourceTool::Inject, None, None),
         Origin::Channel(channel) => (SourceTool::ChannelBridge, Some(channel.0.clone()), Some(&channel.1)),
+        Origin::A2a(peer) => (SourceTool::A2a, Some(peer.as_ref().clone()), None),
     };
     let message_id = user.as_ref().and_then(|u| u.message_id.clone());
     let provenance = Provenance::ExternalUser { tool, chain: Some(chain.clone()), user }.to_json();
@@ -127,6 +140,9 @@ pub fn start(
         }
         if let Some(route) = route.filter(|_| !external) {
             check_channel_queue(tx, config, &route.channel)?;
+        }
+        if let Origin::A2a(peer) = origin {
+            check_peer_queue(tx, config, &peer.sender_id)?;
         }
         tx.insert_session(&NewSession::new(key.clone(), agent.clone(), keys::kind_of(key, &scope, None), false))?;
         let id: i64 = tx.session_id(key)?;

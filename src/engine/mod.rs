@@ -3,6 +3,7 @@
 //! a run (reply-back, announce, deliveries) are queued runs and ledger rows; send, spawn and inject
 //! start runs.
 
+pub mod a2a;
 pub mod ask;
 pub mod ask_chat;
 pub mod attachments;

@@ -13,7 +13,7 @@
 //! order, `usageIntervalMs` apart — default 0 — with a cancel line during a wait ending the turn:
 //! each is the run's usage so far), `sleepMs`, `deltas` (emit the reply as
 //! `text_delta`s), `error` (`{code, message}`), `exitCode`, `ignoreCancel`, `noFinal`,
-//! `invalidJson`, `floodBytes`, `call` (a session tool called back through the run socket),
+//! `invalidJson`, `floodBytes`, `call` (a session tool called back through the run socket; or a list, in order),
 //! `steer` (declare `"steer": true` in `start`, so the runner writes steer lines), `awaitSteerMs`
 //! (wait up to N ms for a steer line; a cancel line still ends the turn), `{steer}` in `reply`
 //! (the texts of the steer lines read so far, one per line; empty if none), `ask` (one
@@ -89,8 +89,10 @@ pub struct Actions {
     pub invalid_json: bool,
     pub flood_bytes: Option<u64>,
     /// Calls a session tool back through the server as this run's session (the result is
-    /// emitted as tool_call + tool_result; `{result}` in `reply` is its structured content).
-    pub call: Option<Call>,
+    /// emitted as tool_call + tool_result; `{result}` in `reply` is its structured content);
+    /// a list calls each in order (`{result}`: the last one's).
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub call: Vec<Call>,
     /// Declares in `start` that the agent takes steer lines.
     #[serde(default)]
     pub steer: bool,
@@ -304,7 +306,7 @@ pub fn run(script: Option<&Path>) -> ExitCode {
         );
     }
     let mut call_result = Value::Null;
-    if let Some(call) = &a.call {
+    for call in &a.call {
         let arguments = fill.apply_value(&call.arguments);
         emit(&mut out, json!({"type": "tool_call", "id": "callback", "name": call.tool, "arguments": arguments}));
         let (result, is_error) = match call_back(&call.tool, &arguments) {

@@ -1,4 +1,4 @@
-//! One turn of a remote agent (`runner.kind: "a2a"`, docs/A2A-REMOTE.md) as an A2A v1.0 task:
+//! One turn of a remote agent (`runner.kind: "a2a"`, docs/A2A.md) as an A2A v1.0 task:
 //! the card is read from its configured URL, the turn's input is sent as a message in the
 //! session's remote context (streamed where the card says so, else sent and the task followed
 //! by `GetTask` polling), `input-required` / `auth-required` become the turn's input requests

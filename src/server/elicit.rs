@@ -370,31 +370,10 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::SessionKey;
-    use crate::store::AskState;
 
     fn ask(kind: AskKind, options: Option<Value>) -> AskRow {
-        AskRow {
-            id: "a1".into(),
-            run_id: "r1".into(),
-            session: 1,
-            child: SessionKey::from_canonical("agent:main:subagent:x"),
-            agent_request_id: "q".into(),
-            kind,
-            text: "May I?".into(),
-            options,
-            details: Some(json!({"toolName": "Write", "input": {"path": "x".repeat(700)}})),
-            target: SessionKey::from_canonical("agent:main:main"),
-            state: AskState::Open,
-            decision: None,
-            answer_text: None,
-            answered_by: None,
-            answered_via: None,
-            answered_host: None,
-            routes: Vec::new(),
-            created_at: 0,
-            deadline_at: 0,
-        }
+        let details = Some(json!({"toolName": "Write", "input": {"path": "x".repeat(700)}}));
+        AskRow { options, details, ..AskRow::for_test(kind, "May I?") }
     }
 
     fn result(action: ElicitationAction, content: Option<Value>) -> ElicitResult {

@@ -104,6 +104,7 @@ pub fn router(
     let outside = options.outside_endpoints.then(|| {
         let dashboard = super::dashboard::Shared { hub: hub.clone(), open: open.clone(), cancel: cancel.clone() };
         super::bridge::router(access.clone(), runtime.clone())
+            .merge(super::a2a::router(access.clone(), runtime.clone(), open.clone()))
             .merge(super::metrics::router(access.clone()))
             .merge(super::dashboard::router(access.clone(), runtime.clone(), options.clone(), dashboard))
             .layer(axum::middleware::from_fn_with_state(options.clone(), same_host_only))
@@ -244,6 +245,13 @@ async fn within_stream_cap(open: &Open<Credential>, credential: Credential, mut 
     let gone = CancellationToken::new();
     req.extensions_mut().insert(ClientGone(gone.clone()));
     hold_until_sent(next.run(req).await, (held, gone.drop_guard()))
+}
+
+/// [`within_stream_cap`] for routes that resolve their caller themselves (the A2A bindings): the
+/// credential is the request's bearer token, whatever it turns out to be.
+pub(super) async fn within_cap_of_bearer(State(open): State<Open<Credential>>, req: Request, next: Next) -> Response {
+    let credential = Credential::of(req.headers());
+    within_stream_cap(&open, credential, req, next).await
 }
 
 /// Fires when the HTTP response of a request has been sent or dropped — its client went away.

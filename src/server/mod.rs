@@ -2,6 +2,7 @@
 //! `tools/`. The caller is bound to the transport — the stdio process's credentials, or per HTTP
 //! request the bearer token (see [`http`]) — and never taken from tool arguments.
 
+pub mod a2a;
 mod apps;
 mod bridge;
 mod dashboard;

@@ -54,13 +54,15 @@ pub enum AnsweredVia {
     Timeout,
     /// A person in the chat the ask was posted to, through the channel's bridge.
     Channel,
+    /// The A2A peer whose task the ask holds `input-required` (docs/A2A.md).
+    A2a,
 }
 
 text_enum!(AskKind { Approval => "approval", Question => "question" });
 text_enum!(AskState { Open => "open", Answered => "answered", Expired => "expired", Withdrawn => "withdrawn" });
 text_enum!(AskDecision { Allow => "allow", Deny => "deny" });
 text_enum!(AnsweredVia {
-    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Dashboard => "dashboard", Rule => "rule", Timeout => "timeout", Channel => "channel",
+    Subagents => "subagents", Operator => "operator", Elicitation => "elicitation", Dashboard => "dashboard", Rule => "rule", Timeout => "timeout", Channel => "channel", A2a => "a2a",
 });
 
 /// An ask to record.
@@ -117,6 +119,35 @@ pub struct AskRow {
     pub routes: Vec<Value>,
     pub created_at: i64,
     pub deadline_at: i64,
+}
+
+impl AskRow {
+    /// An open ask `a1` of run `r1`, asked by `agent:main:subagent:x` of `agent:main:main`, for
+    /// unit tests that need a row without a store; set other fields by struct update.
+    #[cfg(test)]
+    pub fn for_test(kind: AskKind, text: &str) -> AskRow {
+        AskRow {
+            id: "a1".into(),
+            run_id: "r1".into(),
+            session: 1,
+            child: SessionKey::from_canonical("agent:main:subagent:x"),
+            agent_request_id: "q".into(),
+            kind,
+            text: text.into(),
+            options: None,
+            details: None,
+            target: SessionKey::from_canonical("agent:main:main"),
+            state: AskState::Open,
+            decision: None,
+            answer_text: None,
+            answered_by: None,
+            answered_via: None,
+            answered_host: None,
+            routes: Vec::new(),
+            created_at: 0,
+            deadline_at: 0,
+        }
+    }
 }
 
 const SELECT: &str = "SELECT a.id, a.run_id, a.session, c.key, a.agent_request_id, a.kind, a.text, a.options,

@@ -182,7 +182,7 @@ pub struct RunRow {
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub ended_at: Option<i64>,
-    /// The A2A task a run of a remote agent started (docs/A2A-REMOTE.md).
+    /// The A2A task a run of a remote agent started (docs/A2A.md).
     pub remote_task_id: Option<String>,
 }
 
@@ -340,13 +340,22 @@ impl Finished {
 /// Queued runs of messages a channel's bridge posted (`sourceTool` `channel_bridge` in their
 /// provenance, as `engine::chain` writes it), over all the channel's sessions.
 pub(super) fn queued_channel_runs(tx: &dyn Sql, channel: &str) -> Result<i64> {
-    let (tool, source) =
-        (tx.dialect().json_text("provenance", "sourceTool"), tx.dialect().json_text("provenance", "sourceChannel"));
+    queued_inject_runs(tx, "channel_bridge", "sourceChannel", channel)
+}
+
+/// Queued runs of one A2A peer's messages (`sourceTool` `a2a`, `senderId` the peer's key), over
+/// all its contexts.
+pub(super) fn queued_peer_runs(tx: &dyn Sql, peer: &str) -> Result<i64> {
+    queued_inject_runs(tx, "a2a", "senderId", peer)
+}
+
+/// Queued `inject` runs whose provenance names `tool` and has `field` = `value`.
+fn queued_inject_runs(tx: &dyn Sql, tool: &str, field: &str, value: &str) -> Result<i64> {
+    let (source_tool, source) =
+        (tx.dialect().json_text("provenance", "sourceTool"), tx.dialect().json_text("provenance", field));
     tx.query_row(
-        &format!(
-            "SELECT count(*) FROM runs WHERE status = 'queued' AND mode = 'inject' AND {tool} = 'channel_bridge' AND {source} = ?1"
-        ),
-        args![channel],
+        &format!("SELECT count(*) FROM runs WHERE status = 'queued' AND mode = 'inject' AND {source_tool} = ?1 AND {source} = ?2"),
+        args![tool, value],
         |r| r.get(0),
     )
 }

@@ -224,6 +224,10 @@ impl Tx<'_> {
         super::run_queue::queued_channel_runs(self.tx, channel)
     }
 
+    pub fn queued_peer_runs(&self, peer: &str) -> Result<i64> {
+        super::run_queue::queued_peer_runs(self.tx, peer)
+    }
+
     /// A caller's idempotency key, if used in the last 24 h: read in the transaction that would
     /// use it, so that two posts of one message cannot both pass.
     pub fn idempotency(&self, caller: &SessionKey, key: &str) -> Result<Option<super::IdempotencyHit>> {

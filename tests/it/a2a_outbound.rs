@@ -1,4 +1,4 @@
-//! Remote agents as children (issue 39, docs/A2A-REMOTE.md), black-box: a small agent built on the
+//! Remote agents as children (issue 39, docs/A2A.md), black-box: a small agent built on the
 //! official Python A2A SDK's server (`tests/clients/a2a_agent.py`, PyPI `a2a-sdk` pinned in
 //! `tests/clients/requirements.txt`) is our agent `remote` (`runner.kind: "a2a"`, its card on
 //! loopback, a bearer token by env var). Over stdio: a spawn's result and the session's next turn

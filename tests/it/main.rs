@@ -2,6 +2,7 @@
 //! per file. One module per area; each starts the real binary or drives the library in-process
 //! through `common`. Run one area with `cargo test --test it <module>::`.
 
+mod a2a_inbound;
 mod a2a_outbound;
 mod agents;
 mod answer_budget_props;
