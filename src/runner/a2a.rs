@@ -17,8 +17,8 @@ use a2a_protocol_client::discovery::{CardFetchOptions, fetch_card_from_url_with_
 use a2a_protocol_client::streaming::EventStream;
 use a2a_protocol_client::{A2aClient, ClientBuilder, CredentialsStore};
 use a2a_protocol_types::{
-    AgentCard, Artifact, Message, MessageSendParams, SendMessageConfiguration, SendMessageResponse, StreamResponse,
-    Task, TaskState, TaskStatus,
+    AgentCard, Artifact, Message, MessageSendParams, PartContent, SendMessageConfiguration, SendMessageResponse,
+    StreamResponse, Task, TaskState, TaskStatus,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -69,6 +69,9 @@ struct Seen {
     state: Option<TaskState>,
     /// The last status message's text (the question of an interrupted task, the final word).
     status_text: Option<String>,
+    /// The peer marked its question an approval (a data part `{"kind": "approval"}`, as our own
+    /// A2A endpoint does): answered `allow …` / `deny …`, the words such a peer takes.
+    asks_approval: bool,
     /// The artifacts in arrival order, by id (an update appends to or replaces its artifact).
     artifacts: Vec<(String, String)>,
     /// A reply the peer gave as a message, with no task.
@@ -386,6 +389,7 @@ impl Following<'_, '_> {
         }
         if text.is_some() || status.state.is_terminal() {
             self.seen.status_text = text;
+            self.seen.asks_approval = status.message.as_ref().is_some_and(marked_approval);
         }
         self.seen.state = Some(status.state);
     }
@@ -419,6 +423,11 @@ impl Following<'_, '_> {
             return Err(Stop::Failed("the remote agent asked for input, and this run cannot ask".into()));
         };
         let auth = self.seen.state == Some(TaskState::AuthRequired);
+        let asked = match (auth, self.seen.asks_approval) {
+            (true, _) => Asked::Authorization,
+            (false, true) => Asked::Approval,
+            (false, false) => Asked::Question,
+        };
         let question = self.seen.status_text.clone().unwrap_or_else(|| "the remote agent asks for input".into());
         let text = match auth {
             true => format!("the remote agent asks for authorization: {question}"),
@@ -426,7 +435,7 @@ impl Following<'_, '_> {
         };
         let (answer, answered) = tokio::sync::oneshot::channel();
         let id = format!("{}-{}", self.seen.task_id.as_deref().unwrap_or("task"), uuid::Uuid::new_v4().simple());
-        let kind = if auth { InputKind::Approval } else { InputKind::Question };
+        let kind = if asked == Asked::Question { InputKind::Question } else { InputKind::Approval };
         let request = InputRequest { id, kind, text, options: None, details: self.details(), answer };
         if asks.send(request).is_err() {
             return Err(Stop::Failed("the remote agent asked for input, and nobody can answer it".into()));
@@ -438,7 +447,7 @@ impl Following<'_, '_> {
             a = answered => Ok(a.unwrap_or(InputAnswer { decision: Decision::Deny, text: Some("the request was dropped unanswered".into()) })),
         };
         waiting(false);
-        answer.map(answer_text)
+        answer.map(|a| answer_text(asked, a))
     }
 
     fn details(&self) -> Option<Value> {
@@ -506,13 +515,34 @@ fn whole(v: &Value) -> Value {
     }
 }
 
+/// What an interrupted task asks, which decides the words of its answer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Asked {
+    /// `auth-required`: an approval, answered `yes` or `declined[: why]`.
+    Authorization,
+    /// An `input-required` the peer marked an approval: answered `allow [words]` or `deny [why]`.
+    Approval,
+    /// An `input-required` in words: answered with the words, or `declined[: why]`.
+    Question,
+}
+
+/// Whether a status message carries the approval mark: a data part whose `kind` is `approval`.
+fn marked_approval(message: &a2a_protocol_types::Message) -> bool {
+    message.parts.iter().any(
+        |p| matches!(&p.content, PartContent::Data(d) if d.get("kind").and_then(Value::as_str) == Some("approval")),
+    )
+}
+
 /// The message an answer sends into the task: the answer's text, or the refusal.
-fn answer_text(answer: InputAnswer) -> String {
-    match (answer.decision, answer.text) {
-        (Decision::Allow, Some(t)) if !t.is_empty() => t,
-        (Decision::Allow, _) => "yes".into(),
-        (Decision::Deny, Some(t)) if !t.is_empty() => format!("declined: {t}"),
-        (Decision::Deny, _) => "declined".into(),
+fn answer_text(asked: Asked, answer: InputAnswer) -> String {
+    let text = answer.text.filter(|t| !t.is_empty());
+    match (asked, answer.decision, text) {
+        (Asked::Approval, Decision::Allow, t) => t.map_or("allow".into(), |t| format!("allow {t}")),
+        (Asked::Approval, Decision::Deny, t) => t.map_or("deny".into(), |t| format!("deny {t}")),
+        (_, Decision::Allow, Some(t)) => t,
+        (_, Decision::Allow, None) => "yes".into(),
+        (_, Decision::Deny, Some(t)) => format!("declined: {t}"),
+        (_, Decision::Deny, None) => "declined".into(),
     }
 }
 
@@ -624,9 +654,25 @@ mod tests {
         assert_eq!(report, json!({"inputTokens": 10, "outputTokens": 4, "costUsd": 0.5}));
         assert_eq!(usage_report(&json!({"nothing": 1})), None);
         let allow = |t: Option<&str>| InputAnswer { decision: Decision::Allow, text: t.map(String::from) };
-        assert_eq!(answer_text(allow(Some("blue"))), "blue");
-        assert_eq!(answer_text(allow(None)), "yes");
-        assert_eq!(answer_text(InputAnswer { decision: Decision::Deny, text: Some("no".into()) }), "declined: no");
+        let deny = |t: Option<&str>| InputAnswer { decision: Decision::Deny, text: t.map(String::from) };
+        assert_eq!(answer_text(Asked::Question, allow(Some("blue"))), "blue");
+        assert_eq!(answer_text(Asked::Authorization, allow(None)), "yes");
+        assert_eq!(answer_text(Asked::Question, deny(Some("no"))), "declined: no");
+        assert_eq!(answer_text(Asked::Approval, allow(None)), "allow");
+        assert_eq!(answer_text(Asked::Approval, allow(Some("once"))), "allow once");
+        assert_eq!(answer_text(Asked::Approval, deny(Some("not today"))), "deny not today");
+    }
+
+    #[test]
+    fn a_status_with_a_data_part_of_kind_approval_marks_an_approval() {
+        let status = |data: Value| -> Message {
+            serde_json::from_value(json!({"messageId": "m", "role": "ROLE_AGENT",
+                "parts": [{"text": "main asks: May I deploy?"}, {"data": data}]}))
+            .unwrap()
+        };
+        assert!(marked_approval(&status(json!({"requestId": "r", "kind": "approval", "options": null}))));
+        assert!(!marked_approval(&status(json!({"requestId": "r", "kind": "question"}))));
+        assert!(!marked_approval(&status(json!(["approval"]))));
     }
 
     #[test]

@@ -12,10 +12,10 @@ use common::{TestEnv, scripted_agent};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-const ALICE: &str = "a2a-alice-token-0123456789";
+pub(crate) const ALICE: &str = "a2a-alice-token-0123456789";
 const BOB: &str = "a2a-bob-token-0123456789";
 
-fn sha(token: &str) -> String {
+pub(crate) fn sha(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
@@ -68,7 +68,7 @@ fn env_with_server(agents: &[&str], session: Value, server: Value) -> TestEnv {
     env
 }
 
-fn rpc(port: u16, token: &str, method: &str, params: Value) -> (u16, Value) {
+pub(crate) fn rpc(port: u16, token: &str, method: &str, params: Value) -> (u16, Value) {
     let auth = format!("Bearer {token}");
     let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();

@@ -102,7 +102,7 @@ fn spawn_remote(c: &mut Client, task: &str) -> String {
     r["childSessionKey"].as_str().unwrap_or_else(|| panic!("{r}")).to_string()
 }
 
-fn finished(c: &mut Client) -> Value {
+pub(crate) fn finished(c: &mut Client) -> Value {
     let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 90}));
     assert_eq!(w["status"], "ok", "{w}");
     w["finished"][0].clone()
@@ -117,21 +117,21 @@ fn two_messages_sharing(agent: &RemoteAgent, field: usize, what: &str) {
 }
 
 /// Waits until the child's run has stored its remote task.
-fn wait_remote_task(env: &TestEnv, child: &str) -> String {
+pub(crate) fn wait_remote_task(env: &TestEnv, child: &str) -> String {
     wait_until(Duration::from_secs(30), "the remote task id stored", || {
         env.show(child)["runs"][0]["remoteTaskId"].as_str().map(String::from)
     })
 }
 
 /// Waits until the child's last run ended, and returns it.
-fn ended_run(env: &TestEnv, child: &str) -> Value {
+pub(crate) fn ended_run(env: &TestEnv, child: &str) -> Value {
     wait_until(Duration::from_secs(60), "the run to end", || {
         let show = env.show(child);
         (show["runs"][0]["status"] != "running").then(|| show["runs"][0].clone())
     })
 }
 
-fn assistant_texts(env: &TestEnv, key: &str) -> Vec<String> {
+pub(crate) fn assistant_texts(env: &TestEnv, key: &str) -> Vec<String> {
     let show = env.show(key);
     let messages = show["messages"].as_array().unwrap();
     messages.iter().filter(|m| m["role"] == "assistant").map(|m| text_of(&m["content"])).collect()

@@ -25,6 +25,7 @@ mod dashboard;
 mod dashboard_browser;
 mod degraded;
 mod faults;
+mod federation;
 mod first_use;
 mod fuzz_regressions;
 mod gemini_cli;
