@@ -608,6 +608,19 @@ pub(super) fn lock_session(tx: &dyn Sql, session: i64) -> Result<()> {
     Ok(())
 }
 
+/// Locks the row of `run_id`'s session, as [`lock_session`] does, for a writer that knows the
+/// run but not its session (a run's end, its live reports): one statement.
+pub(super) fn lock_session_of_run(tx: &dyn Sql, run_id: &str) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres {
+        tx.query_map(
+            "SELECT id FROM sessions WHERE id = (SELECT session FROM runs WHERE run_id = ?1) FOR UPDATE",
+            args![run_id],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
+}
+
 /// Extends `owner`'s lease to [`LEASE_MS`] from now (the database's clock: every node's leases
 /// are read against it).
 fn renew_lease(tx: &dyn Sql, owner: &str) -> Result<()> {
@@ -657,12 +670,17 @@ impl Store {
 
     /// Records the end of a run: its messages, status, usage and the session's totals, at once;
     /// only while it is `running` under `owner`, the process (node and epoch) that claimed it.
+    ///
+    /// On a shared database it holds no global lock: it locks the run's session row, then the
+    /// run's row (an interrupting sweep locks the run's row before it ends it, so one of the two
+    /// ends stands, never both), then the budget accounts it settles, root to leaf
+    /// ([`super::budgets::settle_run`]).
     pub fn finish_run(&self, run_id: &str, owner: &str, f: &Finished) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
+            lock_session_of_run(tx, run_id)?;
+            let sql = format!("SELECT session, status, owner FROM runs WHERE run_id = ?1{}", tx.dialect().for_update(""));
             let (session, status, ran_by): (i64, String, Option<String>) =
-                tx.query_row("SELECT session, status, owner FROM runs WHERE run_id = ?1", args![run_id], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
+                tx.query_row(&sql, args![run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             // Another node interrupted it (its lease passed while this one ran it), or this
             // node's next owner did: that end stands and its steps are theirs to take.
             if status != RunStatus::Running.as_str() || ran_by.as_deref() != Some(owner) {
@@ -762,7 +780,10 @@ impl Store {
             };
             let sql = format!(
                 "SELECT {RUN_COLUMNS}, r.owner FROM runs r JOIN sessions s ON s.id = r.session
-                 WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1) {others_expired}"
+                 WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1) {others_expired}{}",
+                // The run rows before the accounts their ends settle: a run's end takes them in
+                // that order too, holding no global lock (`finish_run`).
+                tx.dialect().for_update("r")
             );
             let args = match shared {
                 true => args![owner.as_str(), owner.node()],

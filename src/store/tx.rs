@@ -69,8 +69,11 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// The budget accounts `session` draws on: its own, then its ancestors', nearest first.
+    /// The budget accounts `session` draws on: its own, then its ancestors', nearest first;
+    /// locked for the rest of the transaction, root to leaf, as every writer that reserves or
+    /// settles from them locks them (`budgets::lock_chains`).
     pub fn budget_chain(&self, session: i64) -> Result<Vec<crate::policy::budget::Account>> {
+        super::budgets::lock_accounts(self.tx, session)?;
         super::budgets::chain(self.tx, session, super::now_ms())
     }
 
