@@ -1030,6 +1030,59 @@ mod tests {
         .await;
     }
 
+    /// Two row-locked writes on two nodes that lock two rows in opposite orders deadlock;
+    /// PostgreSQL ends one (40P01), which is run again whole and then commits: both writes land,
+    /// each once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_row_locked_write_ended_by_a_deadlock_is_run_again_and_commits() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        with_test_database(async |target| {
+            let dirs = [(); 2].map(|_| tempfile::tempdir().unwrap());
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            let ids: Vec<i64> = ["a", "b"]
+                .iter()
+                .map(|k| {
+                    let key = crate::keys::SessionKey::from_canonical(format!("agent:main:{k}"));
+                    nodes[0].write(|tx| tx.insert_session(&session(key.as_str()))).unwrap();
+                    nodes[0].session_by_key(&key).unwrap().unwrap().id
+                })
+                .collect();
+            let both_hold_one = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let attempts = std::sync::Arc::new(AtomicUsize::new(0));
+            let writers: Vec<_> = [(ids[0], ids[1]), (ids[1], ids[0])]
+                .into_iter()
+                .zip(nodes.iter().cloned())
+                .map(|((first, second), store)| {
+                    let (both_hold_one, attempts) = (both_hold_one.clone(), attempts.clone());
+                    std::thread::spawn(move || {
+                        let tried = AtomicUsize::new(0);
+                        store.write_sql_row_locked(crate::store::Survives::PowerLoss, true, |tx| -> Result<()> {
+                            attempts.fetch_add(1, Ordering::SeqCst);
+                            let label = "UPDATE sessions SET label = coalesce(label, '') || 'x' WHERE id = ?1";
+                            tx.execute(label, args![first])?;
+                            if tried.fetch_add(1, Ordering::SeqCst) == 0 {
+                                both_hold_one.wait(); // the first time, each holds its first row
+                            }
+                            tx.execute(label, args![second])?;
+                            Ok(())
+                        })
+                    })
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap().expect("the write that lost the deadlock was run again");
+            }
+            assert_eq!(attempts.load(Ordering::SeqCst), 3, "one of the two ran twice");
+            for id in ids {
+                let label: String =
+                    nodes[1].read(|c| c.one("SELECT label FROM sessions WHERE id = ?1", args![id])).unwrap();
+                assert_eq!(label, "xx", "each write landed once on session {id}");
+            }
+        })
+        .await;
+    }
+
     /// A run of a node that stopped renewing is interrupted by another node once its lease
     /// passed, not before; its node's next owner interrupts it at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
