@@ -27,6 +27,7 @@ mod send;
 mod soak;
 mod stdio;
 mod subagents;
+mod wire;
 pub mod worlds;
 
 use std::process::ExitCode;

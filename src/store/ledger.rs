@@ -230,20 +230,36 @@ impl Store {
     }
 
     /// Claims channel deliveries that are due (marks them running).
+    ///
+    /// On a shared database the sweeping node asks at every tick: a read says whether any is due
+    /// (most ticks none is, and then nothing is written), and the claim holds no global lock,
+    /// only the rows it claims (`FOR UPDATE SKIP LOCKED`: a row another claim holds is left to it).
     pub fn claim_due_deliveries(&self, limit: usize) -> Result<Vec<DueDelivery>> {
-        self.write_sql(|tx| -> Result<Vec<DueDelivery>> {
+        const DUE: &str = "FROM deliveries WHERE status = 'queued' AND mode = 'channel' AND next_attempt_at <= ?1";
+        if self.is_shared() {
+            let any = self.read(|c| c.one::<bool>(&format!("SELECT EXISTS (SELECT 1 {DUE})"), args![now_ms()]))?;
+            if !any {
+                return Ok(Vec::new());
+            }
+        }
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<Vec<DueDelivery>> {
             let now = now_ms();
-            let due: Vec<DueDelivery> = tx
-                .query_map("SELECT id, channel, payload, attempts, deadline_at FROM deliveries
-                     WHERE status = 'queued' AND mode = 'channel' AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?2", args![now, limit as i64], |r| {
-                    Ok(DueDelivery {
-                        id: r.get(0)?,
-                        channel: r.get::<Option<String>>(1)?.unwrap_or_default(),
-                        payload: r.get::<Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
-                        attempts: r.get(3)?,
-                        deadline_at: r.get::<Option<i64>>(4)?.unwrap_or(now),
-                    })
-                })?;
+            let skip_locked = match tx.dialect() {
+                super::sql::Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+                super::sql::Dialect::Sqlite => "",
+            };
+            let sql = format!(
+                "SELECT id, channel, payload, attempts, deadline_at {DUE} ORDER BY next_attempt_at LIMIT ?2{skip_locked}"
+            );
+            let due: Vec<DueDelivery> = tx.query_map(&sql, args![now, limit as i64], |r| {
+                Ok(DueDelivery {
+                    id: r.get(0)?,
+                    channel: r.get::<Option<String>>(1)?.unwrap_or_default(),
+                    payload: r.get::<Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
+                    attempts: r.get(3)?,
+                    deadline_at: r.get::<Option<i64>>(4)?.unwrap_or(now),
+                })
+            })?;
             for d in &due {
                 tx.execute("UPDATE deliveries SET status = 'running', updated_at = ?2 WHERE id = ?1", args![d.id, now])?;
             }
@@ -259,7 +275,8 @@ impl Store {
         error: Option<&str>,
         next_attempt_at: Option<i64>,
     ) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        // One statement on the row its claim holds: no global lock on a shared database.
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             tx.execute(
                 "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
                      next_attempt_at = coalesce(?4, next_attempt_at), updated_at = ?5 WHERE id = ?1",
