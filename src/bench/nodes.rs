@@ -1,6 +1,10 @@
 //! PostgreSQL next to SQLite (issue 22): tool latency over stdio on the same generated store in
 //! each backend, and runs per second with 1, 2 and 3 nodes on one database, each node's server
-//! and its agents pinned to a core set of its own as far as the machine has cores.
+//! and its agents pinned to a core set of its own as far as the machine has cores, each node
+//! reaching the database through a proxy of its own ([`super::wire`]): next door with an agent
+//! that answers at once (the cores are the limit), then 1.5 ms away with agents that sleep
+//! (issue 37's scaling row: the database's locks are the limit, if any), with the machine's idle
+//! CPU; then idle nodes.
 //!
 //! Needs a PostgreSQL server: `SESSIONS_MCP_BENCH_PG` (else the tests' `SESSIONS_MCP_TEST_PG`),
 //! an admin URL under which the group creates databases of its own and drops them at the end.

@@ -135,6 +135,45 @@ pub(super) fn remember_key(
     Ok(())
 }
 
+/// Takes the caller's idempotency key for the run it starts, unless a use of it within
+/// [`IDEMPOTENCY_TTL_MS`] holds it: then that use, and nothing is written. One statement that
+/// decides on the key's row itself (a concurrent use waits for the other's commit, then finds it),
+/// so two uses of one key on two nodes start one run between them, with no global lock.
+pub(super) fn claim_key(tx: &dyn Sql, key: &RememberedKey) -> Result<Option<IdempotencyHit>> {
+    let now = now_ms();
+    let taken = tx.execute(
+        "INSERT INTO idempotency (caller, key, tool, args_hash, run_id, result, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (caller, key) DO UPDATE SET tool = excluded.tool, args_hash = excluded.args_hash,
+             run_id = excluded.run_id, result = excluded.result, created_at = excluded.created_at
+         WHERE idempotency.created_at <= ?8",
+        args![
+            key.caller,
+            key.key,
+            key.tool,
+            key.args_hash,
+            key.run_id,
+            key.result.to_string(),
+            now,
+            now - IDEMPOTENCY_TTL_MS
+        ],
+    )?;
+    if taken == 1 {
+        return Ok(None);
+    }
+    idempotency_hit(tx, key.caller, key.key)
+}
+
+/// A use of an idempotency key, as [`claim_key`] records it.
+pub struct RememberedKey<'a> {
+    pub caller: &'a str,
+    pub key: &'a str,
+    pub tool: &'a str,
+    pub args_hash: &'a str,
+    pub run_id: &'a str,
+    pub result: &'a Value,
+}
+
 impl Store {
     /// The first delivery of a run: `{status, mode}` (what sessions_send reports).
     pub fn delivery_of(&self, run_id: &str) -> Result<Option<Value>> {

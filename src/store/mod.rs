@@ -51,7 +51,7 @@ pub use budgets::{Crossing, Meter};
 pub use cancel::CancelRequest;
 pub use dashboard::{DeliveryLine, LatestRun, LedgerAct, RunLine, Scope, TreeNode, TreesPage, UsageBucket};
 pub use import::{ImportedSession, Merged, SessionExtras};
-pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
+pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery, RememberedKey};
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
 pub use run_queue::{AnnounceKind, Caps, Finished, LEASE_MS, NewRun, Orphan, RunMode, RunOwner, RunRow, RunStatus};

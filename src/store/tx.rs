@@ -23,6 +23,18 @@ impl Store {
     {
         self.write_sql(|tx| f(&Tx { tx }))
     }
+
+    /// As [`Store::write`], holding no global lock on a shared database (SQLite has one writer):
+    /// for a transaction whose checks rest on the rows it touches, locked in the store's order
+    /// (docs/ARCHITECTURE.md, PostgreSQL): inserts under unique keys, a key claimed by
+    /// [`Tx::claim_key`], the rows `append_message` locks. `f` may run more than once (a
+    /// transaction PostgreSQL ended for a deadlock is run again whole).
+    pub fn write_row_locked<T, E>(&self, f: impl Fn(&Tx) -> std::result::Result<T, E>) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| f(&Tx { tx }))
+    }
 }
 
 impl Tx<'_> {
@@ -183,6 +195,12 @@ impl Tx<'_> {
     /// Moves a pending delivery to `status`: false when it had already reached a final one.
     pub fn set_delivery_status(&self, id: i64, status: super::DeliveryStatus, error: Option<&str>) -> Result<bool> {
         super::ledger::set_delivery_status(self.tx, id, status, error)
+    }
+
+    /// Takes the caller's idempotency key for the run it starts, or answers the use that holds
+    /// it (then nothing was written; `ledger::claim_key`).
+    pub fn claim_key(&self, key: &super::RememberedKey) -> Result<Option<super::IdempotencyHit>> {
+        super::ledger::claim_key(self.tx, key)
     }
 
     /// Remembers the caller's idempotency key for the run it started.

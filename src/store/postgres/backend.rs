@@ -1083,6 +1083,71 @@ mod tests {
         .await;
     }
 
+    /// Eight uses of one idempotency key at once, on two nodes, each claiming the key and then
+    /// queueing a run in one row-locked transaction (a send's commit): one run is queued, and
+    /// every other use is answered with it. A key older than its 24 h is taken again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_concurrent_uses_of_one_idempotency_key_on_two_nodes_start_one_run() {
+        use crate::keys::{AgentId, SessionKey, SessionKind};
+        use crate::store::{IdempotencyHit, NewRun, RememberedKey, RunMode};
+        with_test_database(async |target| {
+            let dirs = [(); 2].map(|_| tempfile::tempdir().unwrap());
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            let key = SessionKey::from_canonical("agent:main:target");
+            nodes[0]
+                .write(|tx| {
+                    tx.insert_session(&NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false))
+                })
+                .unwrap();
+            let session = nodes[0].session_by_key(&key).unwrap().unwrap().id;
+            let send = move |store: &Store, run_id: &str| -> Result<Option<IdempotencyHit>> {
+                store.write_row_locked(|tx| -> Result<Option<IdempotencyHit>> {
+                    let result = serde_json::json!({"inbox": false});
+                    let use_of_key = RememberedKey {
+                        caller: "agent:main:caller",
+                        key: "k1",
+                        tool: "sessions_send",
+                        args_hash: "h",
+                        run_id,
+                        result: &result,
+                    };
+                    if let Some(hit) = tx.claim_key(&use_of_key)? {
+                        return Ok(Some(hit));
+                    }
+                    let input = serde_json::json!({"role": "user", "content": "once"});
+                    tx.enqueue(&NewRun::new(run_id.to_string(), session, RunMode::Send, input))?;
+                    Ok(None)
+                })
+            };
+            let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let senders: Vec<_> = (0..8)
+                .map(|i| {
+                    let (store, start) = (nodes[i % 2].clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        let run_id = format!("run-{i}");
+                        (send(&store, &run_id).unwrap(), run_id)
+                    })
+                })
+                .collect();
+            let answers: Vec<(Option<IdempotencyHit>, String)> =
+                senders.into_iter().map(|s| s.join().unwrap()).collect();
+            let queued: Vec<String> =
+                nodes[1].read(|c| c.query_map("SELECT run_id FROM runs", args![], |r| r.get(0))).unwrap();
+            assert_eq!(queued.len(), 1, "one run for the key: {queued:?}");
+            for (hit, run_id) in &answers {
+                let answered = hit.as_ref().map_or(run_id.as_str(), |h| h.run_id.as_deref().unwrap());
+                assert_eq!(answered, queued[0], "every use answers the one run");
+            }
+            nodes[0]
+                .write_sql(|tx| tx.execute("UPDATE idempotency SET created_at = created_at - 86400001", args![]))
+                .unwrap();
+            assert!(send(&nodes[0], "run-late").unwrap().is_none(), "an expired key is taken again");
+        })
+        .await;
+    }
+
     /// A run of a node that stopped renewing is interrupted by another node once its lease
     /// passed, not before; its node's next owner interrupts it at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
