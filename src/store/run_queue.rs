@@ -537,6 +537,19 @@ impl Busy {
 /// claims wait on each other in a cycle); a hash collision only makes two caps share a key.
 const CAP_LOCKS: i32 = 0x736d_6363;
 
+/// Locks, on a shared database, what a spawn's admission decides on: its requester's session
+/// row (its unfinished children, what `maxChildrenPerAgent` counts), then the spawns' cap key
+/// (every spawn run queued or running, what `maxQueued` counts: a claim of a spawn run holds it
+/// too). Its order against the claim's: the claim never waits on a session row (`SKIP LOCKED`)
+/// and takes the cap key last, so no cycle forms. SQLite has one writer: nothing to do.
+pub(super) fn lock_spawn_admission(tx: &dyn Sql, requester: &str) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres {
+        tx.query_map("SELECT id FROM sessions WHERE key = ?1 FOR UPDATE", args![requester], |_| Ok(()))?;
+        tx.query_map("SELECT pg_advisory_xact_lock(?1, ?2)", args![CAP_LOCKS, cap_key("spawns")], |_| Ok(()))?;
+    }
+    Ok(())
+}
+
 /// The key of a cap in [`CAP_LOCKS`]: FNV-1a of its name, as PostgreSQL's `int4`.
 fn cap_key(name: &str) -> i32 {
     let hash = name.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
@@ -898,8 +911,9 @@ impl Store {
 
 impl Store {
     /// Records that `run_id` (a run inside which a caller waits) waits on `on` (None clears it).
+    /// One keyed statement: no global lock on a shared database.
     pub fn set_waiting(&self, run_id: &str, on: Option<&str>) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             tx.execute("UPDATE runs SET waiting_on = ?2 WHERE run_id = ?1", args![run_id, on])?;
             Ok(())
         })

@@ -262,8 +262,10 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// A requester's children by state (the spawn caps count them).
+    /// A requester's children by state (the spawn caps count them), with what they count
+    /// locked for the rest of the transaction (`run_queue::lock_spawn_admission`).
     pub fn spawn_counts(&self, requester: &SessionKey) -> Result<SpawnCounts> {
+        super::run_queue::lock_spawn_admission(self.tx, requester.as_str())?;
         super::spawn::spawn_counts(self.tx, requester.as_str())
     }
 

@@ -10,10 +10,12 @@
 //! Writes keep SQLite's rule, one writer at a time, across every node: a write transaction
 //! takes the transaction-scoped advisory lock [`WRITE_LOCK`] first. The engine's checks between
 //! statements (admission caps, idempotency, budgets) then hold across nodes as they hold in one
-//! process, without retries. The exceptions ([`WriteOrder::RowLocks`]) are the claim,
-//! which keeps its rules by row and advisory locks of its own, and one-statement records that
-//! need no order (docs/ARCHITECTURE.md, PostgreSQL). Reads run in `REPEATABLE READ READ ONLY` transactions: one
-//! snapshot for the whole closure, as SQLite's read transaction gives.
+//! process, without retries. The exceptions ([`WriteOrder::RowLocks`]) keep their rules by the
+//! rows they lock, in one order (session row, run rows, budget accounts root to leaf), or need
+//! none (one-statement records): the claim, a run's end, its live reports and meter, a send's
+//! commit, the deliveries' claim (docs/ARCHITECTURE.md, PostgreSQL); PostgreSQL ending one for a
+//! deadlock or a serialization failure runs it again. Reads run in `REPEATABLE READ READ ONLY`
+//! transactions: one snapshot for the whole closure, as SQLite's read transaction gives.
 
 use std::future::Future;
 
@@ -55,9 +57,11 @@ pub struct PgBackend {
     /// the sweeps: a connection of its own, so that the lock goes with the process (or the
     /// connection) when either dies.
     sweep_seat: std::sync::Mutex<Option<SweepSeat>>,
-    /// One writer of this process at a time, taken before a connection is: writers waiting for
-    /// [`WRITE_LOCK`] while holding connections could leave none for the reads the writer
-    /// holding it makes (as SQLite's side has one writer connection behind a mutex).
+    /// One [`WriteOrder::Global`] writer of this process at a time, taken before a connection
+    /// is: writers waiting for [`WRITE_LOCK`] while holding connections could leave none for the
+    /// reads the writer holding it makes (as SQLite's side has one writer connection behind a
+    /// mutex). Row-locked writers do not take it: they wait only on rows held by transactions
+    /// under way, which already have their connections.
     write_gate: std::sync::Mutex<()>,
     /// This process, as the payload of its commits' notifications (its own are not news to it).
     process: String,
@@ -863,9 +867,10 @@ mod tests {
         }
     }
 
-    /// A claim, and the one-statement records of a run (lease, supervisor, steps mark), do not
-    /// wait for the global write lock: with [`WRITE_LOCK`] held by another connection, a node
-    /// still claims its queued run and records them (and a locked write waits, as before).
+    /// A claim, and the one-statement records of a run (lease, supervisor, steps mark, what it
+    /// waits on), do not wait for the global write lock: with [`WRITE_LOCK`] held by another
+    /// connection, a node still claims its queued run and records them (and a locked write, a
+    /// cancel, waits, as before).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_a_claim_and_a_runs_own_records_go_through_while_another_connection_holds_the_global_write_lock() {
         use crate::keys::{AgentId, SessionKey, SessionKind};
@@ -893,6 +898,7 @@ mod tests {
                 claimer.renew_leases(&owner).unwrap();
                 claimer.set_supervisor("run-0", 4242, Some(7)).unwrap();
                 claimer.steps_taken("run-0").unwrap();
+                claimer.set_waiting("run-0", Some("x")).unwrap();
                 claimed
             });
             let claimed = tokio::time::timeout(std::time::Duration::from_secs(60), claim)
@@ -902,7 +908,7 @@ mod tests {
             assert_eq!(claimed.iter().map(|(r, _)| r.run_id.as_str()).collect::<Vec<_>>(), ["run-0"]);
             assert_eq!(store.supervisors(&["run-0".to_string()]).unwrap(), [(4242, Some(7))]);
             let writer = store.clone();
-            let write = tokio::task::spawn_blocking(move || writer.set_waiting("run-0", Some("x")));
+            let write = tokio::task::spawn_blocking(move || writer.request_cancel("run-0").map(|_| ()));
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             assert!(!write.is_finished(), "a locked write still waits for the global write lock");
             holder.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK]).await.unwrap();
