@@ -8,9 +8,11 @@
 //! transactions. Schema changes are embedded, versioned migrations; a backup is taken before an
 //! existing store is migrated, and a store written by a newer version is refused.
 //!
-//! What follows of SQLite holds for PostgreSQL too, as [`postgres`] says: one writer at a time
-//! (across every process sharing the database), read snapshots, embedded versioned migrations,
-//! a newer schema refused; `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
+//! What follows of SQLite holds for PostgreSQL too, as [`postgres`] says: read snapshots,
+//! embedded versioned migrations, a newer schema refused; one writer at a time across every
+//! process sharing the database, except the writes that keep their rules by the rows they lock
+//! ([`Store::write_row_locked`]: a run's claim, end and reports, a send, a spawn's admission);
+//! `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
 
 mod access_tokens;
 mod asks;

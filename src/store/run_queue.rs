@@ -545,7 +545,8 @@ const CAP_LOCKS: i32 = 0x736d_6363;
 pub(super) fn lock_spawn_admission(tx: &dyn Sql, requester: &str) -> Result<()> {
     if tx.dialect() == super::sql::Dialect::Postgres {
         tx.query_map("SELECT id FROM sessions WHERE key = ?1 FOR UPDATE", args![requester], |_| Ok(()))?;
-        tx.query_map("SELECT pg_advisory_xact_lock(?1, ?2)", args![CAP_LOCKS, cap_key("spawns")], |_| Ok(()))?;
+        let sql = "SELECT 1 FROM (SELECT pg_advisory_xact_lock(?1, ?2)) AS taken"; // a void column is not read
+        tx.query_map(sql, args![CAP_LOCKS, cap_key("spawns")], |_| Ok(()))?;
     }
     Ok(())
 }
