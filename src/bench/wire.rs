@@ -179,7 +179,7 @@ struct Open {
 
 impl Conversation {
     /// A message of the client: a simple query (`Q`, its text) or a sync (`S`) asks for an answer.
-    fn from_client(&mut self, kind: u8, text: &[u8]) {
+    fn client_said(&mut self, kind: u8, text: &[u8]) {
         if kind != b'Q' && kind != b'S' {
             return;
         }
@@ -199,7 +199,7 @@ impl Conversation {
 
     /// A message of the server: `ReadyForQuery` (`Z`) answers a request, its one byte the
     /// transaction's state after it (`I`: none under way).
-    fn from_server(&mut self, kind: u8, body: &[u8]) {
+    fn server_said(&mut self, kind: u8, body: &[u8]) {
         if kind != b'Z' {
             return;
         }
@@ -284,10 +284,10 @@ fn connect(
     let talk = Arc::new(Mutex::new(Conversation { waiting: 0, open: None, totals }));
     let (up_talk, down_talk) = (talk.clone(), talk);
     forward(client.try_clone()?, server.try_clone()?, one_way, Framing::new(true), move |kind, body| {
-        up_talk.lock().unwrap().from_client(kind, body)
+        up_talk.lock().unwrap().client_said(kind, body)
     });
     forward(server, client, one_way, Framing::new(false), move |kind, body| {
-        down_talk.lock().unwrap().from_server(kind, body)
+        down_talk.lock().unwrap().server_said(kind, body)
     });
     Ok(())
 }
@@ -351,12 +351,12 @@ mod tests {
         let first = [startup, message(b'Q', begin.as_bytes()), statement.clone()].concat();
         let mut to_server = |bytes: &[u8], talk: &mut Conversation| {
             for piece in bytes.chunks(3) {
-                client.feed(piece, &mut |k, b| talk.from_client(k, b));
+                client.feed(piece, &mut |k, b| talk.client_said(k, b));
             }
         };
         let mut to_client = |bytes: &[u8], talk: &mut Conversation| {
             for piece in bytes.chunks(2) {
-                server.feed(piece, &mut |k, b| talk.from_server(k, b));
+                server.feed(piece, &mut |k, b| talk.server_said(k, b));
             }
         };
         to_server(&first, &mut talk);
