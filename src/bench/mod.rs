@@ -10,7 +10,8 @@
 //! update through a daemon owning the runtime, against the serve owning it), [`subagents`] (how
 //! soon a `subagents` wait answers after the announce, both ways), [`fanout`] (N children spawned at
 //! once: spawn rate, last announce, the server's memory, fds and threads, supervision per run),
-//! [`nodes`] (PostgreSQL: tool latency next to SQLite, runs per second with 1, 2 and 3 nodes),
+//! [`nodes`] (PostgreSQL: tool latency next to SQLite, runs per second with 1, 2 and 3 nodes, what
+//! their transactions hold as [`wire`]'s delay proxy reads it),
 //! [`cli_child`] (one spawned CLI child, spawn to announce: wall time and the CLI's starts). `--quick` takes small
 //! sizes so that a debug build finishes within a minute on two cores (CI); figures come from the
 //! full mode in a release build.
@@ -27,6 +28,7 @@ mod send;
 mod soak;
 mod stdio;
 mod subagents;
+mod wire;
 pub mod worlds;
 
 use std::process::ExitCode;

@@ -1,6 +1,10 @@
 //! PostgreSQL next to SQLite (issue 22): tool latency over stdio on the same generated store in
 //! each backend, and runs per second with 1, 2 and 3 nodes on one database, each node's server
-//! and its agents pinned to a core set of its own as far as the machine has cores.
+//! and its agents pinned to a core set of its own as far as the machine has cores, each node
+//! reaching the database through a proxy of its own ([`super::wire`]): next door with an agent
+//! that answers at once (the cores are the limit), then 1.5 ms away with agents that sleep
+//! (issue 37's scaling row: the database's locks are the limit, if any), with the machine's idle
+//! CPU; then idle nodes.
 //!
 //! Needs a PostgreSQL server: `SESSIONS_MCP_BENCH_PG` (else the tests' `SESSIONS_MCP_TEST_PG`),
 //! an admin URL under which the group creates databases of its own and drops them at the end.
@@ -14,6 +18,7 @@ use serde_json::{Value, json};
 
 use super::client::StdioServer;
 use super::send::{HOLD, script};
+use super::wire::{DelayProxy, WireStats};
 use super::worlds::{SCRIPT_FILE, history_key, seed_flat, seed_history, session};
 use super::{Bench, Group, Row, Samples, sample};
 use crate::keys::SessionKey;
@@ -48,7 +53,10 @@ async fn measure(bench: &mut Bench, server: &Databases) -> anyhow::Result<()> {
     world(&pg, Some(&server.create("latency").await?), Some((sessions, history)))?;
     latency(bench, &pg, "PostgreSQL", sessions, history).await?;
     for nodes in 1..=3 {
-        runs_per_second(bench, server, nodes).await?;
+        runs_per_second(bench, server, nodes, &Load::cores()).await?;
+    }
+    for nodes in 1..=3 {
+        runs_per_second(bench, server, nodes, &Load::distant()).await?;
     }
     for nodes in 1..=3 {
         idle(bench, server, nodes).await?;
@@ -121,14 +129,25 @@ impl Databases {
 /// caps that leave the cores the limit; `seed` adds `(sessions, history messages)` and the
 /// sessions the rows use (once per database).
 fn world(dir: &Path, url: Option<&str>, seed: Option<(u64, u64)>) -> anyhow::Result<()> {
+    world_with(dir, url, seed, &script(), NODE_RUNS)
+}
+
+/// As [`world`], with the agent's `script` and the node's cap `node_runs`.
+fn world_with(
+    dir: &Path,
+    url: Option<&str>,
+    seed: Option<(u64, u64)>,
+    script: &Value,
+    node_runs: u32,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let script_path = dir.join(SCRIPT_FILE);
-    std::fs::write(&script_path, script().to_string())?;
+    std::fs::write(&script_path, script.to_string())?;
     let runner = json!({"command": std::env::current_exe()?, "args": ["agent", "--script", script_path],
                         "maxConcurrent": AGENT_RUNS});
     let mut config = json!({
         "tools": {"sessions": {"visibility": "agent"}},
-        "runtime": {"maxConcurrentRuns": NODE_RUNS},
+        "runtime": {"maxConcurrentRuns": node_runs},
         "agents": {"list": [{"id": "main", "runner": runner}]},
     });
     if let Some(url) = url {
@@ -226,29 +245,81 @@ impl Counts {
     }
 }
 
+/// What a runs-per-second row runs: how far each node is from the database, its agent, its cap.
+struct Load {
+    /// Each direction's delay between a node and PostgreSQL ([`DelayProxy`]).
+    one_way: Duration,
+    /// The agent's script: answers at once (the cores are the limit), or sleeps (they are not).
+    script: Value,
+    node_runs: u32,
+    runs: fn(bool) -> usize,
+    what: &'static str,
+}
+
+/// How long the distant rows' agent sleeps: the run's wall time is the node's cap's to fill,
+/// while the machine's cores stay idle enough not to be the limit.
+const AGENT_SLEEP_MS: u64 = 2_000;
+/// The distant rows' node cap: runs in flight per node, each sleeping [`AGENT_SLEEP_MS`].
+const DISTANT_NODE_RUNS: u32 = 8;
+
+impl Load {
+    /// The database next door, the scripted agent answering at once: the cores are the limit.
+    fn cores() -> Load {
+        Load {
+            one_way: Duration::ZERO,
+            script: script(),
+            node_runs: NODE_RUNS,
+            runs: |quick| if quick { 20 } else { 300 },
+            what: "run (scripted agent)",
+        }
+    }
+
+    /// Each node 1.5 ms (round trip) from the database through a proxy of its own, agents that
+    /// sleep: the database's locks are the limit, if any.
+    fn distant() -> Load {
+        let mut script = script();
+        script["default"]["sleepMs"] = json!(AGENT_SLEEP_MS);
+        Load {
+            one_way: Duration::from_micros(750),
+            script,
+            node_runs: DISTANT_NODE_RUNS,
+            runs: |quick| if quick { 72 } else { 240 },
+            what: "run (agent sleeping 2 s, no CPU), each node 1.5 ms round trip from the database",
+        }
+    }
+}
+
 /// `nodes` state dirs on one new database, each a `serve` owning its node's runtime and pinned
-/// to a core of its own (cores are shared once there are more nodes than cores); a burst of
-/// queued runs committed at once, timed until every one has finished on whichever node ran it.
-async fn runs_per_second(bench: &mut Bench, dbs: &Databases, nodes: usize) -> anyhow::Result<()> {
+/// to a core of its own (cores are shared once there are more nodes than cores), each reaching
+/// the database through a [`DelayProxy`] of its own; a burst of queued runs committed at once,
+/// timed until every one has finished on whichever node ran it. The row says what PostgreSQL
+/// counted per run, what the nodes' transactions held (read on the wire), and the machine's idle
+/// CPU meanwhile.
+async fn runs_per_second(bench: &mut Bench, dbs: &Databases, nodes: usize, load: &Load) -> anyhow::Result<()> {
     let url = dbs.create(&format!("nodes{nodes}")).await?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let handle_dir = bench.worlds.scratch(&format!("nodes-{nodes}-bench"));
-    world(&handle_dir, Some(&url), Some((0, 0)))?;
+    world_with(&handle_dir, Some(&url), Some((0, 0)), &load.script, load.node_runs)?;
     let store = Store::open_in(&handle_dir, Some(&url))?;
     let mut servers = Vec::new();
+    let mut proxies = Vec::new();
     let mut sets = Vec::new();
     for i in 0..nodes {
+        let proxy = DelayProxy::start(upstream(&url)?, load.one_way)?;
         let dir = bench.worlds.scratch(&format!("nodes-{nodes}-node-{i}"));
-        world(&dir, Some(&url), None)?;
+        world_with(&dir, Some(&through(&url, proxy.addr)), None, &load.script, load.node_runs)?;
         let server = StdioServer::spawn_on(&dir, &[i % cores])?;
         server.initialize().await?;
         servers.push(server);
+        proxies.push(proxy);
         sets.push(format!("{{{}}}", i % cores));
     }
-    let runs = if bench.quick { 20 } else { 300 };
+    let runs = (load.runs)(bench.quick);
     let name = Databases::name_in(&url);
     tokio::time::sleep(Duration::from_secs(2)).await; // the nodes' start is counted out
     let before = dbs.counts(&name).await?;
+    wire_totals(&proxies); // the nodes' start is counted out
+    let cpu_before = CpuTimes::now()?;
     let started = Instant::now();
     store.write(|tx| -> crate::store::Result<()> {
         for i in 0..runs {
@@ -265,14 +336,18 @@ async fn runs_per_second(bench: &mut Bench, dbs: &Databases, nodes: usize) -> an
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let idle = CpuTimes::now()?.idle_since(&cpu_before);
+    let wire = wire_totals(&proxies);
     let per_node: Vec<String> = store.runs_per_node()?.iter().map(|(_, n)| n.to_string()).collect();
     let what = format!(
-        "{nodes} node(s) on one database, each pinned to core {}: {runs} queued runs claimed, run (scripted agent) and finished",
-        sets.join(" ")
+        "{nodes} node(s) on one database, each pinned to core {}: {runs} queued runs claimed, {} and finished",
+        sets.join(" "),
+        load.what
     );
     for server in servers {
         server.stop().await?;
     }
+    drop(proxies);
     drop(store);
     tokio::time::sleep(Duration::from_millis(1500)).await; // the closed backends' counters land
     // The bench's own: the enqueue (1 write, 1 + its statements) and each poll and the
@@ -281,13 +356,67 @@ async fn runs_per_second(bench: &mut Bench, dbs: &Databases, nodes: usize) -> an
     let own = (1, own_reads, 3 * own_reads + 3 + 2 * runs as i64);
     let counted = dbs.counts(&name).await?.since(before, own);
     let rate = format!(
-        "{:.1} runs/s (per node {}); per run {}",
+        "{:.1} runs/s (per node {}), CPU {:.0} % idle; per run {}; {}",
         runs as f64 / seconds,
         per_node.join("/"),
-        counted.per(runs as f64, "")
+        idle * 100.0,
+        counted.per(runs as f64, ""),
+        wire.per_run(runs as f64)
     );
     bench.push(Row::rate(Group::Nodes, what, rate));
     Ok(())
+}
+
+/// The server the admin URL names, as the proxies connect to it.
+fn upstream(url: &str) -> anyhow::Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let target = crate::store::postgres::PgTarget::parse(url)?;
+    let addr = target.addr();
+    addr.to_socket_addrs()?.next().with_context(|| format!("{addr} resolves to no address"))
+}
+
+/// `url` with its host and port those of `proxy`, in clear (the proxy reads the protocol).
+fn through(url: &str, proxy: std::net::SocketAddr) -> String {
+    let (base, query) = url.split_once('?').map_or((url, ""), |(b, q)| (b, q));
+    let (scheme_user, rest) =
+        base.split_once('@').map_or(("postgres://", base.trim_start_matches("postgres://")), |(u, r)| (u, r));
+    let database = rest.split_once('/').map_or("", |(_, d)| d);
+    let at = if base.contains('@') { "@" } else { "" };
+    let mut params: Vec<&str> = query.split('&').filter(|p| !p.is_empty() && !p.starts_with("sslmode=")).collect();
+    params.push("sslmode=disable");
+    format!("{scheme_user}{at}{proxy}/{database}?{}", params.join("&"))
+}
+
+/// What the nodes' transactions held since the last call, over every proxy.
+fn wire_totals(proxies: &[DelayProxy]) -> WireStats {
+    let mut total = WireStats::default();
+    for p in proxies {
+        total.merge(&p.take());
+    }
+    total
+}
+
+/// The machine's CPU time, idle and in all (`/proc/stat`'s first line), in clock ticks.
+struct CpuTimes {
+    idle: u64,
+    total: u64,
+}
+
+impl CpuTimes {
+    fn now() -> anyhow::Result<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").context("cannot read /proc/stat")?;
+        let line = stat.lines().next().context("/proc/stat is empty")?;
+        let ticks: Vec<u64> = line.split_whitespace().skip(1).filter_map(|t| t.parse().ok()).collect();
+        anyhow::ensure!(ticks.len() >= 5, "/proc/stat's cpu line has {} fields", ticks.len());
+        // idle and iowait
+        Ok(CpuTimes { idle: ticks[3] + ticks[4], total: ticks.iter().sum() })
+    }
+
+    /// The share of the machine's CPU time idle since `before`.
+    fn idle_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(before.total).max(1);
+        self.idle.saturating_sub(before.idle) as f64 / total as f64
+    }
 }
 
 /// `nodes` idle nodes on one new database (no run at all), for a while: the transactions and

@@ -69,12 +69,22 @@ pub fn replay(
 ) -> Result<Option<IdempotencyHit>, ToolError> {
     let Some(key) = key else { return Ok(None) };
     let Some(hit) = access.idempotency(&caller.key, key)? else { return Ok(None) };
+    same_arguments(hit, key, args_hash, what).map(Some)
+}
+
+/// `hit`, a use of idempotency key `key`, if it had the arguments hashed to `args_hash`.
+pub fn same_arguments(
+    hit: IdempotencyHit,
+    key: &str,
+    args_hash: &str,
+    what: &str,
+) -> Result<IdempotencyHit, ToolError> {
     if hit.args_hash != args_hash {
         return Err(ToolError::invalid(format!(
             "idempotencyKey {key:?} reused with different arguments; use a new key for a new {what}"
         )));
     }
-    Ok(Some(hit))
+    Ok(hit)
 }
 
 /// The tool (or step) a message came from.

@@ -22,8 +22,8 @@ use crate::access::{Target, ToolError};
 use crate::config::key_scope;
 use crate::keys::{self, SessionKey};
 use crate::store::{
-    DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, NewSession, RunMode, RunRow, Store,
-    StoreError,
+    DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery, NewMessage, NewRun, NewSession,
+    RememberedKey, RunMode, RunRow, Store, StoreError,
 };
 
 /// What a caller asks to send (the target already resolved by access).
@@ -76,8 +76,7 @@ impl Engine<'_> {
         let args_hash = args_hash(&target.key, req.message);
         if let Some(hit) = chain::replay(access, caller, req.idempotency_key, &args_hash, "message")? {
             self.runtime("sessions_send")?;
-            let inbox = hit.result.and_then(|r| r.get("inbox").and_then(Value::as_bool)).unwrap_or(false);
-            return Ok(SendStarted { run_id: hit.run_id.filter(|_| !inbox), inbox_after });
+            return Ok(replayed(hit, inbox_after));
         }
         let decision = access.send_decision(&target.key, target.row.as_ref());
         if !decision.allowed() {
@@ -111,6 +110,11 @@ impl Engine<'_> {
         let run_id = match started {
             Started::Run { run_id } => Some(run_id),
             Started::Inbox => None,
+            // The same key's send committed on another node (or request) since the look above.
+            Started::Replayed(hit) => {
+                let key = req.idempotency_key.unwrap_or_default();
+                return Ok(replayed(chain::same_arguments(hit, key, &args_hash, "message")?, inbox_after));
+            }
         };
         Ok(SendStarted { run_id, inbox_after })
     }
@@ -203,6 +207,12 @@ fn forward_progress(rt: &Arc<Scheduler>, run_id: &str, progress: Progress) -> to
     })
 }
 
+/// The answer to a send its idempotency key names: the run it started, none if it went to an inbox.
+fn replayed(hit: IdempotencyHit, inbox_after: Option<i64>) -> SendStarted {
+    let inbox = hit.result.and_then(|r| r.get("inbox").and_then(Value::as_bool)).unwrap_or(false);
+    SendStarted { run_id: hit.run_id.filter(|_| !inbox), inbox_after }
+}
+
 /// What the send committed.
 #[derive(Debug, Clone)]
 enum Started {
@@ -210,6 +220,8 @@ enum Started {
     Run { run_id: String },
     /// The target is external: the message sits in its inbox; no reply will come.
     Inbox,
+    /// Nothing: a send with the same idempotency key holds it (committed meanwhile).
+    Replayed(IdempotencyHit),
 }
 
 /// Everything a send commits.
@@ -254,14 +266,26 @@ impl SendPlan<'_> {
 }
 
 /// Commits the send. A configured agent's main session that exists only virtually is written now.
+/// Holds no global lock on a shared database: its writes are inserts under unique keys, the
+/// idempotency key claimed first (`Tx::claim_key`), and the transcript rows `append_message`
+/// locks.
 fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> Result<Started, StoreError> {
-    store.write(|tx| -> Result<Started, StoreError> {
+    store.write_row_locked(|tx| -> Result<Started, StoreError> {
+        let run_id = uuid::Uuid::new_v4().to_string();
+        if let Some((key, args_hash)) = plan.idempotency {
+            let result = json!({"inbox": plan.target_external});
+            let caller = plan.caller.key.as_str();
+            let use_of_key =
+                RememberedKey { caller, key, tool: "sessions_send", args_hash, run_id: &run_id, result: &result };
+            if let Some(hit) = tx.claim_key(&use_of_key)? {
+                return Ok(Started::Replayed(hit));
+            }
+        }
         let agent = plan.target.agent_id(&config.default_agent());
         let scope = key_scope(config, &agent);
         let new = NewSession::new(plan.target.clone(), agent, keys::kind_of(plan.target, &scope, None), false);
         tx.insert_session(&new)?;
         let target_id: i64 = tx.session_id(plan.target)?;
-        let run_id = uuid::Uuid::new_v4().to_string();
         let started = if plan.target_external {
             tx.append_message(
                 target_id,
@@ -309,16 +333,6 @@ fn start(store: &Store, config: &crate::config::Config, plan: &SendPlan) -> Resu
             })?;
             Started::Run { run_id: run_id.clone() }
         };
-        if let Some((key, hash)) = plan.idempotency {
-            tx.remember_key(
-                &plan.caller.key,
-                key,
-                "sessions_send",
-                hash,
-                &run_id,
-                &json!({"inbox": matches!(started, Started::Inbox)}),
-            )?;
-        }
         Ok(started)
     })
 }

@@ -22,8 +22,8 @@ use crate::keys::{self, AgentId, SessionKey};
 use crate::policy::budget::Limits;
 pub use crate::store::BindingMode;
 use crate::store::{
-    AnnounceKind, AttachmentReceipt, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun,
-    NewSession, RunMode, RunRow, RunStatus, SessionRow, Store, StoreError,
+    AnnounceKind, AttachmentReceipt, DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery,
+    NewMessage, NewRun, NewSession, RememberedKey, RunMode, RunRow, RunStatus, SessionRow, Store, StoreError,
 };
 use crate::store::{Route, ThreadBinding};
 
@@ -110,26 +110,7 @@ impl Engine<'_> {
         }
         let args_hash = hex::encode(Sha256::digest(req.raw.to_string().as_bytes()));
         if let Some(hit) = chain::replay(access, caller, req.idempotency_key.as_deref(), &args_hash, "spawn")? {
-            let result = hit.result.as_ref();
-            let child = result.and_then(|r| r.get("childSessionKey")).and_then(Value::as_str).unwrap_or("");
-            let queued = result.and_then(|r| r.get("queued")).and_then(Value::as_bool).unwrap_or(false);
-            let spawned = Spawned {
-                run_id: hit.run_id.unwrap_or_default(),
-                child_key: SessionKey::from_canonical(child),
-                queued,
-                budget: result.and_then(|r| r.get("budget")).cloned(),
-                thread: result.and_then(|r| r.get("thread")).filter(|t| t.is_object()).cloned(),
-            };
-            let inbox_after = access.last_seq_of(&caller.key)?;
-            let echo = crate::runner::is_echo(config, &req.agent);
-            return Ok(SpawnAccepted {
-                spawned,
-                inbox_after,
-                attachments: None,
-                replayed: true,
-                echo,
-                workspace: None,
-            });
+            return replayed(access, caller, &req, hit);
         }
         let hop = chain::next_hop(access, caller, chain::Limits::Hops)?;
         let rt = self.runtime("sessions_spawn")?;
@@ -203,13 +184,23 @@ impl Engine<'_> {
         };
         let plan =
             SpawnPlan { project: worktree.as_ref().map(|wt| PathBuf::from(&wt.workdir)).or(project), worktree, ..plan };
-        let spawned = start(&rt.store, &rt.config, &plan).map_err(|r| {
-            // The fresh worktree holds no work: it goes with the refused spawn.
-            if let Some(wt) = &plan.worktree {
-                crate::runner::worktree::settle(wt, true);
+        let started = start(&rt.store, &rt.config, &plan);
+        if started.is_err()
+            && let Some(wt) = &plan.worktree
+        {
+            // The fresh worktree holds no work: it goes with the refused (or replayed) spawn.
+            crate::runner::worktree::settle(wt, true);
+        }
+        let spawned = match started {
+            Ok(spawned) => spawned,
+            // The same key's spawn committed (on another node, or request) since the look above.
+            Err(Refused::Replayed(hit)) => {
+                let key = req.idempotency_key.as_deref().unwrap_or_default();
+                let hit = chain::same_arguments(*hit, key, &args_hash, "spawn")?;
+                return replayed(access, caller, &req, hit);
             }
-            self.refusal(caller, &rt.store, r)
-        })?;
+            Err(r) => return Err(self.refusal(caller, &rt.store, r)),
+        };
         let workspace = match (&plan.worktree, &plan.project) {
             (Some(wt), _) => json!({"mode": "worktree", "path": wt.workdir, "branch": wt.branch}),
             (None, Some(dir)) => {
@@ -312,6 +303,7 @@ impl Engine<'_> {
             Refused::Attachments(e) => ToolError::error(format!("attachments: {e}")),
             Refused::Budget(BudgetRefusal::Store(e)) => e.into(),
             Refused::Budget(b) => ToolError::forbidden(b.message()),
+            Refused::Replayed(_) => unreachable!("a replay is answered, never refused (`spawn`)"),
         }
     }
 
@@ -467,6 +459,8 @@ enum Refused {
     /// The staged attachments could not be moved into place; nothing was committed.
     Attachments(String),
     Budget(BudgetRefusal),
+    /// Nothing was committed: a spawn with the same idempotency key holds it.
+    Replayed(Box<IdempotencyHit>),
 }
 
 impl From<StoreError> for Refused {
@@ -505,14 +499,58 @@ fn subagent_context(plan: &SpawnPlan, child: &SessionKey, ask_notes: bool) -> St
     )
 }
 
+/// The answer to a spawn its idempotency key names: the child and run it started.
+fn replayed(
+    access: &crate::access::Access,
+    caller: &Caller,
+    req: &SpawnRequest,
+    hit: IdempotencyHit,
+) -> Result<SpawnAccepted, ToolError> {
+    let result = hit.result.as_ref();
+    let child = result.and_then(|r| r.get("childSessionKey")).and_then(Value::as_str).unwrap_or("");
+    let queued = result.and_then(|r| r.get("queued")).and_then(Value::as_bool).unwrap_or(false);
+    let spawned = Spawned {
+        run_id: hit.run_id.clone().unwrap_or_default(),
+        child_key: SessionKey::from_canonical(child),
+        queued,
+        budget: result.and_then(|r| r.get("budget")).cloned(),
+        thread: result.and_then(|r| r.get("thread")).filter(|t| t.is_object()).cloned(),
+    };
+    let inbox_after = access.last_seq_of(&caller.key)?;
+    let echo = crate::runner::is_echo(access.config(), &req.agent);
+    Ok(SpawnAccepted { spawned, inbox_after, attachments: None, replayed: true, echo, workspace: None })
+}
+
 /// Checks and reserves admission, creates the child, queues its run and moves its attachments
 /// into place, in one transaction: a spawn that fails leaves neither a child nor files.
+///
+/// Holds no global lock on a shared database: it claims its idempotency key first
+/// (`Tx::claim_key`), then locks what admission counts (`Tx::spawn_counts`: the requester's
+/// session row, the spawns' cap key) and the budget accounts it reserves from
+/// (`Tx::budget_chain`, root to leaf); the rest are inserts under unique keys. The attachments
+/// move last: a transaction PostgreSQL ends for a deadlock (and runs again) ends before them.
 fn start(store: &Store, config: &Config, plan: &SpawnPlan) -> Result<Spawned, Refused> {
     let sub = &config.agents.defaults.subagents;
     let child_key = SessionKey::for_agent(&plan.target_agent, &format!("subagent:{}", uuid::Uuid::new_v4()));
     let run_id = uuid::Uuid::new_v4().to_string();
     let scope = key_scope(config, &plan.target_agent);
-    store.write(|tx| -> Result<Spawned, Refused> {
+    store.write_row_locked(|tx| -> Result<Spawned, Refused> {
+        if let Some((key, hash)) = plan.idempotency {
+            // What the answer will say but the budget's part, known only once reserved: the
+            // key's result is written again below with it.
+            let result = json!({"childSessionKey": child_key.as_str()});
+            let use_of_key = RememberedKey {
+                caller: plan.caller.key.as_str(),
+                key,
+                tool: "sessions_spawn",
+                args_hash: hash,
+                run_id: &run_id,
+                result: &result,
+            };
+            if let Some(hit) = tx.claim_key(&use_of_key)? {
+                return Err(Refused::Replayed(Box::new(hit)));
+            }
+        }
         let counts = tx.spawn_counts(&plan.caller.key)?;
         if counts.unfinished >= i64::from(sub.max_children_per_agent) {
             return Err(Refused::Children(sub.max_children_per_agent));

@@ -74,6 +74,36 @@ pub(super) fn chain(c: &dyn Sql, session: i64, now: i64) -> Result<Vec<Account>>
     Ok(accounts)
 }
 
+/// Locks, on a shared database, the budget accounts on the chains of the sessions `sessions`
+/// selects (a subquery of one column, over `args`): each one's own account and its ancestors',
+/// in one statement, root to leaf (`spawn_depth`, then id: one order for every writer), for
+/// the rest of the write transaction. Every writer that changes an account's amounts, or
+/// decides on them (a run's start, live reports and end, a spawn's reservation, a child's
+/// close, the runtime check), holds its accounts first: such writers in one tree take turns,
+/// and trees apart never wait on each other. SQLite has one writer: nothing to do.
+fn lock_chains(c: &dyn Sql, sessions: &str, args: &[&dyn super::sql::Arg]) -> Result<()> {
+    if c.dialect() == super::sql::Dialect::Postgres {
+        let sql = format!(
+            "SELECT b.session FROM budgets b JOIN sessions s ON s.id = b.session
+             WHERE b.session IN ({sessions})
+                OR b.session IN (SELECT t.ancestor FROM session_tree t WHERE t.session IN ({sessions}))
+             ORDER BY s.spawn_depth, b.session FOR UPDATE OF b"
+        );
+        c.query_map(&sql, args, |_| Ok(()))?;
+    }
+    Ok(())
+}
+
+/// Locks the accounts of `session`'s chain ([`lock_chains`]).
+pub(super) fn lock_accounts(c: &dyn Sql, session: i64) -> Result<()> {
+    lock_chains(c, "SELECT CAST(?1 AS BIGINT)", args![session])
+}
+
+/// Locks the accounts a live run draws on, and the rest of its chain ([`lock_chains`]).
+fn lock_accounts_of_run(c: &dyn Sql, run_id: &str) -> Result<()> {
+    lock_chains(c, "SELECT session FROM budget_live WHERE run_id = ?1", args![run_id])
+}
+
 /// Opens a child's account at its spawn.
 pub(super) fn open_account(c: &dyn Sql, session: i64, limits: &Limits, clamped: &[Dim]) -> Result<()> {
     let clamped = (!clamped.is_empty()).then(|| clamped.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(","));
@@ -257,6 +287,7 @@ fn subtree_runs(c: &dyn Sql, session: i64) -> Result<Vec<String>> {
 /// Settles a run's spend into the accounts it drew on and drops its live row, in the transaction
 /// that records its end: `usage` is its final (tokens, micro-dollars), else what it reported live.
 pub(super) fn settle_run(c: &dyn Sql, run_id: &str, usage: Option<(i64, i64)>, now: i64) -> Result<()> {
+    lock_accounts_of_run(c, run_id)?;
     let row = c
         .query_row(
             "SELECT tokens_account, cost_account, runtime_account, tokens, cost_micros, reported,
@@ -297,6 +328,7 @@ pub(super) fn settle_run(c: &dyn Sql, run_id: &str, usage: Option<(i64, i64)>, n
 /// children still hold reserved, counted as spent so that they never make its requester's tree
 /// overspend — moves from reserved to spent in the accounts it reserved from.
 pub(super) fn close_account(c: &dyn Sql, session: i64) -> Result<()> {
+    lock_accounts(c, session)?;
     let now = now_ms();
     let closed =
         c.execute("UPDATE budgets SET closed_at = ?2 WHERE session = ?1 AND closed_at IS NULL", args![session, now])?;
@@ -330,10 +362,12 @@ impl Store {
         if root.is_none() && self.read(|c| chain(c, session, now_ms()))?.is_empty() {
             return Ok(Meter::Unlimited);
         }
-        self.write_sql(|tx| -> Result<Meter> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<Meter> {
             let now = now_ms();
-            if let Some(limits) = root {
-                set_root_account(tx, session, limits)?;
+            // A root's account is the only one of its chain: its upsert locks it.
+            match root {
+                Some(limits) => set_root_account(tx, session, limits)?,
+                None => lock_accounts(tx, session)?,
             }
             let accounts = chain(tx, session, now)?;
             let draws = draws(&accounts);
@@ -369,7 +403,10 @@ impl Store {
     pub fn record_usage(&self, run_id: &str, report: &serde_json::Value) -> Result<Option<Crossing>> {
         let spend = super::live_usage::Spend::of(Some(report), None);
         let (tokens, cost_micros) = (spend.tokens(), spend.cost.map_or(0, crate::policy::budget::micros));
-        self.write_sql(|tx| -> Result<Option<Crossing>> {
+        // Session row, run row, accounts: the order of a run's end (`finish_run`).
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<Option<Crossing>> {
+            super::run_queue::lock_session_of_run(tx, run_id)?;
+            lock_accounts_of_run(tx, run_id)?;
             super::live_usage::record(tx, run_id, report)?;
             let updated = tx.execute(
                 &format!(
@@ -394,7 +431,9 @@ impl Store {
     /// A live run starts (`true`) or stops waiting for an answer: while it waits its runtime
     /// stands still; when it stops, its start moves later by the time waited.
     pub fn hold_runtime(&self, run_id: &str, waiting: bool) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        // Its runtime counts in the sums its accounts are checked against: they are locked first.
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
+            lock_accounts_of_run(tx, run_id)?;
             let now = now_ms();
             let sql = if waiting {
                 "UPDATE budget_live SET waiting_since = ?2 WHERE run_id = ?1 AND waiting_since IS NULL"
@@ -418,7 +457,9 @@ impl Store {
         if !limited {
             return Ok(Vec::new());
         }
-        self.write_sql(|tx| -> Result<Vec<Crossing>> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<Vec<Crossing>> {
+            let drawing = "SELECT runtime_account FROM budget_live WHERE runtime_account IS NOT NULL";
+            lock_chains(tx, drawing, args![])?;
             let now = now_ms();
             let ids: Vec<i64> = tx.query_map(
                 "SELECT DISTINCT runtime_account FROM budget_live WHERE runtime_account IS NOT NULL",

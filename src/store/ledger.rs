@@ -135,6 +135,45 @@ pub(super) fn remember_key(
     Ok(())
 }
 
+/// Takes the caller's idempotency key for the run it starts, unless a use of it within
+/// [`IDEMPOTENCY_TTL_MS`] holds it: then that use, and nothing is written. One statement that
+/// decides on the key's row itself (a concurrent use waits for the other's commit, then finds it),
+/// so two uses of one key on two nodes start one run between them, with no global lock.
+pub(super) fn claim_key(tx: &dyn Sql, key: &RememberedKey) -> Result<Option<IdempotencyHit>> {
+    let now = now_ms();
+    let taken = tx.execute(
+        "INSERT INTO idempotency (caller, key, tool, args_hash, run_id, result, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (caller, key) DO UPDATE SET tool = excluded.tool, args_hash = excluded.args_hash,
+             run_id = excluded.run_id, result = excluded.result, created_at = excluded.created_at
+         WHERE idempotency.created_at <= ?8",
+        args![
+            key.caller,
+            key.key,
+            key.tool,
+            key.args_hash,
+            key.run_id,
+            key.result.to_string(),
+            now,
+            now - IDEMPOTENCY_TTL_MS
+        ],
+    )?;
+    if taken == 1 {
+        return Ok(None);
+    }
+    idempotency_hit(tx, key.caller, key.key)
+}
+
+/// A use of an idempotency key, as [`claim_key`] records it.
+pub struct RememberedKey<'a> {
+    pub caller: &'a str,
+    pub key: &'a str,
+    pub tool: &'a str,
+    pub args_hash: &'a str,
+    pub run_id: &'a str,
+    pub result: &'a Value,
+}
+
 impl Store {
     /// The first delivery of a run: `{status, mode}` (what sessions_send reports).
     pub fn delivery_of(&self, run_id: &str) -> Result<Option<Value>> {
@@ -230,20 +269,36 @@ impl Store {
     }
 
     /// Claims channel deliveries that are due (marks them running).
+    ///
+    /// On a shared database the sweeping node asks at every tick: a read says whether any is due
+    /// (most ticks none is, and then nothing is written), and the claim holds no global lock,
+    /// only the rows it claims (`FOR UPDATE SKIP LOCKED`: a row another claim holds is left to it).
     pub fn claim_due_deliveries(&self, limit: usize) -> Result<Vec<DueDelivery>> {
-        self.write_sql(|tx| -> Result<Vec<DueDelivery>> {
+        const DUE: &str = "FROM deliveries WHERE status = 'queued' AND mode = 'channel' AND next_attempt_at <= ?1";
+        if self.is_shared() {
+            let any = self.read(|c| c.one::<bool>(&format!("SELECT EXISTS (SELECT 1 {DUE})"), args![now_ms()]))?;
+            if !any {
+                return Ok(Vec::new());
+            }
+        }
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<Vec<DueDelivery>> {
             let now = now_ms();
-            let due: Vec<DueDelivery> = tx
-                .query_map("SELECT id, channel, payload, attempts, deadline_at FROM deliveries
-                     WHERE status = 'queued' AND mode = 'channel' AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?2", args![now, limit as i64], |r| {
-                    Ok(DueDelivery {
-                        id: r.get(0)?,
-                        channel: r.get::<Option<String>>(1)?.unwrap_or_default(),
-                        payload: r.get::<Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
-                        attempts: r.get(3)?,
-                        deadline_at: r.get::<Option<i64>>(4)?.unwrap_or(now),
-                    })
-                })?;
+            let skip_locked = match tx.dialect() {
+                super::sql::Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+                super::sql::Dialect::Sqlite => "",
+            };
+            let sql = format!(
+                "SELECT id, channel, payload, attempts, deadline_at {DUE} ORDER BY next_attempt_at LIMIT ?2{skip_locked}"
+            );
+            let due: Vec<DueDelivery> = tx.query_map(&sql, args![now, limit as i64], |r| {
+                Ok(DueDelivery {
+                    id: r.get(0)?,
+                    channel: r.get::<Option<String>>(1)?.unwrap_or_default(),
+                    payload: r.get::<Option<String>>(2)?.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
+                    attempts: r.get(3)?,
+                    deadline_at: r.get::<Option<i64>>(4)?.unwrap_or(now),
+                })
+            })?;
             for d in &due {
                 tx.execute("UPDATE deliveries SET status = 'running', updated_at = ?2 WHERE id = ?1", args![d.id, now])?;
             }
@@ -259,7 +314,8 @@ impl Store {
         error: Option<&str>,
         next_attempt_at: Option<i64>,
     ) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        // One statement on the row its claim holds: no global lock on a shared database.
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             tx.execute(
                 "UPDATE deliveries SET status = ?2, last_error = coalesce(?3, last_error), attempts = attempts + 1,
                      next_attempt_at = coalesce(?4, next_attempt_at), updated_at = ?5 WHERE id = ?1",

@@ -8,9 +8,11 @@
 //! transactions. Schema changes are embedded, versioned migrations; a backup is taken before an
 //! existing store is migrated, and a store written by a newer version is refused.
 //!
-//! What follows of SQLite holds for PostgreSQL too, as [`postgres`] says: one writer at a time
-//! (across every process sharing the database), read snapshots, embedded versioned migrations,
-//! a newer schema refused; `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
+//! What follows of SQLite holds for PostgreSQL too, as [`postgres`] says: read snapshots,
+//! embedded versioned migrations, a newer schema refused; one writer at a time across every
+//! process sharing the database, except the writes that keep their rules by the rows they lock
+//! ([`Store::write_row_locked`]: a run's claim, end and reports, a send, a spawn's admission);
+//! `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
 
 mod access_tokens;
 mod asks;
@@ -51,7 +53,7 @@ pub use budgets::{Crossing, Meter};
 pub use cancel::CancelRequest;
 pub use dashboard::{DeliveryLine, LatestRun, LedgerAct, RunLine, Scope, TreeNode, TreesPage, UsageBucket};
 pub use import::{ImportedSession, Merged, SessionExtras};
-pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery};
+pub use ledger::{DeliveryKind, DeliveryMode, DeliveryStatus, IdempotencyHit, NewDelivery, RememberedKey};
 pub use messages::{HistoryPage, MessageRow, NewMessage, PendingInput};
 pub use operator::Pruned;
 pub use run_queue::{AnnounceKind, Caps, Finished, LEASE_MS, NewRun, Orphan, RunMode, RunOwner, RunRow, RunStatus};
@@ -306,32 +308,37 @@ impl Store {
     ///
     /// On a shared database it holds no global lock ([`Store::write_sql_row_locked`]): `f` must
     /// be one statement on rows named by their key that reads nothing first (every caller is).
-    fn write_sql_for_this_boot<T>(&self, f: impl FnOnce(&dyn Sql) -> Result<T>) -> Result<T> {
+    fn write_sql_for_this_boot<T>(&self, f: impl Fn(&dyn Sql) -> Result<T>) -> Result<T> {
         self.write_sql_row_locked(Survives::ProcessDeath, false, f)
     }
 
     /// As [`Store::write_sql`], for a record no waiter looks at (a lease renewal): on a shared
     /// database the other nodes are not woken for it. As [`Store::write_sql_for_this_boot`], it
     /// holds no global lock there: `f` must be one keyed statement that reads nothing first.
-    fn write_sql_untold<T>(&self, f: impl FnOnce(&dyn Sql) -> Result<T>) -> Result<T> {
+    fn write_sql_untold<T>(&self, f: impl Fn(&dyn Sql) -> Result<T>) -> Result<T> {
         self.write_sql_row_locked(Survives::PowerLoss, false, f)
     }
 
     /// On a shared database, a write that holds no global lock
     /// ([`postgres::backend::WriteOrder::RowLocks`]): `f` keeps its invariants by the row
-    /// locks of its statements and the advisory locks it takes itself (the claim), or needs
-    /// none (one statement on rows named by their key, nothing read first). SQLite has one
-    /// writer: there it is any write.
-    fn write_sql_row_locked<T>(
+    /// locks of its statements and the advisory locks it takes itself (the claim), taken in the
+    /// store's lock order (docs/ARCHITECTURE.md, PostgreSQL: session row, run rows, budget
+    /// accounts root to leaf), or needs none (one statement on rows named by their key, nothing
+    /// read first). `f` may run more than once: a transaction PostgreSQL ended for a
+    /// serialization failure or a deadlock is run again whole. SQLite has one writer: there it
+    /// is any write.
+    fn write_sql_row_locked<T, E>(
         &self,
         survives: Survives,
         news: bool,
-        f: impl FnOnce(&dyn Sql) -> Result<T>,
-    ) -> Result<T> {
+        f: impl Fn(&dyn Sql) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
         let Backend::Postgres(pg) = &self.inner.backend else { return self.write_surviving_as(survives, news, f) };
         self.inner.writes.fetch_add(1, Ordering::Relaxed);
-        let (value, changed) =
-            pg.write(postgres::backend::WriteOrder::RowLocks, survives == Survives::PowerLoss, news, f)?;
+        let (value, changed) = pg.write_row_locked(survives == Survives::PowerLoss, news, f)?;
         if changed {
             self.announce_change();
         }

@@ -553,6 +553,20 @@ impl Busy {
 /// claims wait on each other in a cycle); a hash collision only makes two caps share a key.
 const CAP_LOCKS: i32 = 0x736d_6363;
 
+/// Locks, on a shared database, what a spawn's admission decides on: its requester's session
+/// row (its unfinished children, what `maxChildrenPerAgent` counts), then the spawns' cap key
+/// (every spawn run queued or running, what `maxQueued` counts: a claim of a spawn run holds it
+/// too). Its order against the claim's: the claim never waits on a session row (`SKIP LOCKED`)
+/// and takes the cap key last, so no cycle forms. SQLite has one writer: nothing to do.
+pub(super) fn lock_spawn_admission(tx: &dyn Sql, requester: &str) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres {
+        tx.query_map("SELECT id FROM sessions WHERE key = ?1 FOR UPDATE", args![requester], |_| Ok(()))?;
+        let sql = "SELECT 1 FROM (SELECT pg_advisory_xact_lock(?1, ?2)) AS taken"; // a void column is not read
+        tx.query_map(sql, args![CAP_LOCKS, cap_key("spawns")], |_| Ok(()))?;
+    }
+    Ok(())
+}
+
 /// The key of a cap in [`CAP_LOCKS`]: FNV-1a of its name, as PostgreSQL's `int4`.
 fn cap_key(name: &str) -> i32 {
     let hash = name.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
@@ -624,6 +638,19 @@ pub(super) fn lock_session(tx: &dyn Sql, session: i64) -> Result<()> {
     Ok(())
 }
 
+/// Locks the row of `run_id`'s session, as [`lock_session`] does, for a writer that knows the
+/// run but not its session (a run's end, its live reports): one statement.
+pub(super) fn lock_session_of_run(tx: &dyn Sql, run_id: &str) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres {
+        tx.query_map(
+            "SELECT id FROM sessions WHERE id = (SELECT session FROM runs WHERE run_id = ?1) FOR UPDATE",
+            args![run_id],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
+}
+
 /// Extends `owner`'s lease to [`LEASE_MS`] from now (the database's clock: every node's leases
 /// are read against it).
 fn renew_lease(tx: &dyn Sql, owner: &str) -> Result<()> {
@@ -673,12 +700,17 @@ impl Store {
 
     /// Records the end of a run: its messages, status, usage and the session's totals, at once;
     /// only while it is `running` under `owner`, the process (node and epoch) that claimed it.
+    ///
+    /// On a shared database it holds no global lock: it locks the run's session row, then the
+    /// run's row (an interrupting sweep locks the run's row before it ends it, so one of the two
+    /// ends stands, never both), then the budget accounts it settles, root to leaf
+    /// ([`super::budgets::settle_run`]).
     pub fn finish_run(&self, run_id: &str, owner: &str, f: &Finished) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
+            lock_session_of_run(tx, run_id)?;
+            let sql = format!("SELECT session, status, owner FROM runs WHERE run_id = ?1{}", tx.dialect().for_update(""));
             let (session, status, ran_by): (i64, String, Option<String>) =
-                tx.query_row("SELECT session, status, owner FROM runs WHERE run_id = ?1", args![run_id], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
+                tx.query_row(&sql, args![run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             // Another node interrupted it (its lease passed while this one ran it), or this
             // node's next owner did: that end stands and its steps are theirs to take.
             if status != RunStatus::Running.as_str() || ran_by.as_deref() != Some(owner) {
@@ -778,7 +810,10 @@ impl Store {
             };
             let sql = format!(
                 "SELECT {RUN_COLUMNS}, r.owner, r.input_seq FROM runs r JOIN sessions s ON s.id = r.session
-                 WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1) {others_expired}"
+                 WHERE r.status = 'running' AND (r.owner IS NULL OR r.owner <> ?1) {others_expired}{}",
+                // The run rows before the accounts their ends settle: a run's end takes them in
+                // that order too, holding no global lock (`finish_run`).
+                tx.dialect().for_update("r")
             );
             let args = match shared {
                 true => args![owner.as_str(), owner.node()],
@@ -910,8 +945,9 @@ impl Store {
 
 impl Store {
     /// Records that `run_id` (a run inside which a caller waits) waits on `on` (None clears it).
+    /// One keyed statement: no global lock on a shared database.
     pub fn set_waiting(&self, run_id: &str, on: Option<&str>) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             tx.execute("UPDATE runs SET waiting_on = ?2 WHERE run_id = ?1", args![run_id, on])?;
             Ok(())
         })

@@ -285,6 +285,17 @@ impl Dialect {
         }
     }
 
+    /// What ends a `SELECT` that locks the rows it reads until the transaction ends
+    /// (PostgreSQL's `FOR UPDATE`, with `of` the tables whose rows it locks, or all when empty);
+    /// nothing on SQLite, whose one writer holds the whole database.
+    pub fn for_update(self, of: &str) -> String {
+        match (self, of) {
+            (Dialect::Sqlite, _) => String::new(),
+            (Dialect::Postgres, "") => " FOR UPDATE".to_string(),
+            (Dialect::Postgres, of) => format!(" FOR UPDATE OF {of}"),
+        }
+    }
+
     /// The function that picks the larger of two values (SQLite's two-argument `max`).
     pub fn greatest(self) -> &'static str {
         match self {

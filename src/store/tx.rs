@@ -23,6 +23,18 @@ impl Store {
     {
         self.write_sql(|tx| f(&Tx { tx }))
     }
+
+    /// As [`Store::write`], holding no global lock on a shared database (SQLite has one writer):
+    /// for a transaction whose checks rest on the rows it touches, locked in the store's order
+    /// (docs/ARCHITECTURE.md, PostgreSQL): inserts under unique keys, a key claimed by
+    /// [`Tx::claim_key`], the rows `append_message` locks. `f` may run more than once (a
+    /// transaction PostgreSQL ended for a deadlock is run again whole).
+    pub fn write_row_locked<T, E>(&self, f: impl Fn(&Tx) -> std::result::Result<T, E>) -> std::result::Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| f(&Tx { tx }))
+    }
 }
 
 impl Tx<'_> {
@@ -69,8 +81,11 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// The budget accounts `session` draws on: its own, then its ancestors', nearest first.
+    /// The budget accounts `session` draws on: its own, then its ancestors', nearest first;
+    /// locked for the rest of the transaction, root to leaf, as every writer that reserves or
+    /// settles from them locks them (`budgets::lock_chains`).
     pub fn budget_chain(&self, session: i64) -> Result<Vec<crate::policy::budget::Account>> {
+        super::budgets::lock_accounts(self.tx, session)?;
         super::budgets::chain(self.tx, session, super::now_ms())
     }
 
@@ -182,6 +197,12 @@ impl Tx<'_> {
         super::ledger::set_delivery_status(self.tx, id, status, error)
     }
 
+    /// Takes the caller's idempotency key for the run it starts, or answers the use that holds
+    /// it (then nothing was written; `ledger::claim_key`).
+    pub fn claim_key(&self, key: &super::RememberedKey) -> Result<Option<super::IdempotencyHit>> {
+        super::ledger::claim_key(self.tx, key)
+    }
+
     /// Remembers the caller's idempotency key for the run it started.
     pub fn remember_key(
         &self,
@@ -245,8 +266,10 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// A requester's children by state (the spawn caps count them).
+    /// A requester's children by state (the spawn caps count them), with what they count
+    /// locked for the rest of the transaction (`run_queue::lock_spawn_admission`).
     pub fn spawn_counts(&self, requester: &SessionKey) -> Result<SpawnCounts> {
+        super::run_queue::lock_spawn_admission(self.tx, requester.as_str())?;
         super::spawn::spawn_counts(self.tx, requester.as_str())
     }
 

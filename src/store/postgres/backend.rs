@@ -10,10 +10,12 @@
 //! Writes keep SQLite's rule, one writer at a time, across every node: a write transaction
 //! takes the transaction-scoped advisory lock [`WRITE_LOCK`] first. The engine's checks between
 //! statements (admission caps, idempotency, budgets) then hold across nodes as they hold in one
-//! process, without retries. The exceptions ([`WriteOrder::RowLocks`]) are the claim,
-//! which keeps its rules by row and advisory locks of its own, and one-statement records that
-//! need no order (docs/ARCHITECTURE.md, PostgreSQL). Reads run in `REPEATABLE READ READ ONLY` transactions: one
-//! snapshot for the whole closure, as SQLite's read transaction gives.
+//! process, without retries. The exceptions ([`WriteOrder::RowLocks`]) keep their rules by the
+//! rows they lock, in one order (session row, run rows, budget accounts root to leaf), or need
+//! none (one-statement records): the claim, a run's end, its live reports and meter, a send's
+//! commit, the deliveries' claim (docs/ARCHITECTURE.md, PostgreSQL); PostgreSQL ending one for a
+//! deadlock or a serialization failure runs it again. Reads run in `REPEATABLE READ READ ONLY`
+//! transactions: one snapshot for the whole closure, as SQLite's read transaction gives.
 
 use std::future::Future;
 
@@ -39,6 +41,9 @@ const SWEEP_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 const NOTIFY_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 /// How long a listener waits before it connects again after losing its connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How many times a row-locked write is run when PostgreSQL keeps ending it for a serialization
+/// failure or a deadlock ([`PgBackend::write_row_locked`]); the last failure is the caller's.
+pub const CONFLICT_ATTEMPTS: u32 = 5;
 
 /// The advisory lock the node that takes the database's sweeps holds for as long as it does
 /// (`"smcr"`): every node runs agents, one at a time takes the work that is nobody's run.
@@ -52,9 +57,11 @@ pub struct PgBackend {
     /// the sweeps: a connection of its own, so that the lock goes with the process (or the
     /// connection) when either dies.
     sweep_seat: std::sync::Mutex<Option<SweepSeat>>,
-    /// One writer of this process at a time, taken before a connection is: writers waiting for
-    /// [`WRITE_LOCK`] while holding connections could leave none for the reads the writer
-    /// holding it makes (as SQLite's side has one writer connection behind a mutex).
+    /// One [`WriteOrder::Global`] writer of this process at a time, taken before a connection
+    /// is: writers waiting for [`WRITE_LOCK`] while holding connections could leave none for the
+    /// reads the writer holding it makes (as SQLite's side has one writer connection behind a
+    /// mutex). Row-locked writers do not take it: they wait only on rows held by transactions
+    /// under way, which already have their connections.
     write_gate: std::sync::Mutex<()>,
     /// This process, as the payload of its commits' notifications (its own are not news to it).
     process: String,
@@ -211,6 +218,46 @@ impl PgBackend {
     where
         E: From<StoreError>,
     {
+        self.write_once(order, durable, news, f).0
+    }
+
+    /// As [`PgBackend::write`] without [`WRITE_LOCK`] ([`WriteOrder::RowLocks`]), run again
+    /// whole, up to [`CONFLICT_ATTEMPTS`] times, when PostgreSQL ended it for a serialization
+    /// failure or a deadlock (40001, 40P01): the transaction was rolled back, so running `f`
+    /// again is running it for the first time. Row-locked writers take their locks in one order
+    /// (docs/ARCHITECTURE.md, PostgreSQL), so a deadlock needs a writer outside that order.
+    pub fn write_row_locked<T, E>(
+        &self,
+        durable: bool,
+        news: bool,
+        f: impl Fn(&dyn Sql) -> std::result::Result<T, E>,
+    ) -> std::result::Result<(T, bool), E>
+    where
+        E: From<StoreError>,
+    {
+        let mut attempt = 1;
+        loop {
+            let (out, conflicted) = self.write_once(WriteOrder::RowLocks, durable, news, &f);
+            if !conflicted || attempt == CONFLICT_ATTEMPTS {
+                return out;
+            }
+            tracing::debug!(attempt, "a row-locked write lost a race (serialization failure or deadlock); again");
+            attempt += 1;
+        }
+    }
+
+    /// One write transaction ([`PgBackend::write`]), and whether a statement of it failed for a
+    /// serialization failure or a deadlock (it was rolled back; running it again may succeed).
+    fn write_once<T, E>(
+        &self,
+        order: WriteOrder,
+        durable: bool,
+        news: bool,
+        f: impl FnOnce(&dyn Sql) -> std::result::Result<T, E>,
+    ) -> (std::result::Result<(T, bool), E>, bool)
+    where
+        E: From<StoreError>,
+    {
         let mut begin = match order {
             WriteOrder::Global => "BEGIN".to_string(),
             WriteOrder::RowLocks => "BEGIN ISOLATION LEVEL READ COMMITTED".to_string(),
@@ -221,14 +268,19 @@ impl PgBackend {
         if order == WriteOrder::Global {
             begin.push_str(&format!("; SELECT pg_advisory_xact_lock({WRITE_LOCK})"));
         }
-        let _gate = self.write_gate.lock().unwrap_or_else(|p| p.into_inner());
-        let client = self.client()?;
+        // Only the writers that wait for WRITE_LOCK queue here (see `write_gate`); a row-locked
+        // writer waits at most for the rows it touches, held by transactions that go on.
+        let _gate = (order == WriteOrder::Global).then(|| self.write_gate.lock().unwrap_or_else(|p| p.into_inner()));
+        let client = match self.client() {
+            Ok(client) => client,
+            Err(e) => return (Err(E::from(e)), false),
+        };
         let sql = PgSql::new(&client, &self.target, &begin);
         let out = f(&sql);
         if !sql.began() {
-            return out.map(|v| (v, false)); // no statement ran: there is nothing to commit
+            return (out.map(|v| (v, false)), false); // no statement ran: there is nothing to commit
         }
-        let changed = sql.changed.get();
+        let (changed, conflicted) = (sql.changed.get(), sql.conflicted.get());
         let tell = news && changed;
         // Delivered at commit, to every other process listening (a rollback sends nothing).
         let notify_now = tell && self.notices.lock().unwrap_or_else(|p| p.into_inner()).may_notify_now();
@@ -243,13 +295,16 @@ impl PgBackend {
         if let Err(e) = end {
             // Whatever state the connection is left in, nobody else gets it.
             drop(Object::take(client));
-            return Err(E::from(e));
+            return (Err(E::from(e)), conflicted);
         }
-        let value = out?;
+        let value = match out {
+            Ok(value) => value,
+            Err(e) => return (Err(e), conflicted),
+        };
         if tell && !notify_now {
             self.notify_later();
         }
-        Ok((value, changed))
+        (Ok((value, changed)), false)
     }
 
     /// Tells the other processes of a commit that was not, once [`NOTIFY_EVERY`] passed since
@@ -394,6 +449,8 @@ struct PgSql<'a> {
     opening: std::cell::RefCell<Option<String>>,
     /// Whether a statement changed a row (whether the commit is news to anyone).
     changed: std::cell::Cell<bool>,
+    /// Whether a statement failed for a serialization failure or a deadlock.
+    conflicted: std::cell::Cell<bool>,
 }
 
 impl<'a> PgSql<'a> {
@@ -403,6 +460,7 @@ impl<'a> PgSql<'a> {
             target,
             opening: std::cell::RefCell::new(Some(opening.to_string())),
             changed: std::cell::Cell::new(false),
+            conflicted: std::cell::Cell::new(false),
         }
     }
 
@@ -436,6 +494,11 @@ impl<'a> PgSql<'a> {
     }
 
     fn error(&self, e: &tokio_postgres::Error, sql: &str) -> StoreError {
+        use tokio_postgres::error::SqlState;
+        if e.code().is_some_and(|c| *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED)
+        {
+            self.conflicted.set(true);
+        }
         let e = self.target.classify(e);
         tracing::debug!(error = %e, sql, "PostgreSQL statement failed");
         StoreError::from(e)
@@ -804,9 +867,10 @@ mod tests {
         }
     }
 
-    /// A claim, and the one-statement records of a run (lease, supervisor, steps mark), do not
-    /// wait for the global write lock: with [`WRITE_LOCK`] held by another connection, a node
-    /// still claims its queued run and records them (and a locked write waits, as before).
+    /// A claim, and the one-statement records of a run (lease, supervisor, steps mark, what it
+    /// waits on), do not wait for the global write lock: with [`WRITE_LOCK`] held by another
+    /// connection, a node still claims its queued run and records them (and a locked write, a
+    /// cancel, waits, as before).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_a_claim_and_a_runs_own_records_go_through_while_another_connection_holds_the_global_write_lock() {
         use crate::keys::{AgentId, SessionKey, SessionKind};
@@ -834,6 +898,7 @@ mod tests {
                 claimer.renew_leases(&owner).unwrap();
                 claimer.set_supervisor("run-0", 4242, Some(7)).unwrap();
                 claimer.steps_taken("run-0").unwrap();
+                claimer.set_waiting("run-0", Some("x")).unwrap();
                 claimed
             });
             let claimed = tokio::time::timeout(std::time::Duration::from_secs(60), claim)
@@ -843,11 +908,248 @@ mod tests {
             assert_eq!(claimed.iter().map(|(r, _)| r.run_id.as_str()).collect::<Vec<_>>(), ["run-0"]);
             assert_eq!(store.supervisors(&["run-0".to_string()]).unwrap(), [(4242, Some(7))]);
             let writer = store.clone();
-            let write = tokio::task::spawn_blocking(move || writer.set_waiting("run-0", Some("x")));
+            let write = tokio::task::spawn_blocking(move || writer.request_cancel("run-0").map(|_| ()));
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             assert!(!write.is_finished(), "a locked write still waits for the global write lock");
             holder.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK]).await.unwrap();
             write.await.unwrap().unwrap();
+        })
+        .await;
+    }
+
+    /// A root session with a token budget of `limit`, and `children` sessions under it, each with
+    /// one run claimed (running under `owner`): (run id, session) of each, and the root's id.
+    fn budget_tree(store: &Store, name: &str, limit: i64, children: usize, owner: &str) -> (Vec<(String, i64)>, i64) {
+        use crate::keys::{AgentId, SessionKey, SessionKind};
+        use crate::policy::budget::Limits;
+        use crate::store::{Caps, NewRun, RunMode};
+        let root_key = SessionKey::from_canonical(format!("agent:main:{name}"));
+        let root = store
+            .write(|tx| -> Result<i64> {
+                tx.insert_session(&NewSession::new(root_key.clone(), AgentId::main(), SessionKind::Other, false))?;
+                let root = tx.session_id(&root_key)?;
+                tx.set_root_budget(root, &Limits { tokens: Some(limit), cost_micros: None, runtime_ms: None })?;
+                for i in 0..children {
+                    let key = SessionKey::from_canonical(format!("agent:main:subagent:{name}-{i}"));
+                    let mut child = NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false);
+                    child.spawned_by = Some(root_key.clone());
+                    tx.insert_session(&child)?;
+                    let input = serde_json::json!({"role": "user", "content": "go"});
+                    tx.enqueue(&NewRun::new(format!("{name}-run-{i}"), tx.session_id(&key)?, RunMode::Send, input))?;
+                }
+                Ok(root)
+            })
+            .unwrap();
+        let caps = Caps { global: 64, per_agent: Default::default(), default_agent: 64, spawns: 64 };
+        let mut runs: Vec<(String, i64)> =
+            store.claim_ready(owner, &caps).unwrap().into_iter().map(|(r, _)| (r.run_id, r.session)).collect();
+        runs.sort();
+        assert_eq!(runs.len(), children, "every child's run claimed");
+        (runs, root)
+    }
+
+    /// Live reports and ends of runs drawing on one account, from three nodes at once, with no
+    /// global lock: every settle is counted once, and the reports that take the tree over its
+    /// limit are seen to (the account is marked exceeded, nothing more starts on it). Without
+    /// the account locks, concurrent reports each read a sum without the others' and none
+    /// crosses (seen: the test fails then).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_live_reports_and_ends_on_three_nodes_at_once_never_pass_a_budget_unseen() {
+        use crate::store::{Meter, RunStatus};
+        const CHILDREN: usize = 9;
+        with_test_database(async |target| {
+            let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            for round in 0..6 {
+                let owner = "node0:1:x";
+                // 9 reports of 120 against 1,000: only together do they cross. One child more
+                // starts once they did.
+                let (mut runs, root) = budget_tree(&nodes[0], &format!("r{round}"), 1_000, CHILDREN + 1, owner);
+                let (late, late_session) = runs.pop().unwrap();
+                for (run, session) in &runs {
+                    assert_eq!(nodes[0].start_meter(run, *session, None).unwrap(), Meter::Drawing);
+                }
+                let runs: Vec<String> = runs.into_iter().map(|(r, _)| r).collect();
+                let start = std::sync::Arc::new(std::sync::Barrier::new(CHILDREN));
+                let workers: Vec<_> = runs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, run)| {
+                        let (store, run, start) = (nodes[i % 3].clone(), run.clone(), start.clone());
+                        std::thread::spawn(move || {
+                            start.wait();
+                            let crossed = store.record_usage(&run, &serde_json::json!({"inputTokens": 120})).unwrap();
+                            let mut end = finished_ok();
+                            end.usage = Some(serde_json::json!({"inputTokens": 120}));
+                            store.finish_run(&run, owner, &end).unwrap();
+                            crossed.is_some()
+                        })
+                    })
+                    .collect();
+                let crossings = workers.into_iter().map(|w| w.join().unwrap()).filter(|&crossed| crossed).count();
+                assert!(crossings >= 1, "round {round}: the reports went over the budget and none saw it");
+                let account = nodes[1].budget_of(root).unwrap().unwrap();
+                assert_eq!(account.spent.tokens, 120 * CHILDREN as i64, "round {round}: every end settled once");
+                assert!(account.exceeded.is_some(), "round {round}: the account is marked exceeded");
+                for run in &runs {
+                    assert_eq!(nodes[2].run(run).unwrap().unwrap().status, RunStatus::Ok);
+                }
+                let refused = nodes[2].start_meter(&late, late_session, None).unwrap();
+                assert!(matches!(refused, Meter::Exhausted(_)), "round {round}: {refused:?}");
+            }
+        })
+        .await;
+    }
+
+    /// A run's start on a budget, its live reports, its waits and its end hold no global lock
+    /// either: with [`WRITE_LOCK`] held by another connection they all go through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_runs_meter_reports_and_end_go_through_while_another_connection_holds_the_global_write_lock() {
+        use crate::store::{Meter, RunStatus};
+        with_test_database(async |target| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_postgres(target.clone(), dir.path()).unwrap();
+            let owner = "node0:1:x";
+            let (runs, root) = budget_tree(&store, "held", 1_000, 1, owner);
+            let (holder, connection) = target.connect_one().await.unwrap();
+            tokio::spawn(connection);
+            holder.execute("SELECT pg_advisory_lock($1)", &[&WRITE_LOCK]).await.unwrap();
+            let runner = store.clone();
+            let run = tokio::task::spawn_blocking(move || {
+                let (run, session) = &runs[0];
+                assert_eq!(runner.start_meter(run, *session, None).unwrap(), Meter::Drawing);
+                assert_eq!(runner.record_usage(run, &serde_json::json!({"inputTokens": 300})).unwrap(), None);
+                runner.hold_runtime(run, true).unwrap();
+                runner.hold_runtime(run, false).unwrap();
+                runner.finish_run(run, owner, &finished_ok()).unwrap();
+                run.clone()
+            });
+            let run = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+                .await
+                .expect("a run's records waited for the global write lock")
+                .unwrap();
+            holder.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK]).await.unwrap();
+            assert_eq!(store.run(&run).unwrap().unwrap().status, RunStatus::Ok);
+            assert_eq!(store.budget_of(root).unwrap().unwrap().spent.tokens, 300, "settled at its last report");
+        })
+        .await;
+    }
+
+    /// Two row-locked writes on two nodes that lock two rows in opposite orders deadlock;
+    /// PostgreSQL ends one (40P01), which is run again whole and then commits: both writes land,
+    /// each once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_row_locked_write_ended_by_a_deadlock_is_run_again_and_commits() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        with_test_database(async |target| {
+            let dirs = [(); 2].map(|_| tempfile::tempdir().unwrap());
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            let ids: Vec<i64> = ["a", "b"]
+                .iter()
+                .map(|k| {
+                    let key = crate::keys::SessionKey::from_canonical(format!("agent:main:{k}"));
+                    nodes[0].write(|tx| tx.insert_session(&session(key.as_str()))).unwrap();
+                    nodes[0].session_by_key(&key).unwrap().unwrap().id
+                })
+                .collect();
+            let both_hold_one = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let attempts = std::sync::Arc::new(AtomicUsize::new(0));
+            let writers: Vec<_> = [(ids[0], ids[1]), (ids[1], ids[0])]
+                .into_iter()
+                .zip(nodes.iter().cloned())
+                .map(|((first, second), store)| {
+                    let (both_hold_one, attempts) = (both_hold_one.clone(), attempts.clone());
+                    std::thread::spawn(move || {
+                        let tried = AtomicUsize::new(0);
+                        store.write_sql_row_locked(crate::store::Survives::PowerLoss, true, |tx| -> Result<()> {
+                            attempts.fetch_add(1, Ordering::SeqCst);
+                            let label = "UPDATE sessions SET label = coalesce(label, '') || 'x' WHERE id = ?1";
+                            tx.execute(label, args![first])?;
+                            if tried.fetch_add(1, Ordering::SeqCst) == 0 {
+                                both_hold_one.wait(); // the first time, each holds its first row
+                            }
+                            tx.execute(label, args![second])?;
+                            Ok(())
+                        })
+                    })
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap().expect("the write that lost the deadlock was run again");
+            }
+            assert_eq!(attempts.load(Ordering::SeqCst), 3, "one of the two ran twice");
+            for id in ids {
+                let label: String =
+                    nodes[1].read(|c| c.one("SELECT label FROM sessions WHERE id = ?1", args![id])).unwrap();
+                assert_eq!(label, "xx", "each write landed once on session {id}");
+            }
+        })
+        .await;
+    }
+
+    /// Eight uses of one idempotency key at once, on two nodes, each claiming the key and then
+    /// queueing a run in one row-locked transaction (a send's commit): one run is queued, and
+    /// every other use is answered with it. A key older than its 24 h is taken again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_concurrent_uses_of_one_idempotency_key_on_two_nodes_start_one_run() {
+        use crate::keys::{AgentId, SessionKey, SessionKind};
+        use crate::store::{IdempotencyHit, NewRun, RememberedKey, RunMode};
+        with_test_database(async |target| {
+            let dirs = [(); 2].map(|_| tempfile::tempdir().unwrap());
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            let key = SessionKey::from_canonical("agent:main:target");
+            nodes[0]
+                .write(|tx| {
+                    tx.insert_session(&NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false))
+                })
+                .unwrap();
+            let session = nodes[0].session_by_key(&key).unwrap().unwrap().id;
+            let send = move |store: &Store, run_id: &str| -> Result<Option<IdempotencyHit>> {
+                store.write_row_locked(|tx| -> Result<Option<IdempotencyHit>> {
+                    let result = serde_json::json!({"inbox": false});
+                    let use_of_key = RememberedKey {
+                        caller: "agent:main:caller",
+                        key: "k1",
+                        tool: "sessions_send",
+                        args_hash: "h",
+                        run_id,
+                        result: &result,
+                    };
+                    if let Some(hit) = tx.claim_key(&use_of_key)? {
+                        return Ok(Some(hit));
+                    }
+                    let input = serde_json::json!({"role": "user", "content": "once"});
+                    tx.enqueue(&NewRun::new(run_id.to_string(), session, RunMode::Send, input))?;
+                    Ok(None)
+                })
+            };
+            let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let senders: Vec<_> = (0..8)
+                .map(|i| {
+                    let (store, start) = (nodes[i % 2].clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        let run_id = format!("run-{i}");
+                        (send(&store, &run_id).unwrap(), run_id)
+                    })
+                })
+                .collect();
+            let answers: Vec<(Option<IdempotencyHit>, String)> =
+                senders.into_iter().map(|s| s.join().unwrap()).collect();
+            let queued: Vec<String> =
+                nodes[1].read(|c| c.query_map("SELECT run_id FROM runs", args![], |r| r.get(0))).unwrap();
+            assert_eq!(queued.len(), 1, "one run for the key: {queued:?}");
+            for (hit, run_id) in &answers {
+                let answered = hit.as_ref().map_or(run_id.as_str(), |h| h.run_id.as_deref().unwrap());
+                assert_eq!(answered, queued[0], "every use answers the one run");
+            }
+            nodes[0]
+                .write_sql(|tx| tx.execute("UPDATE idempotency SET created_at = created_at - 86400001", args![]))
+                .unwrap();
+            assert!(send(&nodes[0], "run-late").unwrap().is_none(), "an expired key is taken again");
         })
         .await;
     }

@@ -229,6 +229,11 @@ impl PgTarget {
     }
 
     /// A driver error as one line about this target.
+    /// The server's `host:port`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
     pub fn classify(&self, e: &tokio_postgres::Error) -> PgError {
         if let Some((detail, advice)) = tls::advice(e) {
             return PgError::Tls { addr: self.addr.clone(), detail, advice };
