@@ -132,7 +132,10 @@ fn on_the_wire_a_wrong_token_is_a_401_with_the_bearer_scheme_and_bad_params_name
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["error"]["code"], -32602, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("params.message"), "{body}");
+    // A v0.3 name is served by its v1.0 method; an unknown one is not.
     let (_, body) = rpc(server.port, ALICE, "tasks/get", json!({"id": "x"}));
+    assert_eq!(body["error"]["code"], -32001, "{body}");
+    let (_, body) = rpc(server.port, ALICE, "tasks/list", json!({}));
     assert_eq!(body["error"]["code"], -32601, "{body}");
     let (_, body) = rpc(server.port, ALICE, "CreateTaskPushNotificationConfig", json!({}));
     assert_eq!(body["error"]["code"], -32003, "{body}");
