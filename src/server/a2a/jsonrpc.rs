@@ -130,14 +130,16 @@ fn stream(id: JsonRpcId, a: A2a, w: Watched, legacy: bool) -> Response {
     let events = a.watch(w.caller, w.agent, w.view).map(move |item| {
         let event = item.and_then(|e| serde_json::to_value(&e).map_err(|e| A2aError::internal(e.to_string())));
         match event.map(|v| if legacy { v03::result(v) } else { v }) {
-            Ok(v) => (legacy && v03::ends_stream(&v), JsonRpcResponse::Success(JsonRpcSuccessResponse::new(id.clone(), v))),
+            Ok(v) => {
+                (legacy && v03::ends_stream(&v), JsonRpcResponse::Success(JsonRpcSuccessResponse::new(id.clone(), v)))
+            }
             Err(e) => (false, error_body(id.clone(), &e)),
         }
     });
-    let events = events.scan(false, |ended, (last, body)| {
-        let next = (!*ended).then(|| Event::default().json_data(body));
-        *ended = last;
-        futures::future::ready(next)
+    // Ends right after the last event, without waiting for the task's next one.
+    let events = futures::stream::unfold((Box::pin(events), false), |(mut events, ended)| async move {
+        let (last, body) = if ended { None } else { events.next().await }?;
+        Some((Event::default().json_data(body), (events, last)))
     });
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }

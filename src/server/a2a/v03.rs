@@ -162,9 +162,16 @@ mod tests {
         assert_eq!((&task["kind"], &task["status"]["state"]), (&json!("task"), &json!("input-required")), "{task}");
         assert_eq!(task["status"]["message"]["kind"], "message", "{task}");
         assert_eq!(task["status"]["message"]["role"], "agent", "{task}");
-        assert_eq!(task["status"]["message"]["parts"], json!([{"kind": "text", "text": "hi"},
-            {"kind": "data", "data": {"kind": "approval"}}]), "{task}");
-        assert_eq!(task["artifacts"][0]["parts"][0], json!({"kind": "file", "file": {"uri": "https://x/y", "mimeType": "text/plain"}}));
+        assert_eq!(
+            task["status"]["message"]["parts"],
+            json!([{"kind": "text", "text": "hi"},
+            {"kind": "data", "data": {"kind": "approval"}}]),
+            "{task}"
+        );
+        assert_eq!(
+            task["artifacts"][0]["parts"][0],
+            json!({"kind": "file", "file": {"uri": "https://x/y", "mimeType": "text/plain"}})
+        );
         assert!(ends_stream(&task), "a v0.3 stream ends where the task waits on its caller");
         // GetTask's bare task.
         let bare = result(json!({"id": "t", "status": {"state": "TASK_STATE_UNSPECIFIED"}}));
@@ -179,7 +186,9 @@ mod tests {
         let done = result(json!({"statusUpdate": {"taskId": "t", "status": {"state": "TASK_STATE_COMPLETED"}}}));
         assert_eq!((&done["status"]["state"], &done["final"]), (&json!("completed"), &json!(true)), "{done}");
         assert!(ends_stream(&done));
-        let piece = result(json!({"artifactUpdate": {"artifact": {"artifactId": "reply", "parts": [{"text": "a"}]}, "append": true}}));
+        let piece = result(
+            json!({"artifactUpdate": {"artifact": {"artifactId": "reply", "parts": [{"text": "a"}]}, "append": true}}),
+        );
         assert_eq!(piece["kind"], "artifact-update", "{piece}");
         assert_eq!(piece["artifact"]["parts"][0], json!({"kind": "text", "text": "a"}), "{piece}");
         assert_eq!(v1_method("message/stream"), Some("SendStreamingMessage"));
