@@ -246,8 +246,8 @@ struct Delegated {
 
 /// Our agent `main` (it echoes; on "approve" it asks an approval first), served over A2A to a
 /// client token, declared to Gemini CLI as the user declares a remote agent — a `kind: remote` file
-/// in `~/.gemini/agents/` naming our card's URL and the token; `gemini -p` is told to delegate
-/// `task` to it.
+/// in `~/.gemini/agents/` naming our card's URL and the variable holding the token (`$VAR`, so the
+/// file holds no secret); `gemini -p` is told to delegate `task` to it.
 fn delegate_through_gemini(gemini: &Path, task: &str) -> Delegated {
     let mut env = TestEnv::new();
     let script = json!({"rules": [
@@ -271,7 +271,7 @@ fn delegate_through_gemini(gemini: &Path, task: &str) -> Delegated {
     std::fs::write(gemini_dir.join("settings.json"), api_key_settings().to_string()).unwrap();
     let card = format!("http://127.0.0.1:{}/a2a/main/.well-known/agent-card.json", server.port);
     let declared = format!(
-        "---\nkind: remote\nname: ours\nagent_card_url: {card}\nauth:\n  type: http\n  scheme: Bearer\n  token: {GEMINI_PEER_TOKEN}\n---\n"
+        "---\nkind: remote\nname: ours\nagent_card_url: {card}\nauth:\n  type: http\n  scheme: Bearer\n  token: $OURS_A2A_TOKEN\n---\n"
     );
     std::fs::write(gemini_dir.join("agents/ours.md"), declared).unwrap();
     let (port, seen) = fake_api();
@@ -283,6 +283,7 @@ fn delegate_through_gemini(gemini: &Path, task: &str) -> Delegated {
         .env("HOME", home.path())
         .env("GEMINI_API_KEY", "fake-key")
         .env("GOOGLE_GEMINI_BASE_URL", format!("http://127.0.0.1:{port}"))
+        .env("OURS_A2A_TOKEN", GEMINI_PEER_TOKEN)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
