@@ -132,7 +132,10 @@ fn on_the_wire_a_wrong_token_is_a_401_with_the_bearer_scheme_and_bad_params_name
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["error"]["code"], -32602, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("params.message"), "{body}");
+    // A v0.3 name is served by its v1.0 method; an unknown one is not.
     let (_, body) = rpc(server.port, ALICE, "tasks/get", json!({"id": "x"}));
+    assert_eq!(body["error"]["code"], -32001, "{body}");
+    let (_, body) = rpc(server.port, ALICE, "tasks/list", json!({}));
     assert_eq!(body["error"]["code"], -32601, "{body}");
     let (_, body) = rpc(server.port, ALICE, "CreateTaskPushNotificationConfig", json!({}));
     assert_eq!(body["error"]["code"], -32003, "{body}");
@@ -141,6 +144,37 @@ fn on_the_wire_a_wrong_token_is_a_401_with_the_bearer_scheme_and_bad_params_name
     let (_, body) = rpc(server.port, ALICE, "SendMessage", msg);
     assert_eq!(body["error"]["code"], -32005, "{body}");
     assert_nothing_ran(&env);
+    drop(server);
+}
+
+/// A v0.3 client (Gemini CLI's, `@a2a-js/sdk` 0.3) finds the JSON-RPC URL as the card's `url`
+/// and is answered in v0.3's shapes under v0.3's method names, by the same handlers.
+#[test]
+fn a_v03_client_finds_the_endpoint_on_the_card_and_is_answered_in_v03_shapes() {
+    let env = env_exposing(&["main"]);
+    let server = env.serve_http(&[]);
+    let (_, _, body) = http_to(server.port, "GET", "/a2a/main/.well-known/agent-card.json", &[], "");
+    let card: Value = serde_json::from_str(&body).unwrap();
+    let url = format!("http://127.0.0.1:{}/a2a/main", server.port);
+    assert_eq!((&card["url"], &card["preferredTransport"]), (&json!(url), &json!("JSONRPC")), "{card}");
+    let msg = json!({"message": {"kind": "message", "role": "user", "messageId": "m1",
+                                 "parts": [{"kind": "text", "text": "hello"}]}, "configuration": {"blocking": true}});
+    let (_, body) = rpc(server.port, ALICE, "message/send", msg);
+    let task = &body["result"];
+    assert_eq!((&task["kind"], &task["status"]["state"]), (&json!("task"), &json!("completed")), "{body}");
+    let reply = &task["status"]["message"];
+    assert_eq!((&reply["kind"], &reply["role"]), (&json!("message"), &json!("agent")), "{body}");
+    assert_eq!(reply["parts"], json!([{"kind": "text", "text": "ECHO: hello"}]), "{body}");
+    let (_, body) = rpc(server.port, ALICE, "tasks/get", json!({"id": task["id"]}));
+    assert_eq!(
+        (&body["result"]["kind"], &body["result"]["status"]["state"]),
+        (&json!("task"), &json!("completed")),
+        "{body}"
+    );
+    let (_, body) = rpc(server.port, BOB, "tasks/get", json!({"id": task["id"]}));
+    assert_eq!(body["error"]["code"], -32001, "another caller's task is not found: {body}");
+    let (_, body) = rpc(server.port, ALICE, "tasks/cancel", json!({"id": task["id"]}));
+    assert_eq!(body["error"]["code"], -32002, "{body}");
     drop(server);
 }
 

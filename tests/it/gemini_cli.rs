@@ -10,6 +10,9 @@
 //! the opt-in entry docs/AGENTS.md gives in the user's `~/.gemini/settings.json` (`sessions-mcp
 //! connect`, the run's variables named as `$VAR`), the child calls `sessions_list` back as itself.
 //!
+//! The other way round, Gemini CLI takes our agent, served over A2A (docs/A2A.md), as one of its
+//! remote agents: its model hands it a task with `invoke_agent` and relays the answer.
+//!
 //! The CLI is `SESSIONS_MCP_GEMINI`, else `gemini` on PATH (`.ci/run --extended` installs npm
 //! `@google/gemini-cli`). Without it the test prints why and passes — except in CI's extended tier
 //! (`CI` and `SESSIONS_MCP_EXTENDED` set), where it fails.
@@ -19,10 +22,13 @@ use crate::common;
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::TestEnv;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 /// What the project's README.md starts with.
 const PROJECT_MARK: &str = "# The user's project";
@@ -77,6 +83,9 @@ fn chunk(part: Value) -> Value {
 fn model_turn(request: &Value) -> Value {
     let contents = request["contents"].as_array().cloned().unwrap_or_default();
     let parts: Vec<&Value> = contents.iter().flat_map(|c| c["parts"].as_array().into_iter().flatten()).collect();
+    if let Some(turn) = delegating_turn(&parts) {
+        return turn;
+    }
     if !parts.iter().any(|p| p["text"].as_str().is_some_and(|t| t.contains("READ_AND_LIST"))) {
         return json!({"text": "Hello from the fake Gemini API"});
     }
@@ -96,6 +105,25 @@ fn model_turn(request: &Value) -> Value {
         None => "none offered".to_string(),
     };
     json!({"text": format!("read: {}; listed: {listed}", read.starts_with(PROJECT_MARK))})
+}
+
+/// The model of the A2A tests: after a user turn `DELEGATE_TO_OURS: <task>` it hands the remote
+/// agent `ours` the task through Gemini's `invoke_agent`; when the agent asks (its answer names an
+/// ask), it answers `allow ship it` through `invoke_agent` again, once; then it answers
+/// `relayed: <the agent's last answer>`.
+fn delegating_turn(parts: &[&Value]) -> Option<Value> {
+    let task = parts.iter().find_map(|p| p["text"].as_str()?.split("DELEGATE_TO_OURS: ").nth(1))?;
+    let answers: Vec<&str> = parts
+        .iter()
+        .filter_map(|p| p.get("functionResponse").filter(|r| r["name"] == "invoke_agent"))
+        .map(|r| r["response"]["output"].as_str().unwrap_or("(no output)"))
+        .collect();
+    let invoke = |prompt: &str| json!({"functionCall": {"name": "invoke_agent", "args": {"agent_name": "ours", "prompt": prompt}}});
+    Some(match answers.as_slice() {
+        [] => invoke(task),
+        [asked] if asked.contains(" asks: ") => invoke("allow ship it"),
+        [.., last] => json!({"text": format!("relayed: {last}")}),
+    })
 }
 
 /// The declared tools whose name mentions `sessions_`.
@@ -206,4 +234,115 @@ fn a_sessions_entry_in_the_users_gemini_settings_lets_the_child_call_sessions_li
     let listed = listed.trim().trim_start_matches("<untrusted_context>").trim_end_matches("</untrusted_context>");
     let listed: Value = serde_json::from_str(listed.trim()).unwrap_or_else(|e| panic!("{e}: {outcome}"));
     assert_eq!(common::keys_of(&listed), [spawned.key.as_str()], "it called sessions_list back as itself: {outcome}");
+}
+
+/// What one Gemini CLI run that delegated a task to our agent over A2A gave: its stdout, the
+/// model requests, and our server's env (its store).
+struct Delegated {
+    stdout: String,
+    requests: Vec<Value>,
+    env: TestEnv,
+}
+
+/// Our agent `main` (it echoes; on "approve" it asks an approval first), served over A2A to a
+/// client token, declared to Gemini CLI as the user declares a remote agent — a `kind: remote` file
+/// in `~/.gemini/agents/` naming our card's URL and the variable holding the token (`$VAR`, so the
+/// file holds no secret); `gemini -p` is told to delegate `task` to it.
+fn delegate_through_gemini(gemini: &Path, task: &str) -> Delegated {
+    let mut env = TestEnv::new();
+    let script = json!({"rules": [
+        {"match": {"mode": "announce"}, "reply": "ANNOUNCE_SKIP"},
+        {"match": {"input": "approve"}, "ask": {"kind": "approval", "text": "May I deploy?", "details": {"toolName": "Deploy"}},
+         "reply": "decision={decision} answer={answer}"},
+    ], "default": {"reply": "ECHO: {input}"}});
+    let mut main = common::scripted_agent(&env, "main", &script, json!({}));
+    main["description"] = json!("Echoes what it is told.");
+    let token = hex::encode(Sha256::digest(GEMINI_PEER_TOKEN.as_bytes()));
+    env.set_config(
+        &json!({"agents": {"list": [main]},
+                "server": {"tokens": [{"sha256": token, "sessionKey": "agent:main:gemini"}], "a2a": {"agents": ["main"]}}})
+        .to_string(),
+    );
+    let server = env.serve_http(&[]);
+    let (bin, home, project) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let gemini_dir = home.path().join(".gemini");
+    std::fs::create_dir_all(gemini_dir.join("agents")).unwrap();
+    std::fs::write(gemini_dir.join("settings.json"), api_key_settings().to_string()).unwrap();
+    let card = format!("http://127.0.0.1:{}/a2a/main/.well-known/agent-card.json", server.port);
+    let declared = format!(
+        "---\nkind: remote\nname: ours\nagent_card_url: {card}\nauth:\n  type: http\n  scheme: Bearer\n  token: $OURS_A2A_TOKEN\n---\n"
+    );
+    std::fs::write(gemini_dir.join("agents/ours.md"), declared).unwrap();
+    let (port, seen) = fake_api();
+    let mut child = Command::new(gemini)
+        .args(["-p", &format!("DELEGATE_TO_OURS: {task}"), "--approval-mode", "yolo", "--skip-trust"])
+        .current_dir(project.path())
+        .env_clear()
+        .env("PATH", path_with_only_gemini(bin.path(), gemini))
+        .env("HOME", home.path())
+        .env("GEMINI_API_KEY", "fake-key")
+        .env("GOOGLE_GEMINI_BASE_URL", format!("http://127.0.0.1:{port}"))
+        .env("OURS_A2A_TOKEN", GEMINI_PEER_TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = common::wait_child(&mut child, Duration::from_secs(150));
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(status.success(), "gemini failed: {status}\n{stdout}\n{stderr}");
+    drop(server);
+    let requests = seen.lock().unwrap().clone();
+    Delegated { stdout: stdout.into_owned(), requests, env }
+}
+
+/// The client token Gemini CLI signs in with as our A2A peer.
+const GEMINI_PEER_TOKEN: &str = "a2a-gemini-token-0123456789";
+
+/// The one session of the A2A peer in `env`'s store, shown.
+fn the_peers_session(env: &TestEnv) -> Value {
+    let ls: Value = serde_json::from_slice(&env.run(&["ls", "--json"]).stdout).unwrap();
+    let all = ls["sessions"].as_array().unwrap().iter().filter_map(|s| s["key"].as_str());
+    let keys: Vec<&str> = all.filter(|k| k.starts_with("agent:main:a2a:direct:")).collect();
+    assert_eq!(keys.len(), 1, "one session of the peer's context: {ls}");
+    env.show(keys[0])
+}
+
+/// Issue 39: Gemini CLI's A2A client (v0.3) reads our card, sends the task with `message/stream`,
+/// and its model relays our agent's answer; our store holds the session of that peer and context,
+/// the message recorded as the peer's.
+#[test]
+fn gemini_cli_delegates_to_our_agent_served_over_a2a() {
+    let Some(gemini) = common::real_cli_or_skip("SESSIONS_MCP_GEMINI", "gemini", "Gemini") else { return };
+    let done = delegate_through_gemini(&std::fs::canonicalize(&gemini).unwrap(), "hello from gemini");
+    assert!(
+        done.stdout.contains("relayed: ECHO: hello from gemini"),
+        "the model relayed our agent's answer:\n{}",
+        done.stdout
+    );
+    // Gemini offered its model our agent, described by our card.
+    let first = done.requests.first().map(Value::to_string).unwrap_or_default();
+    assert!(first.contains("Echoes what it is told."), "our card described the agent: {first}");
+    let show = the_peers_session(&done.env);
+    let user = show["messages"].as_array().unwrap().iter().find(|m| m["role"] == "user").cloned().unwrap();
+    assert!(user.to_string().contains("hello from gemini"), "{user}");
+    let p = &user["provenance"];
+    assert_eq!((&p["sourceTool"], &p["senderId"]), (&json!("a2a"), &json!("agent:main:gemini")), "{user}");
+    assert_eq!(done.env.run_counts()["ok"], 1, "one run, done");
+}
+
+/// Our agent's approval reaches Gemini's model as the task's question (v0.3: the stream ends at
+/// `input-required`); the model's next `invoke_agent` goes into the same task and answers it, and
+/// the agent's reply after the decision is relayed. One run: the answer started nothing new.
+#[test]
+fn gemini_cli_answers_our_agents_approval_into_the_same_task() {
+    let Some(gemini) = common::real_cli_or_skip("SESSIONS_MCP_GEMINI", "gemini", "Gemini") else { return };
+    let done = delegate_through_gemini(&std::fs::canonicalize(&gemini).unwrap(), "approve the deploy");
+    assert!(done.stdout.contains("relayed: decision=allow answer=ship it"), "{}", done.stdout);
+    let asked = done.requests.iter().map(Value::to_string).find(|r| r.contains("May I deploy?"));
+    assert!(asked.is_some(), "the model was shown the question: {:?}", done.requests);
+    the_peers_session(&done.env);
+    assert_eq!(done.env.run_counts()["ok"], 1, "one run, answered and done");
 }

@@ -1,6 +1,7 @@
 //! The A2A JSON-RPC binding: `POST /a2a/<agentId>` with one `JsonRpcRequest`; the streaming
 //! methods answer with Server-Sent Events, each one a `JsonRpcResponse` carrying a
 //! `StreamResponse`. Errors are JSON-RPC errors (HTTP 200) with the A2A `ErrorInfo` details.
+//! The v0.3 method names are served too, answering in v0.3's shapes ([`v03`]).
 
 use a2a_protocol_types::error::{A2aError, ErrorCode};
 use a2a_protocol_types::jsonrpc::{
@@ -18,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::tasks::task_of;
-use super::{A2a, caller_of, exposed, not_served};
+use super::{A2a, caller_of, exposed, not_served, v03};
 use crate::access::caller::Caller;
 use crate::keys::AgentId;
 
@@ -33,14 +34,19 @@ pub(super) async fn handle(
         Ok(c) => c,
         Err(refused) => return refused,
     };
-    let request: JsonRpcRequest = match serde_json::from_slice(&body) {
+    let mut request: JsonRpcRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return failure(None, &A2aError::parse_error(format!("the body is not a JSON-RPC request: {e}"))),
     };
     let id = request.id.to_response_id();
+    let legacy = v03::v1_method(&request.method);
+    if let Some(v1) = legacy {
+        request.method = v1.to_string();
+    }
     match dispatch(&a, caller, agent, request).await {
+        Ok(Answer::One(result)) if legacy.is_some() => success(id, v03::result(result)),
         Ok(Answer::One(result)) => success(id, result),
-        Ok(Answer::Stream(watched)) => stream(id, a, *watched),
+        Ok(Answer::Stream(watched)) => stream(id, a, *watched, legacy.is_some()),
         Err(e) => failure(id, &e),
     }
 }
@@ -119,16 +125,21 @@ pub(super) fn failure(id: JsonRpcId, e: &A2aError) -> Response {
     axum::Json(error_body(id, e)).into_response()
 }
 
-fn stream(id: JsonRpcId, a: A2a, w: Watched) -> Response {
+/// The task's events as SSE; in v0.3's shapes for a v0.3 method, ending where v0.3 ends a stream.
+fn stream(id: JsonRpcId, a: A2a, w: Watched, legacy: bool) -> Response {
     let events = a.watch(w.caller, w.agent, w.view).map(move |item| {
-        let body = match item {
-            Ok(event) => match serde_json::to_value(&event) {
-                Ok(v) => JsonRpcResponse::Success(JsonRpcSuccessResponse::new(id.clone(), v)),
-                Err(e) => error_body(id.clone(), &A2aError::internal(e.to_string())),
-            },
-            Err(e) => error_body(id.clone(), &e),
-        };
-        Event::default().json_data(body)
+        let event = item.and_then(|e| serde_json::to_value(&e).map_err(|e| A2aError::internal(e.to_string())));
+        match event.map(|v| if legacy { v03::result(v) } else { v }) {
+            Ok(v) => {
+                (legacy && v03::ends_stream(&v), JsonRpcResponse::Success(JsonRpcSuccessResponse::new(id.clone(), v)))
+            }
+            Err(e) => (false, error_body(id.clone(), &e)),
+        }
+    });
+    // Ends right after the last event, without waiting for the task's next one.
+    let events = futures::stream::unfold((Box::pin(events), false), |(mut events, ended)| async move {
+        let (last, body) = if ended { None } else { events.next().await }?;
+        Some((Event::default().json_data(body), (events, last)))
     });
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }

@@ -3,11 +3,12 @@
 //! /a2a/<agentId>`) and HTTP+JSON (`/a2a/<agentId>/message:send`, `/tasks/<id>`, …) bindings.
 //! Every wire type is `a2a_protocol_types`'; the tasks are our runs ([`tasks`]). Callers sign in
 //! with the client bearer tokens of `/mcp` (docs/TOKENS.md): each is an external caller, whose
-//! tasks only it sees.
+//! tasks only it sees. v0.3 clients are served on the JSON-RPC binding too ([`v03`]).
 
 mod jsonrpc;
 mod rest;
 mod tasks;
+mod v03;
 
 use std::sync::Arc;
 
@@ -112,7 +113,11 @@ async fn card(State(a): State<A2a>, Path(agent): Path<String>, headers: HeaderMa
             format!("{scheme}://{host}")
         }
     };
-    axum::Json(agent_card(config, &agent, &format!("{base}/a2a/{agent}"))).into_response()
+    let url = format!("{base}/a2a/{agent}");
+    match serde_json::to_value(agent_card(config, &agent, &url)) {
+        Ok(card) => axum::Json(v03::with_v03_card_fields(card, &url)).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 /// The card of `agent` served at `url`: its description makes its one skill.
