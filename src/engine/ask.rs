@@ -454,8 +454,9 @@ fn asked_message(run: &RunRow, ask: &NewAsk) -> NewMessage {
 /// closed already (the first answer wins).
 pub fn close(rt: &Scheduler, id: &str, state: AskState, answer: &Answer) -> Result<bool, StoreError> {
     let closed = close_in(&rt.store, id, state, answer)?;
-    // What callers were told of it no longer matters (an ask closed elsewhere leaves at their next wait).
-    rt.told.lock().expect("told asks").retain(|(_, ask), _| ask != id);
+    // What callers were told of it is left to their next wait, which forgets closed asks. Dropped
+    // here, a wait that read the ask open just before this commit would take it for news and
+    // return at once, "attention" for an ask already answered.
     rt.wake();
     Ok(closed)
 }

@@ -222,26 +222,42 @@ function renderDeliveries(view) {
 }
 
 // ---- asks ----
+// A live refresh keeps the items of the asks still open and unchanged, so an answer being typed
+// keeps its text and focus, and a click lands on the button it aimed at (before, every refresh
+// rebuilt them: typed text was lost, and a click could hit a button already detached).
 function renderAsks(view) {
+  const list = $("ask-list");
+  const kept = new Map([...list.querySelectorAll("li[data-request-id]")].map((li) => [li.dataset.requestId, li]));
   const items = view.asks.map((a) => {
-    const id = "answer-" + a.requestId;
-    const text = el("input", { id, type: "text", placeholder: "optional text for the sub-agent" });
-    const answer = (decision) => act({ action: "respond", requestId: a.requestId, decision, text: text.value || undefined },
-      decision + " " + a.requestId);
-    return el("li", { "data-request-id": a.requestId },
-      el("p", {}, el("strong", { text: a.kind === "approval" ? "Approval" : "Question" }), " from ",
-        el("button", { type: "button", class: "link", text: a.sessionKey, onclick: () => openTranscript(a.sessionKey) }),
-        el("span", { class: "meta", text: " asked of " + a.askedOf + ", until " + when(a.deadlineAt) })),
-      // What the store records of its routes: whom it was put to; the operator can always answer.
-      el("p", { class: "meta routes", text: "Routes: put to " + a.askedOf + " (its host or its model); open to the operator here and by `sessions-mcp respond " + a.requestId + "`." }),
-      el("p", { class: "ask-text", text: a.text }),
-      a.details ? el("pre", { class: "details", text: JSON.stringify(a.details, null, 2) }) : null,
-      el("div", { class: "ask-acts" },
-        el("label", { for: id, text: "Answer" }), text,
-        el("button", { type: "button", class: "act", "data-act": "allow", onclick: () => answer("allow"), text: "Allow" }),
-        el("button", { type: "button", class: "act deny", "data-act": "deny", onclick: () => answer("deny"), text: "Deny" })));
+    const old = kept.get(a.requestId), sig = JSON.stringify(a);
+    if (old && old.dataset.sig === sig) return old;
+    const fresh = askItem(a);
+    fresh.dataset.sig = sig;
+    // What changed is shown afresh; what the person typed so far stays.
+    if (old) fresh.querySelector("input").value = old.querySelector("input").value;
+    return fresh;
   });
-  $("ask-list").replaceChildren(...(items.length ? items : [el("li", { class: "meta", text: "Nothing is waiting for an answer." })]));
+  if (items.length && items.length === list.children.length && items.every((li, i) => list.children[i] === li)) return;
+  list.replaceChildren(...(items.length ? items : [el("li", { class: "meta", text: "Nothing is waiting for an answer." })]));
+}
+
+function askItem(a) {
+  const id = "answer-" + a.requestId;
+  const text = el("input", { id, type: "text", placeholder: "optional text for the sub-agent" });
+  const answer = (decision) => act({ action: "respond", requestId: a.requestId, decision, text: text.value || undefined },
+    decision + " " + a.requestId);
+  return el("li", { "data-request-id": a.requestId },
+    el("p", {}, el("strong", { text: a.kind === "approval" ? "Approval" : "Question" }), " from ",
+      el("button", { type: "button", class: "link", text: a.sessionKey, onclick: () => openTranscript(a.sessionKey) }),
+      el("span", { class: "meta", text: " asked of " + a.askedOf + ", until " + when(a.deadlineAt) })),
+    // What the store records of its routes: whom it was put to; the operator can always answer.
+    el("p", { class: "meta routes", text: "Routes: put to " + a.askedOf + " (its host or its model); open to the operator here and by `sessions-mcp respond " + a.requestId + "`." }),
+    el("p", { class: "ask-text", text: a.text }),
+    a.details ? el("pre", { class: "details", text: JSON.stringify(a.details, null, 2) }) : null,
+    el("div", { class: "ask-acts" },
+      el("label", { for: id, text: "Answer" }), text,
+      el("button", { type: "button", class: "act", "data-act": "allow", onclick: () => answer("allow"), text: "Allow" }),
+      el("button", { type: "button", class: "act deny", "data-act": "deny", onclick: () => answer("deny"), text: "Deny" })));
 }
 
 // ---- usage ----
