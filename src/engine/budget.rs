@@ -11,7 +11,7 @@ use crate::config::{Budget, Config, RunnerKind};
 use crate::engine::scheduler::Scheduler;
 use crate::keys::AgentId;
 use crate::policy::budget::{self, Dim, Granted, Limits};
-use crate::store::{Crossing, Meter, RunStatus, SessionRow, StoreError, Tx};
+use crate::store::{Crossing, Meter, Recorded, Room, RunStatus, SessionRow, StoreError, Tx};
 
 /// The budget a spawn asks: its own `budget`, else the child agent's configured one, else the
 /// default for every spawn; none means the child shares its requester's.
@@ -147,22 +147,26 @@ pub struct RunMeter {
     drawing: bool,
     /// A CLI that reports its own session's running totals (Codex): what they were before this turn.
     totals_before: Option<Value>,
-    /// For a run that draws on no budget: its reports are recorded at most once per
-    /// [`LIVE_USAGE_EVERY`] (see `on_usage`).
+    /// Its reports are recorded at most once per [`LIVE_USAGE_EVERY`] (see `on_usage`).
     live: Arc<std::sync::Mutex<LiveReports>>,
 }
 
-/// The least time between two recorded reports of a run that draws on no budget, and from its
-/// start to its first: an agent that prints usage in a tight loop costs one store write per this,
-/// and a run shorter than this (its end records its usage) costs none.
+/// The least time between two recorded reports of a run: an agent that prints usage in a tight
+/// loop costs one store write per this (a row-locked transaction on its session, run and budget
+/// accounts, which the other runs of its tree wait for on a shared database). For a run on no
+/// budget it is also the time from its start to its first report recorded, so a run shorter than
+/// this (its end records its usage) costs none.
 const LIVE_USAGE_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// The reports of a run on no budget not yet recorded.
+/// The reports of a run not yet recorded.
 struct LiveReports {
     /// When the next report may be recorded.
     due: tokio::time::Instant,
     /// The newest report not yet recorded; a write is scheduled for it at `due`.
     pending: Option<Value>,
+    /// What the last recorded report left before an account the run draws on may cross: a
+    /// report that reaches it is recorded at once, whatever the window.
+    room: Room,
 }
 
 impl RunMeter {
@@ -181,26 +185,31 @@ impl RunMeter {
             Meter::Drawing => true,
             Meter::Unlimited => false,
         };
-        let live = LiveReports { due: tokio::time::Instant::now() + LIVE_USAGE_EVERY, pending: None };
+        // A run on a budget has its first report recorded at once: a run that crosses with it
+        // is stopped then, not a window later.
+        let first = tokio::time::Instant::now() + if drawing { std::time::Duration::ZERO } else { LIVE_USAGE_EVERY };
+        let live = LiveReports { due: first, pending: None, room: Room::default() };
         let live = Arc::new(std::sync::Mutex::new(live));
         Ok(Ok(RunMeter { rt: rt.clone(), run_id: run_id.to_string(), drawing, totals_before, live }))
     }
 
     /// One usage report (the run's totals so far): recorded, and the runs of an account it makes
-    /// cross are stopped. A run on a budget records every report at once (a crossing is found at
-    /// once); any other records one per [`LIVE_USAGE_EVERY`] at most, the newest report of each
-    /// window at its end, so a figure shows within that time (the run's end records the last).
+    /// cross are stopped. At most one report per [`LIVE_USAGE_EVERY`] is recorded: one that comes
+    /// at least that long after the last recorded is recorded at once, the others wait for the
+    /// end of the window and only the newest of them is recorded then; but a report that reaches
+    /// the room the last one left ([`Room`]) is recorded at once. So a figure shows within that
+    /// time of its report, a run alone on its account is stopped at the report that crosses, and
+    /// runs sharing one at most that time later (an agent reporting once per model turn has
+    /// every report recorded at once); the run's end records the last.
     pub fn on_usage(&self, usage: &Value) {
         let turn = turn_of(usage, self.totals_before.as_ref());
-        if self.drawing {
-            return record(&self.rt, &self.run_id, &turn);
-        }
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         let now = tokio::time::Instant::now();
-        if live.pending.is_none() && now >= live.due {
+        if (live.pending.is_none() && now >= live.due) || live.room.reached_by(&turn) {
             live.due = now + LIVE_USAGE_EVERY;
+            live.pending = None; // older than this one, which is the run's usage so far
             drop(live);
-            return record(&self.rt, &self.run_id, &turn);
+            return record(&self.rt, &self.run_id, &self.live, &turn);
         }
         if live.pending.replace(turn).is_some() {
             return; // its write is already scheduled, and takes this newer report
@@ -215,7 +224,7 @@ impl RunMeter {
             };
             // A run that ended meanwhile is not running: its end recorded its usage.
             if let Some(turn) = turn {
-                record(&rt, &run_id, &turn);
+                record(&rt, &run_id, &reports, &turn);
             }
         });
     }
@@ -247,11 +256,12 @@ impl RunMeter {
     }
 }
 
-/// Records one report of a running run, and stops the runs of an account it makes cross.
-fn record(rt: &Arc<Scheduler>, run_id: &str, turn: &Value) {
+/// Records one report of a running run, and stops the runs of an account it makes cross; else
+/// keeps the room it leaves.
+fn record(rt: &Arc<Scheduler>, run_id: &str, live: &std::sync::Mutex<LiveReports>, turn: &Value) {
     match rt.store.record_usage(run_id, turn) {
-        Ok(Some(crossing)) => stop(rt, &crossing),
-        Ok(None) => {}
+        Ok(Recorded::Crossed(crossing)) => stop(rt, &crossing),
+        Ok(Recorded::Within(room)) => live.lock().unwrap_or_else(|e| e.into_inner()).room = room,
         Err(e) => tracing::error!(run = %run_id, error = %e, "recording live usage failed"),
     }
 }
@@ -335,6 +345,9 @@ mod tests {
         nodes: Vec<Node>,
         /// Every token any run reported: what the tree really spent.
         spent: i64,
+        /// The room the last op left, when it was a report that crossed nothing: the run's next
+        /// report, with nothing else between, crosses only if it reaches it.
+        room: Option<(String, Room)>,
         _dir: tempfile::TempDir,
     }
 
@@ -350,7 +363,7 @@ mod tests {
                 .unwrap()
                 .id;
             let root = Node { id, key, depth: 0, parent: None, own: None, closed: false, run: None };
-            World { store, config, nodes: vec![root], spent: 0, _dir: dir }
+            World { store, config, nodes: vec![root], spent: 0, room: None, _dir: dir }
         }
 
         fn open(&self, i: usize) -> Option<usize> {
@@ -369,6 +382,7 @@ mod tests {
         }
 
         fn spawn(&mut self, parent: usize, tokens: Option<i64>) {
+            self.room = None;
             let Some(p) = self.open(parent).filter(|p| self.nodes[*p].depth < 3) else { return };
             let key = SessionKey::for_agent(&AgentId::main(), &format!("subagent:{}", uuid::Uuid::new_v4()));
             let mut new = NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false);
@@ -410,6 +424,7 @@ mod tests {
         }
 
         fn report(&mut self, session: usize, delta: i64) {
+            let room = self.room.take();
             let Some(n) = self.open(session) else { return };
             if self.nodes[n].run.is_none() {
                 let run_id = uuid::Uuid::new_v4().to_string();
@@ -422,17 +437,24 @@ mod tests {
             let (run_id, total) = self.nodes[n].run.clone().unwrap();
             self.spent += delta;
             self.nodes[n].run = Some((run_id.clone(), total + delta));
-            if let Some(crossing) = self.store.record_usage(&run_id, &json!({"inputTokens": total + delta})).unwrap() {
-                // The cancel path: every stopped run ends with what it reported.
-                let stopped: Vec<usize> = (0..self.nodes.len())
-                    .filter(|m| self.nodes[*m].run.as_ref().is_some_and(|(id, _)| crossing.runs.contains(id)))
-                    .collect();
-                assert!(stopped.contains(&n), "the crossing run is stopped: {crossing:?}");
-                stopped.into_iter().for_each(|m| self.end(m));
+            let report = json!({"inputTokens": total + delta});
+            let crossing = match self.store.record_usage(&run_id, &report).unwrap() {
+                Recorded::Within(left) => return self.room = Some((run_id, left)),
+                Recorded::Crossed(crossing) => crossing,
+            };
+            if let Some((same, left)) = room.filter(|(id, _)| *id == run_id) {
+                assert!(left.reached_by(&report), "{report} crossed within the room {left:?} of {same}");
             }
+            // The cancel path: every stopped run ends with what it reported.
+            let stopped: Vec<usize> = (0..self.nodes.len())
+                .filter(|m| self.nodes[*m].run.as_ref().is_some_and(|(id, _)| crossing.runs.contains(id)))
+                .collect();
+            assert!(stopped.contains(&n), "the crossing run is stopped: {crossing:?}");
+            stopped.into_iter().for_each(|m| self.end(m));
         }
 
         fn end(&mut self, n: usize) {
+            self.room = None;
             if let Some((run_id, _)) = self.nodes[n].run.take() {
                 self.store.settle_live_for_test(&run_id).unwrap();
             }

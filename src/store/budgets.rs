@@ -162,6 +162,35 @@ impl Crossing {
     }
 }
 
+/// What a recorded usage report leaves a run before it may take an account it draws on over its
+/// limit: the token count and cost (micro-USD) a later report of the run would have to reach.
+/// The engine records a report at once when it reaches this, and otherwise may hold it to the end
+/// of its window (`engine::budget`, one write per 250 ms): another run drawing on the account may
+/// have used some of the room since, which is found by that run's report or this run's next.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Room {
+    tokens_at: Option<i64>,
+    cost_micros_at: Option<i64>,
+}
+
+impl Room {
+    /// Whether `report` (the run's usage so far) may take an account over its limit.
+    pub fn reached_by(&self, report: &serde_json::Value) -> bool {
+        let spend = super::live_usage::Spend::of(Some(report), None);
+        let micros = spend.cost.map_or(0, budget::micros);
+        self.tokens_at.is_some_and(|at| spend.tokens() >= at) || self.cost_micros_at.is_some_and(|at| micros >= at)
+    }
+}
+
+/// What recording a usage report found ([`Store::record_usage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// An account crossed its limit: the runs to stop.
+    Crossed(Crossing),
+    /// None did; what is left before one may.
+    Within(Room),
+}
+
 /// How a run may start, for its budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Meter {
@@ -212,25 +241,28 @@ fn mark_exceeded(c: &dyn Sql, account: i64, dim: Dim, now: i64) -> Result<()> {
     Ok(())
 }
 
-/// The accounts a live run draws on, per dimension.
-fn live_draws(c: &dyn Sql, run_id: &str) -> Result<Option<Draws>> {
-    c.query_row(
-        "SELECT tokens_account, cost_account, runtime_account FROM budget_live WHERE run_id = ?1",
-        args![run_id],
-        |r| Ok([(Dim::Tokens, r.get(0)?), (Dim::CostUsd, r.get(1)?), (Dim::RuntimeSeconds, r.get(2)?)]),
-    )
-    .optional()
-}
-
 /// The first crossing among the accounts a run draws on. An account over its limit is over its
 /// reservation in the account above it, which answers for the excess: an ancestor the excess
 /// pushes over its own limit is crossed too, and the highest such one stops its whole subtree, so
 /// that no part of a tree keeps spending once its root is spent: the tree then overspends its
 /// root by at most the one report that crossed (and what runs report before their cancel lands).
-fn first_crossing(c: &dyn Sql, draws: &[(Dim, Option<i64>)], now: i64) -> Result<Option<Crossing>> {
+///
+/// With none, the room left: for tokens and cost, what the run has recorded (`recorded`) plus
+/// what its account has left (an account's limit is crossed only above it; the excess of one
+/// below its limit reaches no ancestor).
+fn first_crossing(c: &dyn Sql, draws: &[(Dim, Option<i64>)], recorded: Amounts, now: i64) -> Result<Recorded> {
+    let mut room = Room::default();
     for (dim, account_id) in draws {
         let Some(a) = account_id.map(|id| account(c, id, now)).transpose()?.flatten() else { continue };
-        let Some(mut x) = crossing(c, &a, *dim, false)? else { continue };
+        let Some(mut x) = crossing(c, &a, *dim, false)? else {
+            let at = a.limits.get(*dim).map(|limit| recorded.get(*dim).saturating_add(limit - a.used().get(*dim)));
+            match dim {
+                Dim::Tokens => room.tokens_at = at,
+                Dim::CostUsd => room.cost_micros_at = at,
+                Dim::RuntimeSeconds => {} // checked at every tick, not by reports
+            }
+            continue;
+        };
         mark_exceeded(c, a.session, *dim, now)?;
         if let Some(top) = over_ancestor(c, &a, *dim, now)? {
             x = Crossing {
@@ -241,9 +273,9 @@ fn first_crossing(c: &dyn Sql, draws: &[(Dim, Option<i64>)], now: i64) -> Result
                 dim: *dim,
             };
         }
-        return Ok(Some(x));
+        return Ok(Recorded::Crossed(x));
     }
-    Ok(None)
+    Ok(Recorded::Within(room))
 }
 
 /// An ancestor account pushed over its limit by the excess of one below it.
@@ -320,7 +352,7 @@ pub(super) fn settle_run(c: &dyn Sql, run_id: &str, usage: Option<(i64, i64)>, n
         }
     }
     let draws = [(Dim::Tokens, tokens_acct), (Dim::CostUsd, cost_acct), (Dim::RuntimeSeconds, runtime_acct)];
-    first_crossing(c, &draws, now)?; // a final count above the last live one is recorded as such
+    first_crossing(c, &draws, Amounts::default(), now)?; // a final count above the last live one is recorded as such
     Ok(())
 }
 
@@ -399,32 +431,35 @@ impl Store {
 
     /// A live usage report of a running run (this turn's usage so far): recorded on the run and
     /// its session (`live_usage`), and, when the run draws on a budget, the first limit it makes
-    /// an account cross, with the runs to stop.
-    pub fn record_usage(&self, run_id: &str, report: &serde_json::Value) -> Result<Option<Crossing>> {
+    /// an account cross, with the runs to stop, or the room it leaves.
+    pub fn record_usage(&self, run_id: &str, report: &serde_json::Value) -> Result<Recorded> {
         let spend = super::live_usage::Spend::of(Some(report), None);
         let (tokens, cost_micros) = (spend.tokens(), spend.cost.map_or(0, crate::policy::budget::micros));
         // Session row, run row, accounts: the order of a run's end (`finish_run`).
-        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<Option<Crossing>> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<Recorded> {
             super::run_queue::lock_session_of_run(tx, run_id)?;
             lock_accounts_of_run(tx, run_id)?;
             super::live_usage::record(tx, run_id, report)?;
-            let updated = tx.execute(
-                &format!(
-                    "UPDATE budget_live SET tokens = {g}(tokens, ?2), cost_micros = {g}(cost_micros, ?3), reported = 1
-                     WHERE run_id = ?1",
-                    g = tx.dialect().greatest()
-                ),
-                args![run_id, tokens, cost_micros],
-            )?;
-            if updated == 0 {
-                return Ok(None);
-            }
-            let draws = live_draws(tx, run_id)?.unwrap_or([
-                (Dim::Tokens, None),
-                (Dim::CostUsd, None),
-                (Dim::RuntimeSeconds, None),
-            ]);
-            first_crossing(tx, &draws, now_ms())
+            // The run's live row, as this report leaves it: none when it draws on no budget.
+            let live = tx
+                .query_row(
+                    &format!(
+                        "UPDATE budget_live SET tokens = {g}(tokens, ?2), cost_micros = {g}(cost_micros, ?3), reported = 1
+                         WHERE run_id = ?1
+                         RETURNING tokens, cost_micros, tokens_account, cost_account, runtime_account",
+                        g = tx.dialect().greatest()
+                    ),
+                    args![run_id, tokens, cost_micros],
+                    |r| {
+                        let recorded = Amounts { tokens: r.get(0)?, cost_micros: r.get(1)?, runtime_ms: 0 };
+                        let draws: Draws =
+                            [(Dim::Tokens, r.get(2)?), (Dim::CostUsd, r.get(3)?), (Dim::RuntimeSeconds, r.get(4)?)];
+                        Ok((recorded, draws))
+                    },
+                )
+                .optional()?;
+            let Some((recorded, draws)) = live else { return Ok(Recorded::Within(Room::default())) };
+            first_crossing(tx, &draws, recorded, now_ms())
         })
     }
 

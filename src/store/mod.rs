@@ -49,7 +49,7 @@ use sql::{Sql, args};
 
 pub use access_tokens::{AccessKind, AccessToken, MintRefused};
 pub use asks::{Answer, AnsweredVia, AskDecision, AskKind, AskRow, AskState, NewAsk};
-pub use budgets::{Crossing, Meter};
+pub use budgets::{Crossing, Meter, Recorded, Room};
 pub use cancel::CancelRequest;
 pub use dashboard::{DeliveryLine, LatestRun, LedgerAct, RunLine, Scope, TreeNode, TreesPage, UsageBucket};
 pub use import::{ImportedSession, Merged, SessionExtras};

@@ -983,7 +983,7 @@ mod tests {
                             let mut end = finished_ok();
                             end.usage = Some(serde_json::json!({"inputTokens": 120}));
                             store.finish_run(&run, owner, &end).unwrap();
-                            crossed.is_some()
+                            matches!(crossed, crate::store::Recorded::Crossed(_))
                         })
                     })
                     .collect();
@@ -1019,7 +1019,8 @@ mod tests {
             let run = tokio::task::spawn_blocking(move || {
                 let (run, session) = &runs[0];
                 assert_eq!(runner.start_meter(run, *session, None).unwrap(), Meter::Drawing);
-                assert_eq!(runner.record_usage(run, &serde_json::json!({"inputTokens": 300})).unwrap(), None);
+                let recorded = runner.record_usage(run, &serde_json::json!({"inputTokens": 300})).unwrap();
+                assert!(matches!(recorded, crate::store::Recorded::Within(_)), "{recorded:?}");
                 runner.hold_runtime(run, true).unwrap();
                 runner.hold_runtime(run, false).unwrap();
                 runner.finish_run(run, owner, &finished_ok()).unwrap();
