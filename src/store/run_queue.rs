@@ -638,6 +638,22 @@ pub(super) fn lock_session(tx: &dyn Sql, session: i64) -> Result<()> {
     Ok(())
 }
 
+/// Locks the rows of `sessions`, as [`lock_session`] does, in one statement and in the one order
+/// every writer of several sessions takes them: root to leaf (`spawn_depth`, then id), as the
+/// budget accounts are (`budgets::lock_chains`). Two such writers (a subtree cancel, an ask
+/// closed in its child and its answering ancestor) then never wait on each other in a cycle.
+pub(super) fn lock_sessions(tx: &dyn Sql, sessions: &[i64]) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres && !sessions.is_empty() {
+        let ids = sessions.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        tx.query_map(
+            &format!("SELECT id FROM sessions WHERE id IN ({ids}) ORDER BY spawn_depth, id FOR UPDATE"),
+            args![],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
+}
+
 /// Locks the row of `run_id`'s session, as [`lock_session`] does, for a writer that knows the
 /// run but not its session (a run's end, its live reports): one statement.
 pub(super) fn lock_session_of_run(tx: &dyn Sql, run_id: &str) -> Result<()> {

@@ -257,12 +257,13 @@ impl Store {
         })
     }
 
-    /// Marks the delivered announces of these spawn runs read (the first read counts).
+    /// Marks the delivered announces of these spawn runs read (the first read counts). Holds no
+    /// global lock on a shared database: each statement decides on the rows it names by itself.
     pub fn mark_announces_read(&self, spawn_runs: &[&str]) -> Result<()> {
         if spawn_runs.is_empty() {
             return Ok(());
         }
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             let now = now_ms();
             for run in spawn_runs {
                 tx.execute(
@@ -278,6 +279,13 @@ impl Store {
     /// Cancels the unfinished work of `root` (and with `cascade` of its descendants): marks the
     /// sessions cancelled, dequeues their queued runs and flags their running ones, in one
     /// transaction. Sessions whose work already ended are left as they are.
+    ///
+    /// Holds no global lock on a shared database: it locks the rows of the subtree's sessions
+    /// first, root to leaf (`run_queue::lock_sessions`, the order of every writer of several
+    /// sessions, so two cancels of overlapping trees never deadlock), and reads their runs only
+    /// then. A child spawned while the locks were taken (its admission holds its requester's row,
+    /// one of these) is seen by reading the subtree again once they are held: until a read finds
+    /// no session it has not locked.
     pub fn cancel_subtree(&self, root: &SessionKey, cascade: bool) -> Result<SubtreeCancel> {
         let select = format!(
             "SELECT {} FROM sessions s
@@ -287,11 +295,20 @@ impl Store {
              ORDER BY s.spawn_depth, s.id",
             prefixed_session_columns()
         );
-        self.write_sql(|tx| -> Result<SubtreeCancel> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<SubtreeCancel> {
             let now = now_ms();
             let mut out = SubtreeCancel::default();
-            let sessions: Vec<SessionRow> =
-                tx.query_map(&select, args![root.as_str(), cascade], SessionRow::from_row)?;
+            let mut locked: Vec<i64> = Vec::new();
+            let sessions = loop {
+                let sessions: Vec<SessionRow> =
+                    tx.query_map(&select, args![root.as_str(), cascade], SessionRow::from_row)?;
+                let new: Vec<i64> = sessions.iter().map(|s| s.id).filter(|id| !locked.contains(id)).collect();
+                if new.is_empty() {
+                    break sessions;
+                }
+                super::run_queue::lock_sessions(tx, &new)?;
+                locked.extend(new);
+            };
             let runs_sql = format!(
                 "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
                  WHERE r.session = ?1 AND r.status IN ('queued', 'running')"

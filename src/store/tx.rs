@@ -169,9 +169,19 @@ impl Tx<'_> {
         super::steer::settle_steer(self.tx, id, state, queued_run)
     }
 
-    /// True when an ancestor cancelled the work of `session`: nothing of it may start.
+    /// True when an ancestor cancelled the work of `session`: nothing of it may start. The
+    /// session's row stays locked to the end of the transaction (`run_queue::lock_session`): a
+    /// cancel (`cancel_subtree` locks it too) cannot commit between this read and what follows.
     pub fn work_cancelled(&self, session: i64) -> Result<bool> {
+        super::run_queue::lock_session(self.tx, session)?;
         super::steer::work_cancelled(self.tx, session)
+    }
+
+    /// Locks the rows of `sessions` for the rest of the transaction, root to leaf
+    /// (`run_queue::lock_sessions`): a writer that decides on several sessions' runs or
+    /// transcripts takes them all first, in the order every such writer takes them.
+    pub fn lock_sessions(&self, sessions: &[i64]) -> Result<()> {
+        super::run_queue::lock_sessions(self.tx, sessions)
     }
 
     /// The run of `session` running now, if any; the session's row stays locked to the end of
