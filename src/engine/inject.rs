@@ -132,9 +132,12 @@ pub fn start(
         Some(spawn_run) => store.run(spawn_run).map_err(|e| InjectError::Store(e.to_string()))?.and_then(|r| r.extra),
         None => None,
     };
-    store.write(|tx| -> Result<Injected, InjectError> {
+    // No global lock on a shared database: the bridge's message id is taken first (a second post
+    // of it waits for this commit and is answered with its run), then the source's queue bound
+    // (its key held from the count to the commit), then the rows of the session it writes in.
+    store.write_row_locked(|tx| -> Result<Injected, InjectError> {
         if let Some(message_id) = &message_id
-            && let Some(hit) = tx.bridge_message(key, message_id)?
+            && let Some(hit) = tx.claim_bridge_message(key, message_id, &run_id)?
         {
             return Ok(Injected::Duplicate(hit.run_id));
         }
@@ -168,9 +171,6 @@ pub fn start(
             })?;
             Injected::Queued(run_id.clone())
         };
-        if let Some(message_id) = &message_id {
-            tx.remember_bridge_message(key, message_id, &run_id)?;
-        }
         Ok(injected)
     })
 }

@@ -800,10 +800,10 @@ mod tests {
             .write(|tx| -> Result<_> {
                 let run = |hit: Option<IdempotencyHit>| hit.and_then(|h| h.run_id);
                 Ok([
-                    run(tx.bridge_message(&session, "m-1")?),
+                    run(tx.claim_bridge_message(&session, "m-1", "new")?),
                     run(tx.idempotency(&session, "message:m-1")?),
                     run(tx.idempotency(&session, "message:m-2")?),
-                    run(tx.bridge_message(&session, "m-2")?),
+                    run(tx.claim_bridge_message(&session, "m-2", "new")?),
                 ])
             })
             .unwrap();

@@ -237,24 +237,38 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// A message id a channel's bridge posted into `session` in the last 24 h: remembered apart
-    /// from the tools' idempotency keys, so that neither answers for the other.
-    pub fn bridge_message(&self, session: &SessionKey, message_id: &str) -> Result<Option<super::IdempotencyHit>> {
+    /// Takes a message id a channel's bridge posts into `session` for the run it starts, or
+    /// answers the post of the last 24 h that holds it (then nothing was written). Remembered
+    /// apart from the tools' idempotency keys, so that neither answers for the other; one
+    /// statement on the id's row (`ledger::claim_key`), so two posts of one message on two nodes
+    /// start one run between them.
+    pub fn claim_bridge_message(
+        &self,
+        session: &SessionKey,
+        message_id: &str,
+        run_id: &str,
+    ) -> Result<Option<super::IdempotencyHit>> {
         let (caller, key) = super::ledger::bridge_message_key(session, message_id);
-        super::ledger::idempotency_hit(self.tx, &caller, &key)
+        let result = serde_json::json!({});
+        let use_of_key = super::RememberedKey {
+            caller: &caller,
+            key: &key,
+            tool: "channel_bridge",
+            args_hash: "",
+            run_id,
+            result: &result,
+        };
+        super::ledger::claim_key(self.tx, &use_of_key)
     }
 
-    /// Remembers a bridge's message id for the run it started (see [`Tx::bridge_message`]).
-    pub fn remember_bridge_message(&self, session: &SessionKey, message_id: &str, run_id: &str) -> Result<()> {
-        let (caller, key) = super::ledger::bridge_message_key(session, message_id);
-        super::ledger::remember_key(self.tx, &caller, &key, "channel_bridge", "", run_id, &serde_json::json!({}))
-    }
-
-    /// Runs of a channel's users' messages (posted by its bridge) that wait to start.
+    /// Runs of a channel's users' messages (posted by its bridge) that wait to start; the
+    /// count holds to the commit (the channel's queue-bound key, `run_queue::lock_queue_bound`).
     pub fn queued_channel_runs(&self, channel: &str) -> Result<i64> {
         super::run_queue::queued_channel_runs(self.tx, channel)
     }
 
+    /// Runs of an A2A peer's messages that wait to start, held to the commit as
+    /// [`Tx::queued_channel_runs`] is.
     pub fn queued_peer_runs(&self, peer: &str) -> Result<i64> {
         super::run_queue::queued_peer_runs(self.tx, peer)
     }
