@@ -899,9 +899,10 @@ impl Store {
         })
     }
 
-    /// Records the A2A task a run of a remote agent started, so that a restart follows it.
+    /// Records the A2A task a run of a remote agent started, so that a restart follows it. One
+    /// keyed statement that decides by itself: no global lock on a shared database.
     pub fn set_remote_task(&self, run_id: &str, task_id: &str) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             tx.execute(
                 "UPDATE runs SET remote_task_id = ?2 WHERE run_id = ?1 AND status = 'running'",
                 args![run_id, task_id],

@@ -141,9 +141,10 @@ impl Store {
         })
     }
 
-    /// Records that a run's attachment files were removed (their receipts stay).
+    /// Records that a run's attachment files were removed (their receipts stay). One keyed
+    /// statement: no global lock on a shared database.
     pub fn attachments_removed(&self, run_id: &str) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             tx.execute("UPDATE attachments SET removed_at = ?2 WHERE run_id = ?1", args![run_id, now_ms()])?;
             Ok(())
         })
