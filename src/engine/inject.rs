@@ -277,8 +277,7 @@ mod tests {
                     })
                 })
                 .collect();
-            let queued =
-                posts.into_iter().map(|p| p.join().unwrap().ok().expect("a post failed")).filter(|q| *q).count();
+            let queued = posts.into_iter().map(|p| p.join().unwrap().expect("a post failed")).filter(|q| *q).count();
             assert_eq!(queued, 3, "as many posts queued as the bound lets");
             let counted = nodes[1].write(|tx| tx.queued_channel_runs("discord")).unwrap();
             assert_eq!(counted, 3);
