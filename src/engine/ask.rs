@@ -94,7 +94,12 @@ fn open(rt: &Arc<Scheduler>, run: &RunRow, request: InputRequest) -> Result<(), 
         via: AnsweredVia::Rule,
         host: None,
     });
-    let recorded = rt.store.write(|tx| -> Result<bool, StoreError> {
+    // No global lock on a shared database: the sessions it writes in (the child's transcript and
+    // the answerer's, or its queued ask turn) are locked first, root to leaf, so the count of the
+    // run's open asks and the answerer's queued turn hold until the commit.
+    let sessions: Vec<i64> = std::iter::once(child.id).chain(target.as_ref().map(|t| t.id)).collect();
+    let recorded = rt.store.write_row_locked(|tx| -> Result<bool, StoreError> {
+        tx.lock_sessions(&sessions)?;
         if tx.open_asks_of_run(&run.run_id)? >= i64::from(cap) {
             return Ok(false);
         }
@@ -272,7 +277,9 @@ fn note_route(
         }
         HostOutcome::Shown => None,
     };
-    let noted = rt.store.write(|tx| -> Result<bool, StoreError> {
+    // The asking session's row before the ask's (`add_ask_route`), as every writer of both.
+    let noted = rt.store.write_row_locked(|tx| -> Result<bool, StoreError> {
+        tx.lock_sessions(&[ask.session])?;
         if !tx.add_ask_route(&ask.id, &event)? {
             return Ok(false);
         }
@@ -463,9 +470,16 @@ pub fn close(rt: &Scheduler, id: &str, state: AskState, answer: &Answer) -> Resu
 
 /// [`close`] from a process without a runtime (the operator's `respond`): the owner of the run
 /// sees the answer at its next tick.
+///
+/// Holds no global lock on a shared database: it locks the asking session's row and the
+/// answerer's (whose queued ask turn it may change), root to leaf, then closes the ask with a
+/// compare-and-set on `open`, so of two answers at once on two nodes one closes it and the other
+/// finds it closed.
 pub fn close_in(store: &Store, id: &str, state: AskState, answer: &Answer) -> Result<bool, StoreError> {
     let Some(ask) = store.ask(id)? else { return Ok(false) };
-    store.write(|tx| -> Result<bool, StoreError> {
+    store.write_row_locked(|tx| -> Result<bool, StoreError> {
+        let target = tx.find_session_id(&ask.target)?;
+        tx.lock_sessions(&std::iter::once(ask.session).chain(target).collect::<Vec<_>>())?;
         if !tx.close_ask(id, state, answer)? {
             return Ok(false);
         }
@@ -689,5 +703,96 @@ impl Scheduler {
             }
         }
         news
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{AgentId, SessionKind};
+    use crate::store::NewSession;
+
+    /// A child `agent:main:subagent:<name>` of `agent:main:main` with a queued run, and an open
+    /// ask of that run put to the main session in a queued ask turn: (ask id, child id, turn id).
+    fn open_ask_in_a_turn(store: &Store, name: &str) -> (String, i64, String) {
+        let parent = SessionKey::from_canonical("agent:main:main");
+        let key = SessionKey::from_canonical(format!("agent:main:subagent:{name}"));
+        let ask_id = format!("ask-{name}");
+        let turn = step_id(&ask_id, "ask");
+        let child = store
+            .write(|tx| -> Result<i64, StoreError> {
+                tx.insert_session(&NewSession::new(parent.clone(), AgentId::main(), SessionKind::Main, false))?;
+                let mut new = NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false);
+                (new.spawned_by, new.spawn_depth) = (Some(parent.clone()), 1);
+                tx.insert_session(&new)?;
+                let child = tx.session_id(&key)?;
+                let run = format!("run-{name}");
+                tx.enqueue(&NewRun::new(run.clone(), child, RunMode::Send, json!({"role": "user", "content": "go"})))?;
+                tx.add_ask(&NewAsk {
+                    id: &ask_id,
+                    run_id: &run,
+                    session: child,
+                    agent_request_id: "q",
+                    kind: AskKind::Approval,
+                    text: "may I?",
+                    options: None,
+                    details: None,
+                    target: &parent,
+                    deadline_at: now_ms() + 600_000,
+                })?;
+                let input =
+                    json!({"role": "user", "content": [{"type": "text", "text": "may I?"}], REQUEST_IDS: [ask_id]});
+                tx.enqueue(&NewRun::new(turn.clone(), tx.session_id(&parent)?, RunMode::Ask, input))?;
+                Ok(child)
+            })
+            .unwrap();
+        (ask_id, child, turn)
+    }
+
+    /// Two nodes answering one ask at the same moment, each from two threads, without the
+    /// global write lock: exactly one answer closes it, the asking session records that one
+    /// answer once, and the answerer's queued ask turn is withdrawn once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_answers_to_one_ask_from_two_nodes_at_once_close_it_once() {
+        crate::store::postgres::with_test_database(async |target| {
+            let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            for round in 0..8 {
+                let (ask_id, child, turn) = open_ask_in_a_turn(&nodes[0], &format!("r{round}"));
+                let barrier = Arc::new(std::sync::Barrier::new(4));
+                let answers: Vec<_> = (0..4)
+                    .map(|i| {
+                        let (store, barrier, ask_id) = (nodes[i % 2].clone(), barrier.clone(), ask_id.clone());
+                        std::thread::spawn(move || {
+                            let text = format!("answer {i}");
+                            let answer = Answer {
+                                decision: if i % 2 == 0 { AskDecision::Allow } else { AskDecision::Deny },
+                                text: Some(&text),
+                                by: OPERATOR,
+                                via: AnsweredVia::Operator,
+                                host: None,
+                            };
+                            barrier.wait();
+                            close_in(&store, &ask_id, AskState::Answered, &answer).unwrap().then_some(text)
+                        })
+                    })
+                    .collect();
+                let won: Vec<String> = answers.into_iter().filter_map(|t| t.join().unwrap()).collect();
+                assert_eq!(won.len(), 1, "round {round}: one answer closes the ask: {won:?}");
+                let ask = nodes[1].ask(&ask_id).unwrap().unwrap();
+                assert_eq!((ask.state, ask.answer_text.as_ref()), (AskState::Answered, Some(&won[0])));
+                let recorded = nodes[1]
+                    .all_messages(child)
+                    .unwrap()
+                    .into_iter()
+                    .filter(|m| m.content.to_string().contains(&format!("[answer to {ask_id}")))
+                    .count();
+                assert_eq!(recorded, 1, "round {round}: the asking session records the one answer once");
+                let turn = nodes[1].run(&turn).unwrap().unwrap();
+                assert_eq!(turn.status, crate::store::RunStatus::Cancelled, "the ask turn left with its only ask");
+            }
+        })
+        .await;
     }
 }

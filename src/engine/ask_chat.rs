@@ -121,7 +121,9 @@ pub(super) fn undelivered(rt: &Scheduler, payload: &Value, error: &str) {
     let line = format!(
         "[input request {id}: it could not be posted to {channel} ({error}); it goes to the next way to answer]"
     );
-    let noted = rt.store.write(|tx| -> Result<(), StoreError> {
+    // The asking session's row before the ask's (`add_ask_route`), as every writer of both.
+    let noted = rt.store.write_row_locked(|tx| -> Result<(), StoreError> {
+        tx.lock_sessions(&[ask.session])?;
         if tx.add_ask_route(id, &event)? {
             tx.append_message(ask.session, &super::ask::route_message(&ask, &line))?;
         }

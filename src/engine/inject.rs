@@ -132,9 +132,12 @@ pub fn start(
         Some(spawn_run) => store.run(spawn_run).map_err(|e| InjectError::Store(e.to_string()))?.and_then(|r| r.extra),
         None => None,
     };
-    store.write(|tx| -> Result<Injected, InjectError> {
+    // No global lock on a shared database: the bridge's message id is taken first (a second post
+    // of it waits for this commit and is answered with its run), then the source's queue bound
+    // (its key held from the count to the commit), then the rows of the session it writes in.
+    store.write_row_locked(|tx| -> Result<Injected, InjectError> {
         if let Some(message_id) = &message_id
-            && let Some(hit) = tx.bridge_message(key, message_id)?
+            && let Some(hit) = tx.claim_bridge_message(key, message_id, &run_id)?
         {
             return Ok(Injected::Duplicate(hit.run_id));
         }
@@ -168,9 +171,6 @@ pub fn start(
             })?;
             Injected::Queued(run_id.clone())
         };
-        if let Some(message_id) = &message_id {
-            tx.remember_bridge_message(key, message_id, &run_id)?;
-        }
         Ok(injected)
     })
 }
@@ -231,5 +231,57 @@ impl super::Engine<'_> {
         let injected = start(&rt.store, &rt.config, &rt.state_dir, key, text, origin)?;
         rt.wake();
         Ok(injected)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::AgentId;
+
+    /// Eight posts at once from two nodes to a channel whose bridge queues at most three runs,
+    /// each counting and queueing as `start` does, without the global write lock: three are
+    /// queued and the other five refused (the channel's queue-bound key orders the counts).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_posts_to_one_channel_from_two_nodes_at_once_never_queue_past_its_bound() {
+        let sha = "0".repeat(64);
+        let text = format!(
+            "{{ channels: {{ discord: {{ bridge: {{ tokens: [{{ sha256: '{sha}' }}], maxQueuedRuns: 3 }} }} }} }}"
+        );
+        let config = Arc::new(crate::config::parse(&text).unwrap().0);
+        crate::store::postgres::with_test_database(async |target| {
+            let dirs = [(); 2].map(|_| tempfile::tempdir().unwrap());
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            let start = Arc::new(std::sync::Barrier::new(8));
+            let posts: Vec<_> = (0..8)
+                .map(|i| {
+                    let (store, config, start) = (nodes[i % 2].clone(), config.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        let key = SessionKey::from_canonical(format!("agent:main:discord:group:g{i}"));
+                        let provenance = json!({"sourceTool": "channel_bridge", "sourceChannel": "discord"});
+                        start.wait();
+                        store.write_row_locked(|tx| -> Result<bool, InjectError> {
+                            match check_channel_queue(tx, &config, "discord") {
+                                Err(InjectError::QueueFull { .. }) => return Ok(false),
+                                checked => checked?,
+                            }
+                            let new = NewSession::new(key.clone(), AgentId::main(), keys::SessionKind::Other, false);
+                            tx.insert_session(&new)?;
+                            tx.enqueue(&NewRun {
+                                provenance: Some(provenance.clone()),
+                                ..NewRun::new(format!("post-{i}"), tx.session_id(&key)?, RunMode::Inject, json!({}))
+                            })?;
+                            Ok(true)
+                        })
+                    })
+                })
+                .collect();
+            let queued = posts.into_iter().map(|p| p.join().unwrap().expect("a post failed")).filter(|q| *q).count();
+            assert_eq!(queued, 3, "as many posts queued as the bound lets");
+            let counted = nodes[1].write(|tx| tx.queued_channel_runs("discord")).unwrap();
+            assert_eq!(counted, 3);
+        })
+        .await;
     }
 }

@@ -26,7 +26,8 @@ use crate::access::caller::Caller;
 use crate::access::{Child, ToolError};
 use crate::runner::Steer;
 use crate::store::{
-    NewMessage, NewRun, NewSteer, RunMode, RunRow, SteerQueued, SteerRow, SteerState, StoreError, steer_input,
+    IdempotencyHit, NewMessage, NewRun, NewSteer, RememberedKey, RunMode, RunRow, SteerQueued, SteerRow, SteerState,
+    StoreError, steer_input,
 };
 
 /// How long a steer call waits for the owner to say whether the running turn took it.
@@ -74,9 +75,7 @@ impl Engine<'_> {
         let rt = self.runtime("subagents")?;
         let args_hash = crate::store::sha256_hex(&req.raw.to_string());
         let id = match super::chain::replay(access, caller, req.idempotency_key, &args_hash, "steer")? {
-            Some(hit) => hit.result.as_ref().and_then(|r| r["steerId"].as_i64()).ok_or_else(|| {
-                ToolError::invalid("idempotencyKey names an earlier call that was not a steer; use a new key")
-            })?,
+            Some(hit) => steer_of(hit)?,
             None => record(rt, caller, child, req, &args_hash)?,
         };
         rt.wake();
@@ -119,6 +118,11 @@ fn cancelled_first() -> ToolError {
 }
 
 /// Records the steer: pending for the child's running run, or queued as its next turn.
+///
+/// Holds no global lock on a shared database: it takes the idempotency key first
+/// (`Tx::claim_key`: a concurrent use of the key waits for this commit and answers with its
+/// steer), then the child's session row (`Tx::work_cancelled`), which a claim, a run's end and a
+/// cancel take too, so what it reads of the child's runs holds until it commits.
 fn record(
     rt: &Scheduler,
     caller: &Caller,
@@ -129,7 +133,21 @@ fn record(
     let chain = child.spawn_run.as_ref().and_then(|r| r.chain_id.clone());
     let channel = if caller.external { "webchat".to_string() } else { super::channel_of_row(&caller.key, None, rt) };
     let provenance = Provenance::from_session(&caller.key, channel, SourceTool::Subagents, chain.as_deref()).to_json();
-    rt.store.write(|tx| -> Result<i64, ToolError> {
+    rt.store.write_row_locked(|tx| -> Result<i64, ToolError> {
+        if let Some(key) = req.idempotency_key {
+            let unknown = json!({"steerId": null});
+            let use_of_key = RememberedKey {
+                caller: caller.key.as_str(),
+                key,
+                tool: "subagents",
+                args_hash,
+                run_id: "",
+                result: &unknown,
+            };
+            if let Some(hit) = tx.claim_key(&use_of_key)? {
+                return steer_of(super::chain::same_arguments(hit, key, args_hash, "steer")?);
+            }
+        }
         // Read in the transaction that records it: a cancel or a run's end cannot slip between.
         if tx.work_cancelled(child.row.id)? {
             return Err(cancelled_first());
@@ -155,6 +173,14 @@ fn record(
         }
         Ok(id)
     })
+}
+
+/// The steer an earlier use of an idempotency key recorded.
+fn steer_of(hit: IdempotencyHit) -> Result<i64, ToolError> {
+    hit.result
+        .as_ref()
+        .and_then(|r| r["steerId"].as_i64())
+        .ok_or_else(|| ToolError::invalid("idempotencyKey names an earlier call that was not a steer; use a new key"))
 }
 
 /// The run id of the turn steer `steer_id` queues when it joins none.
@@ -191,7 +217,10 @@ fn settle(rt: &Scheduler, steer: &SteerRow, taken: bool) -> Result<(), StoreErro
         None => None,
     };
     let provenance = steer.provenance.clone().unwrap_or(Value::Null);
-    rt.store.write(|tx| -> Result<(), StoreError> {
+    // No global lock on a shared database: the child's session row first, as every writer of its
+    // runs and transcript takes it, then the compare-and-set on the steer's row.
+    rt.store.write_row_locked(|tx| -> Result<(), StoreError> {
+        tx.lock_sessions(&[steer.session])?;
         if taken {
             if tx.settle_steer(steer.id, SteerState::Steered, None)? {
                 let chain_id = spawn_run.as_ref().and_then(|r| r.chain_id.clone());

@@ -64,21 +64,19 @@ impl Store {
         session_key: Option<&str>,
         label: Option<&str>,
     ) -> Result<std::result::Result<AccessToken, MintRefused>> {
-        self.write_sql(|tx| {
-            if let Some(label) = label {
-                let taken: bool = tx.one(
-                    "SELECT EXISTS (SELECT 1 FROM access_tokens WHERE label = ?1 AND revoked_at IS NULL)",
-                    args![label],
-                )?;
-                if taken {
-                    return Ok(Err(MintRefused::LabelTaken(label.to_string())));
-                }
-            }
+        // No global lock on a shared database: the insert decides by itself, the live label's
+        // uniqueness resting on the partial unique index `access_tokens_label` (a concurrent mint
+        // of the label waits for the other's commit, then inserts nothing).
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| {
             let id = format!("tok_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-            tx.execute(
-                "INSERT INTO access_tokens (id, hash, kind, session_key, label, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            let inserted = tx.execute(
+                "INSERT INTO access_tokens (id, hash, kind, session_key, label, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (label) WHERE label IS NOT NULL AND revoked_at IS NULL DO NOTHING",
                 args![id, hash, kind.as_str(), session_key, label, now_ms()],
             )?;
+            if let Some(label) = label.filter(|_| inserted == 0) {
+                return Ok(Err(MintRefused::LabelTaken(label.to_string())));
+            }
             let row = tx.query_row(&format!("SELECT {COLUMNS} FROM access_tokens WHERE id = ?1"), args![id], from_row)?;
             Ok(Ok(row))
         })
@@ -104,8 +102,11 @@ impl Store {
     }
 
     /// Revokes the live token with this id or label; `None` when there is none.
+    ///
+    /// No global lock on a shared database: the update revokes only a live token (a revoke at
+    /// the same time on another node waits for this one's commit, then finds nothing live).
     pub fn revoke_access_token(&self, id_or_label: &str) -> Result<Option<AccessToken>> {
-        self.write_sql(|tx| {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| {
             let found = tx
                 .query_row(
                     &format!(
@@ -118,7 +119,13 @@ impl Store {
                 .optional()?;
             let Some(mut token) = found else { return Ok(None) };
             let now = now_ms();
-            tx.execute("UPDATE access_tokens SET revoked_at = ?2 WHERE id = ?1", args![token.id, now])?;
+            let revoked = tx.execute(
+                "UPDATE access_tokens SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                args![token.id, now],
+            )?;
+            if revoked == 0 {
+                return Ok(None);
+            }
             token.revoked_at = Some(now);
             Ok(Some(token))
         })

@@ -225,10 +225,13 @@ pub(super) fn close_ask(tx: &dyn Sql, id: &str, state: AskState, answer: &Answer
     Ok(changed == 1)
 }
 
-/// Adds `event` to the routes of open ask `id`; false when it is closed (or unknown).
+/// Adds `event` to the routes of open ask `id`; false when it is closed (or unknown). The ask's
+/// row is locked before its routes are read (on a shared database, where no global lock orders
+/// writers), so two routes noted at once both stay.
 pub(super) fn add_ask_route(tx: &dyn Sql, id: &str, event: &Value) -> Result<bool> {
+    let lock = if tx.dialect() == super::sql::Dialect::Postgres { " FOR UPDATE" } else { "" };
     let Some(routes) = tx
-        .query_row("SELECT routes FROM asks WHERE id = ?1 AND state = 'open'", args![id], |r| {
+        .query_row(&format!("SELECT routes FROM asks WHERE id = ?1 AND state = 'open'{lock}"), args![id], |r| {
             r.get::<Option<String>>(0)
         })
         .optional()?

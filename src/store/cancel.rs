@@ -29,9 +29,13 @@ pub(super) fn dequeue(tx: &dyn Sql, run_id: &str, now: i64, why: &str) -> Result
 }
 
 impl Store {
-    /// Asks `run_id` to stop.
+    /// Asks `run_id` to stop. Holds no global lock on a shared database: it locks the run's
+    /// session row (a run's session never changes, so reading it first decides nothing), which
+    /// the claim takes (with `SKIP LOCKED`) and a run's end takes, and then reads the run's
+    /// status, so a claim of the queued run on another node either committed before (the run
+    /// is flagged) or finds the run cancelled.
     pub fn request_cancel(&self, run_id: &str) -> Result<CancelRequest> {
-        self.write_sql(|tx| -> Result<CancelRequest> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<CancelRequest> {
             // A queued run read here is not claimed before it is dequeued.
             let session = tx.query_opt("SELECT session FROM runs WHERE run_id = ?1", args![run_id], |r| r.get(0))?;
             let Some(session) = session else { return Ok(CancelRequest::AlreadyEnded) };

@@ -11,7 +11,8 @@
 //! What follows of SQLite holds for PostgreSQL too, as [`postgres`] says: read snapshots,
 //! embedded versioned migrations, a newer schema refused; one writer at a time across every
 //! process sharing the database, except the writes that keep their rules by the rows they lock
-//! ([`Store::write_row_locked`]: a run's claim, end and reports, a send, a spawn's admission);
+//! ([`Store::write_row_locked`]: a run's claim, end and reports, a send, a spawn's admission,
+//! steers, asks, cancels, a child's close, a bridge's message);
 //! `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
 
 mod access_tokens;
@@ -800,10 +801,10 @@ mod tests {
             .write(|tx| -> Result<_> {
                 let run = |hit: Option<IdempotencyHit>| hit.and_then(|h| h.run_id);
                 Ok([
-                    run(tx.bridge_message(&session, "m-1")?),
+                    run(tx.claim_bridge_message(&session, "m-1", "new")?),
                     run(tx.idempotency(&session, "message:m-1")?),
                     run(tx.idempotency(&session, "message:m-2")?),
-                    run(tx.bridge_message(&session, "m-2")?),
+                    run(tx.claim_bridge_message(&session, "m-2", "new")?),
                 ])
             })
             .unwrap();

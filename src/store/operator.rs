@@ -31,9 +31,9 @@ impl Store {
         })
     }
 
-    /// Records where `export` wrote each session's transcript.
+    /// Records where `export` wrote each session's transcript (keyed updates: no global lock).
     pub fn set_transcript_paths(&self, paths: &[(i64, String)]) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             for (id, path) in paths {
                 tx.execute("UPDATE sessions SET transcript_path = ?2 WHERE id = ?1", args![id, path])?;
             }
@@ -42,8 +42,9 @@ impl Store {
     }
 
     /// Sets (allow/deny) or clears (None) a session's send-policy override. False if no such session.
+    /// One keyed update: no global lock.
     pub fn set_send_policy(&self, key: &str, policy: Option<super::SendPolicyOverride>) -> Result<bool> {
-        self.write_sql(|tx| -> Result<bool> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<bool> {
             Ok(tx.execute(
                 "UPDATE sessions SET send_policy = ?2 WHERE key = ?1",
                 args![key, policy.map(super::SendPolicyOverride::as_str)],
@@ -62,19 +63,24 @@ impl Store {
 
     /// Permanently removes deleted and archived sessions whose deletedAt/archivedAt is before
     /// `before` (ms), with their messages, runs, deliveries and tree links.
+    ///
+    /// Holds no global lock on a shared database: one statement picks the sessions and locks
+    /// their rows, root to leaf (`run_queue::lock_sessions`' order), before any of their rows
+    /// elsewhere is touched (a claim holding one of them may still need its tree rows: no lock
+    /// cycle with it); a session that another writer brought back meanwhile is re-read under
+    /// its lock and left out.
     pub fn prune(&self, before: i64) -> Result<Pruned> {
-        self.write_sql(|tx| -> Result<Pruned> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<Pruned> {
+            let lock = if tx.dialect() == super::sql::Dialect::Postgres { " FOR UPDATE" } else { "" };
             let ids: Vec<i64> = tx.query_map(
-                "SELECT id FROM sessions WHERE (state = 2 AND deleted_at < ?1) OR (state = 1 AND archived_at < ?1) ORDER BY id",
+                &format!(
+                    "SELECT id FROM sessions WHERE (state = 2 AND deleted_at < ?1) OR (state = 1 AND archived_at < ?1)
+                     ORDER BY spawn_depth, id{lock}"
+                ),
                 args![before],
                 |r| r.get(0),
             )?;
             let mut out = Pruned::default();
-            // Every row first, before any of their rows elsewhere is touched: a claim holding
-            // one of these sessions may still need its tree rows (no lock cycle with it).
-            for id in &ids {
-                super::run_queue::lock_session(tx, *id)?;
-            }
             for id in ids {
                 out.messages += tx.execute("DELETE FROM messages WHERE session = ?1", args![id])?;
                 tx.execute(

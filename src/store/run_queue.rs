@@ -339,14 +339,34 @@ impl Finished {
 /// (`flows::step_id`) and adds nothing. Returns false when the run was already there.
 /// Queued runs of messages a channel's bridge posted (`sourceTool` `channel_bridge` in their
 /// provenance, as `engine::chain` writes it), over all the channel's sessions.
+/// Holds the channel's queue-bound key ([`lock_queue_bound`]) from here to the commit.
 pub(super) fn queued_channel_runs(tx: &dyn Sql, channel: &str) -> Result<i64> {
+    lock_queue_bound(tx, &format!("channel:{channel}"))?;
     queued_inject_runs(tx, "channel_bridge", "sourceChannel", channel)
 }
 
 /// Queued runs of one A2A peer's messages (`sourceTool` `a2a`, `senderId` the peer's key), over
 /// all its contexts.
+/// Holds the peer's queue-bound key ([`lock_queue_bound`]) from here to the commit.
 pub(super) fn queued_peer_runs(tx: &dyn Sql, peer: &str) -> Result<i64> {
+    lock_queue_bound(tx, &format!("a2a:{peer}"))?;
     queued_inject_runs(tx, "a2a", "senderId", peer)
+}
+
+/// The advisory lock space of the exact queue bounds on PostgreSQL (`"smcq"`): a channel's
+/// bridge (`maxQueuedRuns`) and an A2A peer (`server.a2a.maxQueuedRuns`). A message that counts
+/// its source's queued runs and queues one holds the source's key (FNV-1a of its name, as the
+/// caps' keys) from before it counts to its commit, so two nodes never both queue the last one.
+/// Only those messages take these keys, after their message id and before any session row, so
+/// no lock cycle forms with the other writers (a claim only lowers the count).
+const QUEUE_LOCKS: i32 = 0x736d_6371;
+
+fn lock_queue_bound(tx: &dyn Sql, name: &str) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres {
+        let sql = "SELECT 1 FROM (SELECT pg_advisory_xact_lock(?1, ?2)) AS taken"; // a void column is not read
+        tx.query_map(sql, args![QUEUE_LOCKS, cap_key(name)], |_| Ok(()))?;
+    }
+    Ok(())
 }
 
 /// Queued `inject` runs whose provenance names `tool` and has `field` = `value`.
@@ -638,6 +658,22 @@ pub(super) fn lock_session(tx: &dyn Sql, session: i64) -> Result<()> {
     Ok(())
 }
 
+/// Locks the rows of `sessions`, as [`lock_session`] does, in one statement and in the one order
+/// every writer of several sessions takes them: root to leaf (`spawn_depth`, then id), as the
+/// budget accounts are (`budgets::lock_chains`). Two such writers (a subtree cancel, an ask
+/// closed in its child and its answering ancestor) then never wait on each other in a cycle.
+pub(super) fn lock_sessions(tx: &dyn Sql, sessions: &[i64]) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres && !sessions.is_empty() {
+        let ids = sessions.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        tx.query_map(
+            &format!("SELECT id FROM sessions WHERE id IN ({ids}) ORDER BY spawn_depth, id FOR UPDATE"),
+            args![],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
+}
+
 /// Locks the row of `run_id`'s session, as [`lock_session`] does, for a writer that knows the
 /// run but not its session (a run's end, its live reports): one statement.
 pub(super) fn lock_session_of_run(tx: &dyn Sql, run_id: &str) -> Result<()> {
@@ -863,9 +899,10 @@ impl Store {
         })
     }
 
-    /// Records the A2A task a run of a remote agent started, so that a restart follows it.
+    /// Records the A2A task a run of a remote agent started, so that a restart follows it. One
+    /// keyed statement that decides by itself: no global lock on a shared database.
     pub fn set_remote_task(&self, run_id: &str, task_id: &str) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             tx.execute(
                 "UPDATE runs SET remote_task_id = ?2 WHERE run_id = ?1 AND status = 'running'",
                 args![run_id, task_id],

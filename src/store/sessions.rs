@@ -283,18 +283,20 @@ impl Store {
         })
     }
 
-    /// Creates the session if its key is new; returns the stored row either way.
+    /// Creates the session if its key is new; returns the stored row either way. Holds no global
+    /// lock on a shared database: the insert decides by itself (`ON CONFLICT (key)`).
     pub fn insert_session(&self, s: &NewSession) -> Result<SessionRow> {
-        self.write_sql(|tx| {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| {
             insert_session(tx, s)?;
             session_by_key(tx, &s.key)?.ok_or_else(|| StoreError::Corrupt(format!("session {} vanished", s.key)))
         })
     }
 
     /// Marks `key` as an external session acting through an MCP client: creates it when missing,
-    /// and flips a main session to external. Other existing sessions keep their driver.
+    /// and flips a main session to external. Other existing sessions keep their driver. As
+    /// [`Store::insert_session`], no global lock: each statement decides on the key's row itself.
     pub fn ensure_external(&self, new: &NewSession, is_main: bool) -> Result<SessionRow> {
-        self.write_sql(|tx| {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| {
             insert_session(tx, new)?;
             if is_main {
                 tx.execute(

@@ -71,9 +71,14 @@ impl Store {
 
     /// Marks a child announced; `delete` soft-deletes it now, else it is archived
     /// `archive_after_ms` from now (None = never).
+    ///
+    /// Holds no global lock on a shared database: the child's session row first, then its
+    /// budget chain root to leaf (`close_account`, which closes the account once: a
+    /// compare-and-set on `closed_at`), the store's lock order.
     pub fn mark_announced(&self, session: i64, delete: bool, archive_after_ms: Option<i64>) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             let now = now_ms();
+            super::run_queue::lock_session(tx, session)?;
             super::budgets::close_account(tx, session)?;
             if delete {
                 tx.execute(
@@ -136,9 +141,10 @@ impl Store {
         })
     }
 
-    /// Records that a run's attachment files were removed (their receipts stay).
+    /// Records that a run's attachment files were removed (their receipts stay). One keyed
+    /// statement: no global lock on a shared database.
     pub fn attachments_removed(&self, run_id: &str) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             tx.execute("UPDATE attachments SET removed_at = ?2 WHERE run_id = ?1", args![run_id, now_ms()])?;
             Ok(())
         })

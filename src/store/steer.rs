@@ -282,4 +282,99 @@ mod tests {
         assert!(store.steer(late).unwrap().is_none(), "the dropped steer left no row");
         assert!(store.active_run_of(turn.session).unwrap().is_none(), "nothing of the cancelled child is queued");
     }
+
+    /// A steer recorded as `subagents` steer records it (`engine::steer::record`): the child's
+    /// session row, then what runs, then pending for that run or queued as its next turn.
+    fn record_steer(store: &Store, session: i64, requester: &SessionKey, provenance: &Value, text: &str) -> i64 {
+        store
+            .write_row_locked(|tx| -> Result<i64> {
+                assert!(!tx.work_cancelled(session)?);
+                let running = tx.running_run(session)?;
+                let new = NewSteer {
+                    session,
+                    run_id: running.as_deref(),
+                    requester,
+                    text,
+                    provenance,
+                    state: SteerState::Pending,
+                    queued_run: None,
+                };
+                let id = tx.add_steer(&new)?;
+                if running.is_none() {
+                    let turn = NewRun {
+                        provenance: Some(provenance.clone()),
+                        ..NewRun::new(format!("turn-{id}"), session, RunMode::Steer, steer_input(&[text.into()]))
+                    };
+                    tx.queue_steer(id, &turn)?;
+                }
+                Ok(id)
+            })
+            .unwrap()
+    }
+
+    /// A steer racing another node's claim of the steer turn it would join, without the global
+    /// write lock: it reaches the child exactly once, in the input the turn was claimed with, or
+    /// pending for that turn now running, or as a turn of its own that is still queued.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_steer_racing_a_claim_of_its_turn_on_another_node_reaches_the_child_once() {
+        use crate::store::{Caps, RunOwner, RunStatus};
+        crate::store::postgres::with_test_database(async |target| {
+            let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            let requester = SessionKey::from_canonical("agent:main:main");
+            let provenance = serde_json::json!({"kind": "inter_session", "sourceSessionKey": "agent:main:main"});
+            let caps = Caps { global: 64, per_agent: Default::default(), default_agent: 64, spawns: 64 };
+            for round in 0..12 {
+                let key = SessionKey::from_canonical(format!("agent:main:subagent:r{round}"));
+                let session = nodes[0]
+                    .write(|tx| -> Result<i64> {
+                        tx.insert_session(&NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false))?;
+                        tx.session_id(&key)
+                    })
+                    .unwrap();
+                let first = record_steer(&nodes[0], session, &requester, &provenance, "one");
+                let turn = format!("turn-{first}");
+                let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+                let claimer = (nodes[1].clone(), barrier.clone(), turn.clone(), caps.clone());
+                let claim = std::thread::spawn(move || {
+                    let (store, barrier, turn, caps) = claimer;
+                    let owner = RunOwner::new("node1");
+                    barrier.wait();
+                    // A claim skips a session another writer holds: it looks again, as a node does.
+                    loop {
+                        let claimed = store.claim_ready(owner.as_str(), &caps).unwrap();
+                        if let Some((run, _)) = claimed.into_iter().find(|(r, _)| r.run_id == turn) {
+                            return run;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                });
+                barrier.wait();
+                let second = record_steer(&nodes[0], session, &requester, &provenance, "two");
+                let claimed = claim.join().unwrap();
+                let steer = nodes[0].steer(second).unwrap().unwrap();
+                let carried = |input: &Value| input.to_string().contains("\"two\"");
+                match (steer.state, steer.queued_run.as_deref(), steer.run_id.as_deref()) {
+                    (SteerState::Queued, Some(run), _) if run == turn => {
+                        assert!(carried(&claimed.input), "round {round}: joined, so claimed with it: {}", claimed.input)
+                    }
+                    (SteerState::Pending, None, Some(run)) if run == turn => {
+                        assert!(
+                            !carried(&claimed.input),
+                            "round {round}: pending for the running turn, not in its input"
+                        )
+                    }
+                    (SteerState::Queued, Some(own), None) => {
+                        assert!(!carried(&claimed.input), "round {round}: a turn of its own, not in the claimed one");
+                        let own = nodes[0].run(own).unwrap().unwrap();
+                        assert_eq!(own.status, RunStatus::Queued);
+                        assert!(carried(&own.input));
+                    }
+                    other => panic!("round {round}: the steer reached the child as {other:?}"),
+                }
+            }
+        })
+        .await;
+    }
 }

@@ -257,12 +257,13 @@ impl Store {
         })
     }
 
-    /// Marks the delivered announces of these spawn runs read (the first read counts).
+    /// Marks the delivered announces of these spawn runs read (the first read counts). Holds no
+    /// global lock on a shared database: each statement decides on the rows it names by itself.
     pub fn mark_announces_read(&self, spawn_runs: &[&str]) -> Result<()> {
         if spawn_runs.is_empty() {
             return Ok(());
         }
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             let now = now_ms();
             for run in spawn_runs {
                 tx.execute(
@@ -278,6 +279,13 @@ impl Store {
     /// Cancels the unfinished work of `root` (and with `cascade` of its descendants): marks the
     /// sessions cancelled, dequeues their queued runs and flags their running ones, in one
     /// transaction. Sessions whose work already ended are left as they are.
+    ///
+    /// Holds no global lock on a shared database: it locks the rows of the subtree's sessions
+    /// first, root to leaf (`run_queue::lock_sessions`, the order of every writer of several
+    /// sessions, so two cancels of overlapping trees never deadlock), and reads their runs only
+    /// then. A child spawned while the locks were taken (its admission holds its requester's row,
+    /// one of these) is seen by reading the subtree again once they are held: until a read finds
+    /// no session it has not locked.
     pub fn cancel_subtree(&self, root: &SessionKey, cascade: bool) -> Result<SubtreeCancel> {
         let select = format!(
             "SELECT {} FROM sessions s
@@ -287,11 +295,20 @@ impl Store {
              ORDER BY s.spawn_depth, s.id",
             prefixed_session_columns()
         );
-        self.write_sql(|tx| -> Result<SubtreeCancel> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<SubtreeCancel> {
             let now = now_ms();
             let mut out = SubtreeCancel::default();
-            let sessions: Vec<SessionRow> =
-                tx.query_map(&select, args![root.as_str(), cascade], SessionRow::from_row)?;
+            let mut locked: Vec<i64> = Vec::new();
+            let sessions = loop {
+                let sessions: Vec<SessionRow> =
+                    tx.query_map(&select, args![root.as_str(), cascade], SessionRow::from_row)?;
+                let new: Vec<i64> = sessions.iter().map(|s| s.id).filter(|id| !locked.contains(id)).collect();
+                if new.is_empty() {
+                    break sessions;
+                }
+                super::run_queue::lock_sessions(tx, &new)?;
+                locked.extend(new);
+            };
             let runs_sql = format!(
                 "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session
                  WHERE r.session = ?1 AND r.status IN ('queued', 'running')"
@@ -430,5 +447,95 @@ mod tests {
         let totals = store.tree_totals(&keys[0], i64::MIN).unwrap();
         assert_eq!((totals.sessions, totals.unfinished), (2, 2));
         assert_eq!(store.children(&keys[0], i64::MIN).unwrap().len(), 1, "only direct children");
+    }
+
+    /// Cascading cancels of overlapping trees on two nodes, each child's own cancel on a third
+    /// and a fourth node claiming the tree's runs, all at once, without the global write lock:
+    /// every cancel answers, every session below the top is cancelled, each queued run is
+    /// dequeued by one cancel at most and never also claimed, and every claimed run that still
+    /// runs is flagged for its owner.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_overlapping_subtree_cancels_and_claims_on_four_nodes_end_every_run_once() {
+        use std::collections::HashSet;
+        crate::store::postgres::with_test_database(async |target| {
+            let dirs = [(); 4].map(|_| tempfile::tempdir().unwrap());
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            let caps = Caps { global: 64, per_agent: Default::default(), default_agent: 64, spawns: 64 };
+            for round in 0..4 {
+                let top = SessionKey::from_canonical(format!("agent:main:subagent:t{round}"));
+                let mut tree = vec![(top.clone(), None, 1)];
+                for b in 0..4 {
+                    let child = SessionKey::from_canonical(format!("agent:main:subagent:t{round}-{b}"));
+                    tree.push((SessionKey::from_canonical(format!("{child}-x")), Some(child.clone()), 3));
+                    tree.insert(1, (child, Some(top.clone()), 2));
+                }
+                let children: Vec<SessionKey> = tree.iter().filter(|t| t.2 == 2).map(|t| t.0.clone()).collect();
+                nodes[0]
+                    .write(|tx| -> Result<()> {
+                        for (key, parent, depth) in &tree {
+                            let mut s = NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false);
+                            let parent =
+                                parent.clone().unwrap_or_else(|| SessionKey::from_canonical("agent:main:main"));
+                            (s.spawned_by, s.spawn_depth) = (Some(parent), *depth);
+                            tx.insert_session(&s)?;
+                            let id = tx.session_id(key)?;
+                            let run = format!("run-{key}");
+                            tx.set_spawn_run(id, &run)?;
+                            tx.enqueue(&NewRun::new(
+                                run,
+                                id,
+                                RunMode::Spawn,
+                                serde_json::json!({"role": "user", "content": "t"}),
+                            ))?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+                let cancels: Vec<_> = [vec![top.clone()], children[..2].to_vec(), children[2..].to_vec()]
+                    .into_iter()
+                    .zip(nodes.iter().cloned())
+                    .map(|(roots, store)| {
+                        let start = start.clone();
+                        std::thread::spawn(move || {
+                            start.wait();
+                            roots.iter().map(|root| store.cancel_subtree(root, true).unwrap()).collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                let (claimer, claim_caps) = (nodes[3].clone(), caps.clone());
+                let owner = crate::store::RunOwner::new(&format!("node{round}"));
+                let owner_id = owner.as_str().to_string();
+                let claims = std::thread::spawn(move || {
+                    start.wait();
+                    (0..20)
+                        .flat_map(|_| claimer.claim_ready(owner.as_str(), &claim_caps).unwrap())
+                        .map(|(r, _)| r.run_id)
+                        .collect::<Vec<_>>()
+                });
+                let done: Vec<SubtreeCancel> = cancels.into_iter().flat_map(|c| c.join().unwrap()).collect();
+                let claimed: HashSet<String> = claims.join().unwrap().into_iter().collect();
+                let dequeued: Vec<&str> =
+                    done.iter().flat_map(|d| d.dequeued.iter().map(|r| r.run_id.as_str())).collect();
+                let once: HashSet<&str> = dequeued.iter().copied().collect();
+                assert_eq!(once.len(), dequeued.len(), "round {round}: a run dequeued twice: {dequeued:?}");
+                assert!(once.iter().all(|r| !claimed.contains(*r)), "round {round}: a run both claimed and dequeued");
+                let flagged: HashSet<String> = nodes[0].cancel_requests(&owner_id).unwrap().into_iter().collect();
+                for (key, _, _) in &tree {
+                    let session = nodes[1].session_by_key(key).unwrap().unwrap();
+                    assert!(session.cancelled_at.is_some(), "round {round}: {key} was not cancelled");
+                    let run = nodes[1].run(&format!("run-{key}")).unwrap().unwrap();
+                    match run.status {
+                        RunStatus::Cancelled => assert!(once.contains(run.run_id.as_str())),
+                        RunStatus::Running => {
+                            assert!(flagged.contains(&run.run_id), "round {round}: {key} runs unflagged")
+                        }
+                        other => panic!("round {round}: {key}'s run is {other:?}"),
+                    }
+                }
+            }
+        })
+        .await;
     }
 }

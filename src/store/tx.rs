@@ -169,9 +169,19 @@ impl Tx<'_> {
         super::steer::settle_steer(self.tx, id, state, queued_run)
     }
 
-    /// True when an ancestor cancelled the work of `session`: nothing of it may start.
+    /// True when an ancestor cancelled the work of `session`: nothing of it may start. The
+    /// session's row stays locked to the end of the transaction (`run_queue::lock_session`): a
+    /// cancel (`cancel_subtree` locks it too) cannot commit between this read and what follows.
     pub fn work_cancelled(&self, session: i64) -> Result<bool> {
+        super::run_queue::lock_session(self.tx, session)?;
         super::steer::work_cancelled(self.tx, session)
+    }
+
+    /// Locks the rows of `sessions` for the rest of the transaction, root to leaf
+    /// (`run_queue::lock_sessions`): a writer that decides on several sessions' runs or
+    /// transcripts takes them all first, in the order every such writer takes them.
+    pub fn lock_sessions(&self, sessions: &[i64]) -> Result<()> {
+        super::run_queue::lock_sessions(self.tx, sessions)
     }
 
     /// The run of `session` running now, if any; the session's row stays locked to the end of
@@ -227,24 +237,38 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// A message id a channel's bridge posted into `session` in the last 24 h: remembered apart
-    /// from the tools' idempotency keys, so that neither answers for the other.
-    pub fn bridge_message(&self, session: &SessionKey, message_id: &str) -> Result<Option<super::IdempotencyHit>> {
+    /// Takes a message id a channel's bridge posts into `session` for the run it starts, or
+    /// answers the post of the last 24 h that holds it (then nothing was written). Remembered
+    /// apart from the tools' idempotency keys, so that neither answers for the other; one
+    /// statement on the id's row (`ledger::claim_key`), so two posts of one message on two nodes
+    /// start one run between them.
+    pub fn claim_bridge_message(
+        &self,
+        session: &SessionKey,
+        message_id: &str,
+        run_id: &str,
+    ) -> Result<Option<super::IdempotencyHit>> {
         let (caller, key) = super::ledger::bridge_message_key(session, message_id);
-        super::ledger::idempotency_hit(self.tx, &caller, &key)
+        let result = serde_json::json!({});
+        let use_of_key = super::RememberedKey {
+            caller: &caller,
+            key: &key,
+            tool: "channel_bridge",
+            args_hash: "",
+            run_id,
+            result: &result,
+        };
+        super::ledger::claim_key(self.tx, &use_of_key)
     }
 
-    /// Remembers a bridge's message id for the run it started (see [`Tx::bridge_message`]).
-    pub fn remember_bridge_message(&self, session: &SessionKey, message_id: &str, run_id: &str) -> Result<()> {
-        let (caller, key) = super::ledger::bridge_message_key(session, message_id);
-        super::ledger::remember_key(self.tx, &caller, &key, "channel_bridge", "", run_id, &serde_json::json!({}))
-    }
-
-    /// Runs of a channel's users' messages (posted by its bridge) that wait to start.
+    /// Runs of a channel's users' messages (posted by its bridge) that wait to start; the
+    /// count holds to the commit (the channel's queue-bound key, `run_queue::lock_queue_bound`).
     pub fn queued_channel_runs(&self, channel: &str) -> Result<i64> {
         super::run_queue::queued_channel_runs(self.tx, channel)
     }
 
+    /// Runs of an A2A peer's messages that wait to start, held to the commit as
+    /// [`Tx::queued_channel_runs`] is.
     pub fn queued_peer_runs(&self, peer: &str) -> Result<i64> {
         super::run_queue::queued_peer_runs(self.tx, peer)
     }
