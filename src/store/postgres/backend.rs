@@ -869,8 +869,8 @@ mod tests {
 
     /// A claim, and the one-statement records of a run (lease, supervisor, steps mark, what it
     /// waits on), do not wait for the global write lock: with [`WRITE_LOCK`] held by another
-    /// connection, a node still claims its queued run and records them (and a locked write, a
-    /// cancel, waits, as before).
+    /// connection, a node still claims its queued run and records them, and a cancel of the run
+    /// goes through too (a globally ordered write, the archiving sweep, waits, as before).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_a_claim_and_a_runs_own_records_go_through_while_another_connection_holds_the_global_write_lock() {
         use crate::keys::{AgentId, SessionKey, SessionKind};
@@ -907,8 +907,9 @@ mod tests {
                 .unwrap();
             assert_eq!(claimed.iter().map(|(r, _)| r.run_id.as_str()).collect::<Vec<_>>(), ["run-0"]);
             assert_eq!(store.supervisors(&["run-0".to_string()]).unwrap(), [(4242, Some(7))]);
+            assert!(matches!(store.request_cancel("run-0").unwrap(), crate::store::CancelRequest::Flagged));
             let writer = store.clone();
-            let write = tokio::task::spawn_blocking(move || writer.request_cancel("run-0").map(|_| ()));
+            let write = tokio::task::spawn_blocking(move || writer.archive_due().map(|_| ()));
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             assert!(!write.is_finished(), "a locked write still waits for the global write lock");
             holder.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK]).await.unwrap();
