@@ -1081,7 +1081,10 @@ mod tests {
             for w in writers {
                 w.join().unwrap().expect("the write that lost the deadlock was run again");
             }
-            assert_eq!(attempts.load(Ordering::SeqCst), 3, "one of the two ran twice");
+            // At least one ran again; its new transaction may take its first row again before
+            // the winner wakes to it, and deadlock once more (also run again).
+            let attempts = attempts.load(Ordering::SeqCst);
+            assert!(attempts >= 3, "one of the two ran again: {attempts} attempts");
             for id in ids {
                 let label: String =
                     nodes[1].read(|c| c.one("SELECT label FROM sessions WHERE id = ?1", args![id])).unwrap();
