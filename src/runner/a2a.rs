@@ -42,6 +42,8 @@ const POLL_EVERY: Duration = Duration::from_millis(500);
 /// A broken stream (or poll) is followed again this many times before the run gives up (counted
 /// afresh after each answered question).
 const FOLLOW_ATTEMPTS: u32 = 5;
+/// The longest task or context id taken from a peer.
+const MAX_ID_BYTES: usize = 1024;
 /// Room for a response's JSON beyond its text (ids, states, metadata).
 const WIRE_OVERHEAD: usize = 64 * 1024;
 
@@ -90,8 +92,9 @@ struct Seen {
     reported: crate::policy::usage::UsageSoFar,
     /// The text handed on to the run's stream so far, in bytes.
     streamed: usize,
-    /// The peer's output went past `max_output_bytes`: nothing more is taken.
-    cut: bool,
+    /// What the peer broke (its output past `max_output_bytes`, an id past [`MAX_ID_BYTES`]): the
+    /// run's error; nothing more is taken.
+    broken_rule: Option<String>,
 }
 
 /// Executes one remote turn; `on_task` is told the remote task id once it is known (the runtime
@@ -261,7 +264,7 @@ impl Following<'_, '_> {
             };
             let next = match read {
                 Read::Ended => return None,
-                Read::Cut => return Some(Stop::Failed(self.cut_error())),
+                Read::BrokeRule(why) => return Some(Stop::Failed(why)),
                 Read::Interrupted => {
                     broken = 0;
                     // A person reading is not the run's time: the deadline moves by the wait.
@@ -327,14 +330,10 @@ impl Following<'_, '_> {
             return Ok(Source::Stream(Box::new(stream)));
         }
         // One GetTask stands for a poll: the loop reads it and follows on while it is not done.
-        let task = self
-            .client
-            .get_task(a2a_protocol_types::TaskQueryParams::new(task))
-            .await
-            .map_err(|e| {
-                self.endpoint_gone = endpoint_gone(&e);
-                format!("cannot read the remote task {task}: {e}")
-            })?;
+        let task = self.client.get_task(a2a_protocol_types::TaskQueryParams::new(task)).await.map_err(|e| {
+            self.endpoint_gone = endpoint_gone(&e);
+            format!("cannot read the remote task {task}: {e}")
+        })?;
         Ok(Source::Response(Box::new(SendMessageResponse::Task(task))))
     }
 
@@ -349,7 +348,7 @@ impl Following<'_, '_> {
                 while let Some(event) = stream.next().await {
                     match event {
                         Ok(event) => self.take(event),
-                        Err(e) if too_large(&e) => self.seen.cut = true,
+                        Err(e) if too_large(&e) => self.cut(),
                         Err(e) => return Read::Broken(e.to_string()),
                     }
                     if let Some(read) = self.settled() {
@@ -382,7 +381,7 @@ impl Following<'_, '_> {
             tokio::time::sleep(POLL_EVERY).await;
             match self.client.get_task(a2a_protocol_types::TaskQueryParams::new(&task)).await {
                 Ok(t) => self.take(StreamResponse::Task(t)),
-                Err(e) if too_large(&e) => self.seen.cut = true,
+                Err(e) if too_large(&e) => self.cut(),
                 Err(e) => return Read::Broken(format!("cannot read the remote task {task}: {e}")),
             }
             if let Some(read) = self.settled() {
@@ -393,8 +392,8 @@ impl Following<'_, '_> {
 
     /// Whether the task is over (or the peer replied without one), or waits for input.
     fn settled(&self) -> Option<Read> {
-        if self.seen.cut {
-            return Some(Read::Cut);
+        if let Some(why) = &self.seen.broken_rule {
+            return Some(Read::BrokeRule(why.clone()));
         }
         if self.seen.direct_reply.is_some() {
             return Some(Read::Ended);
@@ -408,12 +407,12 @@ impl Following<'_, '_> {
 
     /// Takes one event of the task; past the output bound, none.
     fn take(&mut self, event: StreamResponse) {
-        if self.seen.cut {
+        if self.seen.broken_rule.is_some() {
             return;
         }
         self.take_event(event);
         if self.seen.kept_bytes() > self.turn.max_output_bytes {
-            self.seen.cut = true;
+            self.cut();
         }
     }
 
@@ -421,13 +420,16 @@ impl Following<'_, '_> {
     fn stream(&mut self, text: &str) {
         self.seen.streamed = self.seen.streamed.saturating_add(text.len());
         match self.seen.streamed > self.turn.max_output_bytes {
-            true => self.seen.cut = true,
+            true => self.cut(),
             false => (self.hooks.on_delta)(text),
         }
     }
 
-    fn cut_error(&self) -> String {
-        format!("protocol: the remote agent's output exceeded maxStdoutBytes ({})", self.turn.max_output_bytes)
+    /// The peer's output went past the bound: the run ends saying so, as a local run's stdout does.
+    fn cut(&mut self) {
+        let why =
+            format!("protocol: the remote agent's output exceeded maxStdoutBytes ({})", self.turn.max_output_bytes);
+        self.seen.broken_rule.get_or_insert(why);
     }
 
     fn take_event(&mut self, event: StreamResponse) {
@@ -446,7 +448,7 @@ impl Following<'_, '_> {
             }
             StreamResponse::Message(message) => {
                 if let Some(c) = &message.context_id {
-                    self.seen.context_id = Some(c.as_ref().to_string());
+                    self.know_task("", c.as_ref());
                 }
                 let text = message.texts().collect::<Vec<_>>().join("\n");
                 self.seen.direct_reply = Some(text);
@@ -479,6 +481,10 @@ impl Following<'_, '_> {
 
     /// The task's and context's ids, the task's told to the runtime the first time it is seen.
     fn know_task(&mut self, task: &str, context: &str) {
+        if let Some(why) = overlong_id(task, context) {
+            self.seen.broken_rule.get_or_insert(why);
+            return;
+        }
         if !context.is_empty() {
             self.seen.context_id = Some(context.to_string());
         }
@@ -544,8 +550,8 @@ enum Read {
     Ended,
     Interrupted,
     Broken(String),
-    /// The peer's output went past the bound.
-    Cut,
+    /// The peer broke a rule of ours (its output past the bound, an overlong id): the error.
+    BrokeRule(String),
 }
 
 impl Seen {
@@ -574,6 +580,13 @@ impl Seen {
         }
         (!parts.is_empty()).then(|| parts.join("\n\n"))
     }
+}
+
+/// The error for a task or context id past [`MAX_ID_BYTES`]: ids are stored with the run and the
+/// session, and sent back, so they must stay small.
+fn overlong_id(task: &str, context: &str) -> Option<String> {
+    let (what, _) = [("task", task), ("context", context)].into_iter().find(|(_, id)| id.len() > MAX_ID_BYTES)?;
+    Some(format!("protocol: the remote agent's {what} id is longer than {MAX_ID_BYTES} bytes"))
 }
 
 /// Whether a call failed as if the endpoint the card names were gone: not there (404, 405, 410),
@@ -729,11 +742,8 @@ mod tests {
         fn never() -> bool {
             false
         }
-        let agent = RemoteAgent {
-            card_url: url::Url::parse("http://127.0.0.1:9/card").unwrap(),
-            token_env: None,
-            skill: None,
-        };
+        let agent =
+            RemoteAgent { card_url: url::Url::parse("http://127.0.0.1:9/card").unwrap(), token_env: None, skill: None };
         let turn = RemoteTurn {
             agent: &agent,
             run_id: "r",
@@ -762,6 +772,9 @@ mod tests {
         assert!(endpoint_gone(&gone(404)) && !endpoint_gone(&gone(500)));
         assert!(endpoint_gone(&ClientError::HttpClient("client error (Connect)".into())));
         assert!(too_large(&ClientError::Transport("response body too large: exceeds 9 byte limit".into())));
+        assert_eq!(overlong_id(&"t".repeat(MAX_ID_BYTES), ""), None);
+        let e = overlong_id("t", &"c".repeat(MAX_ID_BYTES + 1));
+        assert_eq!(e.as_deref(), Some("protocol: the remote agent's context id is longer than 1024 bytes"));
     }
 
     #[test]

@@ -327,7 +327,10 @@ fn a_body_over_the_mcp_limit_is_refused_with_mcps_413_on_both_bindings() {
         assert_eq!((status, said.as_str()), (413, mcp_said.as_str()), "{path}: one byte over");
         let (status, _, said) = http_to(server.port, "POST", path, &headers, &body(limit));
         let said = &said[..said.len().min(300)];
-        assert!([200, 400].contains(&status) && said.contains("missing field"), "{path}: at the limit: {status} {said}");
+        assert!(
+            [200, 400].contains(&status) && said.contains("missing field"),
+            "{path}: at the limit: {status} {said}"
+        );
     }
     assert_nothing_ran(&env);
     drop(server);

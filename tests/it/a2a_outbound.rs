@@ -68,7 +68,8 @@ impl RemoteAgent {
     /// [`Self::env_with`], with these keys added to `remote`'s runner.
     fn env_of(&self, subagents: Value, runner: Value) -> TestEnv {
         let card = format!("http://127.0.0.1:{}/.well-known/agent-card.json", self.port);
-        let mut remote = json!({"kind": "a2a", "cardUrl": card, "tokenEnv": TOKEN_ENV, "skill": "echo", "timeoutSeconds": 120});
+        let mut remote =
+            json!({"kind": "a2a", "cardUrl": card, "tokenEnv": TOKEN_ENV, "skill": "echo", "timeoutSeconds": 120});
         remote.as_object_mut().unwrap().extend(runner.as_object().unwrap().clone());
         TestEnv::with_config(
             &json!({"agents": {"defaults": {"subagents": subagents}, "list": [
@@ -207,13 +208,22 @@ fn a_remote_agents_output_past_max_stdout_bytes_fails_the_run_and_is_cut_there()
         let child = spawn_remote(&mut c, "big 150000");
         let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 90}));
         let says = "protocol: the remote agent's output exceeded maxStdoutBytes (100000)";
-        assert!(w.to_string().contains(says), "streaming {streaming}: {}", &w.to_string()[..2000.min(w.to_string().len())]);
+        assert!(
+            w.to_string().contains(says),
+            "streaming {streaming}: {}",
+            &w.to_string()[..2000.min(w.to_string().len())]
+        );
         let run = ended_run(&env, &child);
-        assert_eq!((run["status"].as_str(), run["error"].as_str()), (Some("error"), Some(says)), "streaming {streaming}");
+        assert_eq!(
+            (run["status"].as_str(), run["error"].as_str()),
+            (Some("error"), Some(says)),
+            "streaming {streaming}"
+        );
         let texts = assistant_texts(&env, &child);
         let lengths: Vec<usize> = texts.iter().map(String::len).collect();
         assert_eq!(lengths, [100_000], "streaming {streaming}: the reply cut at the bound");
-        let other = texts[0].find(|ch| ch != 'x').map(|at| &texts[0][at.saturating_sub(20)..(at + 80).min(texts[0].len())]);
+        let other =
+            texts[0].find(|ch| ch != 'x').map(|at| &texts[0][at.saturating_sub(20)..(at + 80).min(texts[0].len())]);
         assert_eq!(other, None, "streaming {streaming}: the cut reply is the artifact's");
         c.close();
     }

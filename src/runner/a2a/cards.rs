@@ -41,11 +41,9 @@ pub(super) async fn card(
         cards.retain(|_, e| e.since.elapsed() < KEPT_FOR);
         let entry = match cards.entry(key.clone()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(Entry {
-                resolver: resolver(url, options)?,
-                since: Instant::now(),
-                resolved: false,
-            }),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Entry { resolver: resolver(url, options)?, since: Instant::now(), resolved: false })
+            }
         };
         (entry.resolver.clone(), entry.resolved)
     };
@@ -87,10 +85,7 @@ mod tests {
         assert!(!key(&url, Some("secret")).1.unwrap().contains("secret"), "the token is kept hashed");
         let r = resolver(&url, CardFetchOptions::default()).unwrap();
         assert!(format!("{r:?}").contains("http://127.0.0.1:9/a/.well-known/agent-card.json?x=1"), "{r:?}");
-        CARDS.lock().unwrap().insert(
-            key(&url, None),
-            Entry { resolver: r, since: Instant::now(), resolved: true },
-        );
+        CARDS.lock().unwrap().insert(key(&url, None), Entry { resolver: r, since: Instant::now(), resolved: true });
         forget(&url, None);
         assert!(!CARDS.lock().unwrap().contains_key(&key(&url, None)));
     }
