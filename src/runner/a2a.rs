@@ -253,8 +253,6 @@ impl Following<'_, '_> {
             Ok(s) => s,
             Err(e) => return Some(Stop::Failed(e)),
         };
-        // Only the first call's failure may be retried with a fresher card: later ones had a task.
-        self.endpoint_gone = false;
         let mut broken = 0;
         loop {
             let read = tokio::select! {
@@ -292,7 +290,12 @@ impl Following<'_, '_> {
             };
             source = match next {
                 Ok(s) => s,
-                Err(e) => return Some(Stop::Failed(e)),
+                Err(e) => {
+                    // Only the first call's failure may be retried with a fresher card: by now the
+                    // peer has a task of ours, which a new card would not make any less started.
+                    self.endpoint_gone = false;
+                    return Some(Stop::Failed(e));
+                }
             };
         }
     }
