@@ -370,6 +370,7 @@ async fn remote_turn(
         started_task: run.remote_task_id.clone(),
         timeout: spec.timeout,
         cancel_grace: spec.cancel_grace,
+        max_output_bytes: spec.max_stdout_bytes,
         hand_over: &|| rt.shutting_down(),
     };
     let outcome = crate::runner::a2a::execute(turn, ends.cancel, &hooks, &on_task, Some(ends.steers)).await;

@@ -9,13 +9,19 @@
 //! (`SubscribeToTask`, else `GetTask`): a message that may have started a task is never sent
 //! twice. Calls go only to the card's own origin, over TLS unless loopback (checked when the
 //! config loads), each with a bounded timeout.
+//!
+//! What a peer says is untrusted input: the text kept of it (artifacts, status messages, a direct
+//! reply) and the text streamed from it are bounded by the agent's `runner.maxStdoutBytes`, as a
+//! local agent's stdout is. The card is cached per card URL and token ([`cards`]).
 
 use std::time::Duration;
 
+mod cards;
+
 use a2a_protocol_client::auth::{AuthInterceptor, InMemoryCredentialsStore, SessionId};
-use a2a_protocol_client::discovery::{CardFetchOptions, fetch_card_from_url_with_options};
+use a2a_protocol_client::discovery::CardFetchOptions;
 use a2a_protocol_client::streaming::EventStream;
-use a2a_protocol_client::{A2aClient, ClientBuilder, CredentialsStore};
+use a2a_protocol_client::{A2aClient, ClientBuilder, ClientError, CredentialsStore};
 use a2a_protocol_types::{
     AgentCard, Artifact, Message, MessageSendParams, PartContent, SendMessageConfiguration, SendMessageResponse,
     StreamResponse, Task, TaskState, TaskStatus,
@@ -36,6 +42,10 @@ const POLL_EVERY: Duration = Duration::from_millis(500);
 /// A broken stream (or poll) is followed again this many times before the run gives up (counted
 /// afresh after each answered question).
 const FOLLOW_ATTEMPTS: u32 = 5;
+/// The longest task or context id taken from a peer.
+const MAX_ID_BYTES: usize = 1024;
+/// Room for a response's JSON beyond its text (ids, states, metadata).
+const WIRE_OVERHEAD: usize = 64 * 1024;
 
 /// One remote turn.
 pub struct RemoteTurn<'a> {
@@ -49,6 +59,8 @@ pub struct RemoteTurn<'a> {
     pub started_task: Option<String>,
     pub timeout: Duration,
     pub cancel_grace: Duration,
+    /// The most text of the peer's kept and streamed (`runner.maxStdoutBytes`), each.
+    pub max_output_bytes: usize,
     /// Whether a cancel is this server stopping: a started task is then left running for the
     /// next owner to follow (the outcome is `Interrupted`), not cancelled.
     pub hand_over: &'a (dyn Fn() -> bool + Send + Sync),
@@ -78,6 +90,11 @@ struct Seen {
     direct_reply: Option<String>,
     usage: Option<Value>,
     reported: crate::policy::usage::UsageSoFar,
+    /// The text handed on to the run's stream so far, in bytes.
+    streamed: usize,
+    /// What the peer broke (its output past `max_output_bytes`, an id past [`MAX_ID_BYTES`]): the
+    /// run's error; nothing more is taken.
+    broken_rule: Option<String>,
 }
 
 /// Executes one remote turn; `on_task` is told the remote task id once it is known (the runtime
@@ -94,17 +111,41 @@ pub async fn execute(
         super::stdin::refuse(&mut rx);
     }
     let deadline = tokio::time::Instant::now() + turn.timeout;
-    let (client, card) = match connect(turn.agent).await {
-        Ok(c) => c,
+    let token = match token_of(turn.agent) {
+        Ok(t) => t,
         Err(e) => return Outcome::failed(e),
     };
     let mut seen =
         Seen { task_id: turn.started_task.clone(), context_id: turn.context_id.clone(), ..Default::default() };
-    let mut following =
-        Following { turn: &turn, client: &client, card: &card, hooks, on_task, seen: &mut seen, deadline };
-    let stop = following.run(&cancel).await;
+    let mut fresh = false;
+    let (client, stop) = loop {
+        let (client, card, reused) = match connect(turn.agent, token.as_deref(), turn.max_output_bytes).await {
+            Ok(c) => c,
+            Err(e) => return Outcome::failed(e),
+        };
+        let mut following = Following {
+            turn: &turn,
+            client: &client,
+            card: &card,
+            hooks,
+            on_task,
+            seen: &mut seen,
+            deadline,
+            endpoint_gone: false,
+        };
+        let stop = following.run(&cancel).await;
+        if following.endpoint_gone && reused && !fresh {
+            // The endpoint an earlier run's card named is gone before anything was taken: the
+            // peer may have moved. Its card is read afresh, once.
+            tracing::info!(run = turn.run_id, card = %turn.agent.card_url, "the cached card's endpoint is gone; reading the card again");
+            cards::forget(&turn.agent.card_url, token.as_deref());
+            fresh = true;
+            continue;
+        }
+        break (client, stop);
+    };
     if matches!(stop, Some(Stop::Cancelled)) && seen.task_id.is_some() && (turn.hand_over)() {
-        let mut left = outcome(turn.run_id, seen, stop, turn.timeout);
+        let mut left = outcome(seen, stop, &turn);
         left.status = RunStatus::Interrupted;
         return left;
     }
@@ -112,30 +153,31 @@ pub async fn execute(
         // Cancelled, out of time, or given up on: the peer must not go on working for nobody.
         cancel_task(&client, &seen, turn.cancel_grace).await;
     }
-    outcome(turn.run_id, seen, stop, turn.timeout)
+    outcome(seen, stop, &turn)
 }
 
-/// Reads the card and builds a client for it with the bearer token, bound to the card's origin.
-async fn connect(agent: &RemoteAgent) -> Result<(A2aClient, AgentCard), String> {
-    let token = match agent.token_env.as_deref() {
-        Some(name) => match std::env::var(name) {
-            Ok(t) if !t.is_empty() => Some(t),
-            _ => {
-                return Err(format!(
-                    "the remote agent's token variable {name} (runner.tokenEnv) is not set on the server"
-                ));
-            }
-        },
-        None => None,
-    };
+/// The bearer token of the agent's `tokenEnv`, read at each run (a rotated token needs no restart).
+fn token_of(agent: &RemoteAgent) -> Result<Option<String>, String> {
+    let Some(name) = agent.token_env.as_deref() else { return Ok(None) };
+    match std::env::var(name) {
+        Ok(t) if !t.is_empty() => Ok(Some(t)),
+        _ => Err(format!("the remote agent's token variable {name} (runner.tokenEnv) is not set on the server")),
+    }
+}
+
+/// Reads the card (cached, [`cards`]) and builds a client for it with the bearer token, bound to
+/// the card's origin and to the output bound; also whether the card may be an earlier run's.
+async fn connect(
+    agent: &RemoteAgent,
+    token: Option<&str>,
+    max_output_bytes: usize,
+) -> Result<(A2aClient, AgentCard, bool), String> {
     let mut options = CardFetchOptions::default().with_timeout(CALL_TIMEOUT);
-    if let Some(t) = &token {
+    if let Some(t) = token {
         options = options.with_header("authorization", format!("Bearer {t}"));
     }
     let url = agent.card_url.as_str();
-    let mut card = fetch_card_from_url_with_options(url, &options)
-        .await
-        .map_err(|e| format!("cannot read the remote agent's card at {url}: {e}"))?;
+    let (mut card, reused) = cards::card(&agent.card_url, token, options).await?;
     own_origin_only(&mut card, &agent.card_url)?;
     if let Some(skill) = agent.skill.as_deref().filter(|s| !card.skills.iter().any(|k| k.id == *s)) {
         let offered: Vec<&str> = card.skills.iter().map(|k| k.id.as_str()).collect();
@@ -144,20 +186,24 @@ async fn connect(agent: &RemoteAgent) -> Result<(A2aClient, AgentCard), String> 
             offered.join(", ")
         ));
     }
+    // The wire may carry the bound's text JSON-escaped; past that, the text is over it anyway.
+    let wire_bound = max_output_bytes.saturating_mul(2).saturating_add(WIRE_OVERHEAD);
     let mut builder = ClientBuilder::from_card(&card)
         .map_err(|e| format!("the remote agent's card at {url} names no endpoint this server can call: {e}"))?
         .with_connection_timeout(CONNECT_TIMEOUT)
         .with_timeout(CALL_TIMEOUT)
         .with_stream_connect_timeout(CONNECT_TIMEOUT)
+        .with_max_response_size(wire_bound)
+        .with_max_event_size(wire_bound)
         .require_https_credentials();
     if let Some(t) = token {
         let store = std::sync::Arc::new(InMemoryCredentialsStore::new());
         let session = SessionId::new("runner");
-        store.set(session.clone(), "bearer", t);
+        store.set(session.clone(), "bearer", t.to_string());
         builder = builder.with_interceptor(AuthInterceptor::new(store, session));
     }
     let client = builder.build().map_err(|e| format!("cannot call the remote agent at {url}: {e}"))?;
-    Ok((client, card))
+    Ok((client, card, reused))
 }
 
 /// Keeps only the card's endpoints on the card URL's own origin: a card must not send our
@@ -184,6 +230,9 @@ struct Following<'a, 'h> {
     on_task: &'a (dyn Fn(&str) + Send + Sync),
     seen: &'a mut Seen,
     deadline: tokio::time::Instant,
+    /// The first call failed as if the card's endpoint were gone (404, refused connection, another
+    /// binding): nothing was started, and a fresher card may name where the peer went.
+    endpoint_gone: bool,
 }
 
 /// Where the next events of the task come from.
@@ -213,6 +262,7 @@ impl Following<'_, '_> {
             };
             let next = match read {
                 Read::Ended => return None,
+                Read::BrokeRule(why) => return Some(Stop::Failed(why)),
                 Read::Interrupted => {
                     broken = 0;
                     // A person reading is not the run's time: the deadline moves by the wait.
@@ -240,7 +290,12 @@ impl Following<'_, '_> {
             };
             source = match next {
                 Ok(s) => s,
-                Err(e) => return Some(Stop::Failed(e)),
+                Err(e) => {
+                    // Only the first call's failure may be retried with a fresher card: by now the
+                    // peer has a task of ours, which a new card would not make any less started.
+                    self.endpoint_gone = false;
+                    return Some(Stop::Failed(e));
+                }
             };
         }
     }
@@ -265,21 +320,23 @@ impl Following<'_, '_> {
             true => self.client.stream_message(params).await.map(|s| Source::Stream(Box::new(s))),
             false => self.client.send_message(params).await.map(|r| Source::Response(Box::new(r))),
         };
-        sent.map_err(|e| format!("the remote agent did not take the message: {e}"))
+        sent.map_err(|e| {
+            self.endpoint_gone = endpoint_gone(&e);
+            format!("the remote agent did not take the message: {e}")
+        })
     }
 
     /// Follows the task this run started: subscribed when the peer streams, else polled.
-    async fn follow(&self, task: &str) -> Result<Source, String> {
+    async fn follow(&mut self, task: &str) -> Result<Source, String> {
         let streaming = self.card.capabilities.streaming == Some(true);
         if streaming && let Ok(stream) = self.client.subscribe_to_task(task).await {
             return Ok(Source::Stream(Box::new(stream)));
         }
         // One GetTask stands for a poll: the loop reads it and follows on while it is not done.
-        let task = self
-            .client
-            .get_task(a2a_protocol_types::TaskQueryParams::new(task))
-            .await
-            .map_err(|e| format!("cannot read the remote task {task}: {e}"))?;
+        let task = self.client.get_task(a2a_protocol_types::TaskQueryParams::new(task)).await.map_err(|e| {
+            self.endpoint_gone = endpoint_gone(&e);
+            format!("cannot read the remote task {task}: {e}")
+        })?;
         Ok(Source::Response(Box::new(SendMessageResponse::Task(task))))
     }
 
@@ -294,6 +351,7 @@ impl Following<'_, '_> {
                 while let Some(event) = stream.next().await {
                     match event {
                         Ok(event) => self.take(event),
+                        Err(e) if too_large(&e) => self.cut(),
                         Err(e) => return Read::Broken(e.to_string()),
                     }
                     if let Some(read) = self.settled() {
@@ -326,6 +384,7 @@ impl Following<'_, '_> {
             tokio::time::sleep(POLL_EVERY).await;
             match self.client.get_task(a2a_protocol_types::TaskQueryParams::new(&task)).await {
                 Ok(t) => self.take(StreamResponse::Task(t)),
+                Err(e) if too_large(&e) => self.cut(),
                 Err(e) => return Read::Broken(format!("cannot read the remote task {task}: {e}")),
             }
             if let Some(read) = self.settled() {
@@ -336,6 +395,9 @@ impl Following<'_, '_> {
 
     /// Whether the task is over (or the peer replied without one), or waits for input.
     fn settled(&self) -> Option<Read> {
+        if let Some(why) = &self.seen.broken_rule {
+            return Some(Read::BrokeRule(why.clone()));
+        }
         if self.seen.direct_reply.is_some() {
             return Some(Read::Ended);
         }
@@ -346,8 +408,34 @@ impl Following<'_, '_> {
         }
     }
 
-    /// Takes one event of the task.
+    /// Takes one event of the task; past the output bound, none.
     fn take(&mut self, event: StreamResponse) {
+        if self.seen.broken_rule.is_some() {
+            return;
+        }
+        self.take_event(event);
+        if self.seen.kept_bytes() > self.turn.max_output_bytes {
+            self.cut();
+        }
+    }
+
+    /// Hands `text` on to the run's stream, unless that takes the streamed text past the bound.
+    fn stream(&mut self, text: &str) {
+        self.seen.streamed = self.seen.streamed.saturating_add(text.len());
+        match self.seen.streamed > self.turn.max_output_bytes {
+            true => self.cut(),
+            false => (self.hooks.on_delta)(text),
+        }
+    }
+
+    /// The peer's output went past the bound: the run ends saying so, as a local run's stdout does.
+    fn cut(&mut self) {
+        let why =
+            format!("protocol: the remote agent's output exceeded maxStdoutBytes ({})", self.turn.max_output_bytes);
+        self.seen.broken_rule.get_or_insert(why);
+    }
+
+    fn take_event(&mut self, event: StreamResponse) {
         match event {
             StreamResponse::Task(task) => self.take_task(task),
             StreamResponse::StatusUpdate(update) => {
@@ -358,12 +446,12 @@ impl Following<'_, '_> {
             StreamResponse::ArtifactUpdate(update) => {
                 self.know_task(update.task_id.as_ref(), update.context_id.as_ref());
                 let text = artifact_text(&update.artifact);
-                (self.hooks.on_delta)(&text);
+                self.stream(&text);
                 self.seen.take_artifact(update.artifact.id.as_ref(), text, update.append == Some(true));
             }
             StreamResponse::Message(message) => {
                 if let Some(c) = &message.context_id {
-                    self.seen.context_id = Some(c.as_ref().to_string());
+                    self.know_task("", c.as_ref());
                 }
                 let text = message.texts().collect::<Vec<_>>().join("\n");
                 self.seen.direct_reply = Some(text);
@@ -385,7 +473,7 @@ impl Following<'_, '_> {
     fn take_status(&mut self, status: TaskStatus) {
         let text = status.message.as_ref().map(|m| m.texts().collect::<Vec<_>>().join("\n")).filter(|t| !t.is_empty());
         if let (Some(t), TaskState::Working) = (&text, status.state) {
-            (self.hooks.on_delta)(t);
+            self.stream(t);
         }
         if text.is_some() || status.state.is_terminal() {
             self.seen.status_text = text;
@@ -396,6 +484,10 @@ impl Following<'_, '_> {
 
     /// The task's and context's ids, the task's told to the runtime the first time it is seen.
     fn know_task(&mut self, task: &str, context: &str) {
+        if let Some(why) = overlong_id(task, context) {
+            self.seen.broken_rule.get_or_insert(why);
+            return;
+        }
         if !context.is_empty() {
             self.seen.context_id = Some(context.to_string());
         }
@@ -461,6 +553,8 @@ enum Read {
     Ended,
     Interrupted,
     Broken(String),
+    /// The peer broke a rule of ours (its output past the bound, an overlong id): the error.
+    BrokeRule(String),
 }
 
 impl Seen {
@@ -470,6 +564,13 @@ impl Seen {
             Some((_, kept)) => *kept = text,
             None => self.artifacts.push((id.to_string(), text)),
         }
+    }
+
+    /// The bytes of the peer's text kept: artifacts (with their ids), status message, direct reply.
+    fn kept_bytes(&self) -> usize {
+        let artifacts: usize = self.artifacts.iter().map(|(id, text)| id.len() + text.len()).sum();
+        let said = |t: &Option<String>| t.as_ref().map_or(0, String::len);
+        artifacts + said(&self.status_text) + said(&self.direct_reply)
     }
 
     /// The turn's reply: the artifacts' text, then the final status message (or the direct reply).
@@ -484,8 +585,35 @@ impl Seen {
     }
 }
 
+/// The error for a task or context id past [`MAX_ID_BYTES`]: ids are stored with the run and the
+/// session, and sent back, so they must stay small.
+fn overlong_id(task: &str, context: &str) -> Option<String> {
+    let (what, _) = [("task", task), ("context", context)].into_iter().find(|(_, id)| id.len() > MAX_ID_BYTES)?;
+    Some(format!("protocol: the remote agent's {what} id is longer than {MAX_ID_BYTES} bytes"))
+}
+
+/// Whether a call failed as if the endpoint the card names were gone: not there (404, 405, 410),
+/// refusing connections, or speaking another binding. Such a call started nothing.
+fn endpoint_gone(e: &ClientError) -> bool {
+    match e {
+        ClientError::UnexpectedStatus { status, .. } => matches!(status, 404 | 405 | 410),
+        // hyper-util's connect failure: "client error (Connect)".
+        ClientError::HttpClient(what) => what.contains("(Connect)"),
+        ClientError::ProtocolBindingMismatch(_) => true,
+        _ => false,
+    }
+}
+
+/// Whether the client refused a response or stream event over its size caps (which the output
+/// bound sets): the crate says so only in the error's words.
+fn too_large(e: &ClientError) -> bool {
+    matches!(e, ClientError::Transport(what) if what.contains("too large"))
+}
+
+/// An artifact's text parts, concatenated: a peer that streamed the artifact in `append` pieces
+/// keeps them as its parts, and a `GetTask` of it must read as the stream did.
 fn artifact_text(artifact: &Artifact) -> String {
-    artifact.texts().collect::<Vec<_>>().join("\n")
+    artifact.texts().collect()
 }
 
 /// A usage object from a peer, in our field names or the snake_case ones, as a usage report.
@@ -569,11 +697,15 @@ pub fn status_of(state: TaskState, said: Option<&str>) -> Option<(RunStatus, Opt
     }
 }
 
-fn outcome(run_id: &str, seen: Seen, stop: Option<Stop>, timeout: Duration) -> Outcome {
-    let reply = seen.reply();
+/// The outcome of what was seen; a reply past the output bound is cut at it (the error says so).
+fn outcome(seen: Seen, stop: Option<Stop>, turn: &RemoteTurn<'_>) -> Outcome {
+    let reply = seen.reply().map(|mut text| {
+        text.truncate(text.floor_char_boundary(turn.max_output_bytes));
+        text
+    });
     let (status, error) = match stop {
         Some(Stop::Cancelled) => (RunStatus::Cancelled, Some("cancelled".to_string())),
-        Some(Stop::Timeout) => (RunStatus::Timeout, Some(format!("timed out after {}s", timeout.as_secs()))),
+        Some(Stop::Timeout) => (RunStatus::Timeout, Some(format!("timed out after {}s", turn.timeout.as_secs()))),
         Some(Stop::Failed(e)) => (RunStatus::Error, Some(e)),
         None if seen.direct_reply.is_some() => (RunStatus::Ok, None),
         None => seen
@@ -586,7 +718,7 @@ fn outcome(run_id: &str, seen: Seen, stop: Option<Stop>, timeout: Duration) -> O
         .map(|text| NewMessage {
             role: "assistant".into(),
             content: Value::String(text.clone()),
-            run_id: Some(run_id.to_string()),
+            run_id: Some(turn.run_id.to_string()),
             ..Default::default()
         })
         .collect();
@@ -607,6 +739,46 @@ fn outcome(run_id: &str, seen: Seen, stop: Option<Stop>, timeout: Duration) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Calls `f` with a turn of `timeout` seconds whose output bound is `max` bytes.
+    fn with_turn<T>(timeout: u64, max: usize, f: impl FnOnce(&RemoteTurn<'_>) -> T) -> T {
+        fn never() -> bool {
+            false
+        }
+        let agent =
+            RemoteAgent { card_url: url::Url::parse("http://127.0.0.1:9/card").unwrap(), token_env: None, skill: None };
+        let turn = RemoteTurn {
+            agent: &agent,
+            run_id: "r",
+            text: String::new(),
+            context_id: None,
+            started_task: None,
+            timeout: Duration::from_secs(timeout),
+            cancel_grace: Duration::from_secs(1),
+            max_output_bytes: max,
+            hand_over: &never,
+        };
+        f(&turn)
+    }
+
+    #[test]
+    fn the_peers_text_is_bounded_and_a_reply_past_the_bound_is_cut_at_it() {
+        let mut seen = Seen::default();
+        seen.take_artifact("a", "é".repeat(40), false);
+        seen.status_text = Some("done".into());
+        assert_eq!(seen.kept_bytes(), 1 + 80 + 4);
+        seen.state = Some(TaskState::Completed);
+        let out = with_turn(1, 41, |t| outcome(seen, Some(Stop::Failed("over".into())), t));
+        assert_eq!(out.reply.as_deref(), Some("é".repeat(20).as_str()), "cut at a character's edge");
+        assert_eq!((out.status, out.error.as_deref()), (RunStatus::Error, Some("over")));
+        let gone = |status| ClientError::UnexpectedStatus { status, body: String::new(), retry_after: None };
+        assert!(endpoint_gone(&gone(404)) && !endpoint_gone(&gone(500)));
+        assert!(endpoint_gone(&ClientError::HttpClient("client error (Connect)".into())));
+        assert!(too_large(&ClientError::Transport("response body too large: exceeds 9 byte limit".into())));
+        assert_eq!(overlong_id(&"t".repeat(MAX_ID_BYTES), ""), None);
+        let e = overlong_id("t", &"c".repeat(MAX_ID_BYTES + 1));
+        assert_eq!(e.as_deref(), Some("protocol: the remote agent's context id is longer than 1024 bytes"));
+    }
 
     #[test]
     fn terminal_states_map_onto_our_statuses() {
@@ -629,7 +801,7 @@ mod tests {
         seen.take_artifact("b", "second".into(), false);
         seen.status_text = Some("all done".into());
         seen.state = Some(TaskState::Completed);
-        let out = outcome("r", seen, None, Duration::from_secs(1));
+        let out = with_turn(1, 100, |t| outcome(seen, None, t));
         assert_eq!(out.reply.as_deref(), Some("part one, more\n\nsecond\n\nall done"));
         assert_eq!(out.status, RunStatus::Ok);
         assert_eq!(out.messages.len(), 1);
@@ -638,13 +810,13 @@ mod tests {
     #[test]
     fn a_task_that_never_ended_is_an_error_and_a_stop_wins() {
         let seen = Seen { state: Some(TaskState::Working), ..Default::default() };
-        let out = outcome("r", seen, None, Duration::from_secs(1));
+        let out = with_turn(1, 100, |t| outcome(seen, None, t));
         assert_eq!(
             (out.status, out.error.as_deref()),
             (RunStatus::Error, Some("the remote task ended without a final state"))
         );
         let seen = Seen { state: Some(TaskState::Completed), ..Default::default() };
-        assert_eq!(outcome("r", seen, Some(Stop::Timeout), Duration::from_secs(3)).status, RunStatus::Timeout);
+        assert_eq!(with_turn(3, 100, |t| outcome(seen, Some(Stop::Timeout), t)).status, RunStatus::Timeout);
     }
 
     #[test]

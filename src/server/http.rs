@@ -79,6 +79,19 @@ impl HttpOptions {
     }
 }
 
+/// Reads a request body of at most `max` bytes (`/mcp`'s limit, [`max_body_bytes`]); past it, the
+/// 413 rmcp answers on `/mcp`, in its words.
+pub(super) async fn bounded_body(body: axum::body::Body, max: usize) -> Result<axum::body::Bytes, Response> {
+    axum::body::to_bytes(body, max).await.map_err(|e| {
+        let over = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        match over {
+            true => (StatusCode::PAYLOAD_TOO_LARGE, format!("Payload Too Large: request body exceeds {max} bytes")),
+            false => (StatusCode::BAD_REQUEST, format!("cannot read the request body: {e}")),
+        }
+        .into_response()
+    })
+}
+
 /// Room for the largest legal request: a spawn whose attachments fill `maxTotalBytes` in base64
 /// (4/3 of it), `maxFiles` names and JSON punctuation, the largest task, and the JSON-RPC frame.
 pub fn max_body_bytes(config: &crate::config::Config) -> usize {
@@ -104,7 +117,7 @@ pub fn router(
     let outside = options.outside_endpoints.then(|| {
         let dashboard = super::dashboard::Shared { hub: hub.clone(), open: open.clone(), cancel: cancel.clone() };
         super::bridge::router(access.clone(), runtime.clone())
-            .merge(super::a2a::router(access.clone(), runtime.clone(), open.clone()))
+            .merge(super::a2a::router(access.clone(), runtime.clone(), open.clone(), options.max_body_bytes))
             .merge(super::metrics::router(access.clone()))
             .merge(super::dashboard::router(access.clone(), runtime.clone(), options.clone(), dashboard))
             .layer(axum::middleware::from_fn_with_state(options.clone(), same_host_only))

@@ -150,9 +150,7 @@ async fn claim_request_id(
     req: Request,
 ) -> Result<(Request, Option<Slot>), Response> {
     let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, sessions.max_body_bytes).await.map_err(|_| {
-        (StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than the server accepts").into_response()
-    })?;
+    let bytes = super::http::bounded_body(body, sessions.max_body_bytes).await?;
     let id = match serde_json::from_slice::<Envelope>(&bytes) {
         Ok(Envelope { id: Some(id), method: Some(_) }) if !id.is_null() => Some(id),
         _ => None,

@@ -5,12 +5,15 @@ tests/clients/requirements.txt): the remote child of tests/it/a2a_outbound.rs.
 
 Serves the JSON-RPC binding and its card on 127.0.0.1 (a free port, printed as `PORT <n>`),
 wants `Authorization: Bearer $A2A_AGENT_TOKEN` on every call but the card's, and records what
-it did, one line per event, in LOG_FILE (`message`, `cancel`, `done`). What it does, by the
-message's text:
+it did, one line per event, in LOG_FILE (`card` for each fetch of its card, `message`, `cancel`,
+`done`). What it does, by the message's text:
 
 - `ask: <question>`: goes input-required with the question (`auth: <what>`: auth-required); the
   next message into the task completes it with `answer was: <text>`.
 - `slow <seconds>`: works that long, then completes with `slow done`.
+- `big <bytes>`: one artifact of that many `x`, sent in pieces of 64 KiB, then completes.
+- `move`: moves its JSON-RPC endpoint from `/a2a` to `/a2b` (the card says so from then on;
+  `/a2a` answers 404), then completes with `moved`.
 - anything else: one artifact `echo: <text>`, then completes with `done`, reporting usage in
   the task's metadata.
 """
@@ -34,6 +37,8 @@ from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, 
 LOG = sys.argv[1]
 STREAMING = "--no-streaming" not in sys.argv
 TOKEN = __import__("os").environ.get("A2A_AGENT_TOKEN", "")
+# Where the JSON-RPC endpoint is: `move` changes it.
+ENDPOINT = {"path": "/a2a"}
 
 
 def log(line: str) -> None:
@@ -69,6 +74,20 @@ class Agent(AgentExecutor):
             log(f"done {task.id}")
             await updater.complete(agent_text("slow done", updater))
             return
+        if text.startswith("big "):
+            size = int(text.split()[1])
+            for start in range(0, size, 65536):
+                piece = min(size - start, 65536)
+                last = start + piece == size
+                await updater.add_artifact(
+                    [new_text_part("x" * piece)], artifact_id="big", name="big", append=start > 0, last_chunk=last
+                )
+            await updater.complete(agent_text("big done", updater))
+            return
+        if text == "move":
+            ENDPOINT["path"] = "/a2b"
+            await updater.complete(agent_text("moved", updater))
+            return
         await updater.add_artifact([new_text_part(f"echo: {text}")], name="echo")
         usage = {"usage": {"inputTokens": 12, "outputTokens": 3, "costUsd": 0.001}}
         await updater.update_status(TaskState.TASK_STATE_COMPLETED, agent_text("done", updater), metadata=usage)
@@ -81,7 +100,13 @@ class Agent(AgentExecutor):
 
 class Bearer(BaseHTTPMiddleware):
     async def dispatch(self, request, call_next):
-        if request.url.path.startswith("/.well-known/") or not TOKEN:
+        path = request.url.path
+        if path.startswith("/.well-known/"):
+            log("card")
+            return await call_next(request)
+        if path in ("/a2a", "/a2b") and path != ENDPOINT["path"]:
+            return JSONResponse({"error": "not here"}, status_code=404)
+        if not TOKEN:
             return await call_next(request)
         if request.headers.get("authorization") != f"Bearer {TOKEN}":
             return JSONResponse({"error": "unauthorized"}, status_code=401)
@@ -104,7 +129,17 @@ def main() -> None:
         skills=[AgentSkill(id="echo", name="echo", description="echoes, asks, waits", tags=["test"])],
     )
     handler = DefaultRequestHandler(agent_executor=Agent(), task_store=InMemoryTaskStore(), agent_card=card)
-    routes = create_agent_card_routes(card) + create_jsonrpc_routes(handler, "/a2a")
+    async def where_it_is(served: AgentCard) -> AgentCard:
+        moved = AgentCard()
+        moved.CopyFrom(served)
+        moved.supported_interfaces[0].url = f"{url}{ENDPOINT['path']}"
+        return moved
+
+    routes = (
+        create_agent_card_routes(card, card_modifier=where_it_is)
+        + create_jsonrpc_routes(handler, "/a2a")
+        + create_jsonrpc_routes(handler, "/a2b")
+    )
     app = Starlette(routes=routes)
     app.add_middleware(Bearer)
     print(f"PORT {port}", flush=True)

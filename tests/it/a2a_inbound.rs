@@ -300,3 +300,62 @@ fn a_peer_with_its_queue_full_is_told_to_retry_later_and_nothing_is_queued() {
     assert_eq!(env.run_counts()["queued"], 1, "{}", env.run_counts());
     drop(server);
 }
+
+/// A2A request bodies are bounded as `/mcp`'s are (`server::http::max_body_bytes`): one byte over
+/// is answered on both bindings with the 413 `/mcp` gives, in its words, and starts nothing; a body
+/// at the limit is read (and here refused for its params).
+#[test]
+fn a_body_over_the_mcp_limit_is_refused_with_mcps_413_on_both_bindings() {
+    let (config, _) = sessions_mcp::config::parse("{}").unwrap();
+    let limit = sessions_mcp::server::http::max_body_bytes(&config);
+    let env = env_exposing(&["main"]);
+    let server = env.serve_http(&[]);
+    let auth = format!("Bearer {ALICE}");
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("Authorization", auth.as_str()),
+    ];
+    let padded = |head: &str, len: usize| format!("{head}\"pad\":\"{}\"}}", "x".repeat(len - head.len() - 9));
+    let rpc_body = |len| padded(r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{},"#, len);
+    let (mcp_status, _, mcp_said) = http_to(server.port, "POST", "/mcp", &headers, &rpc_body(limit + 1));
+    assert_eq!(mcp_status, 413, "{mcp_said}");
+    for path in ["/a2a/main", "/a2a/main/message:send", "/a2a/main/message:stream"] {
+        let body = |len| if path == "/a2a/main" { rpc_body(len) } else { padded("{", len) };
+        assert_eq!(body(limit + 1).len(), limit + 1);
+        let (status, _, said) = http_to(server.port, "POST", path, &headers, &body(limit + 1));
+        assert_eq!((status, said.as_str()), (413, mcp_said.as_str()), "{path}: one byte over");
+        let (status, _, said) = http_to(server.port, "POST", path, &headers, &body(limit));
+        let said = &said[..said.len().min(300)];
+        assert!(
+            [200, 400].contains(&status) && said.contains("missing field"),
+            "{path}: at the limit: {status} {said}"
+        );
+    }
+    assert_nothing_ran(&env);
+    drop(server);
+}
+
+/// v0.3's `configuration.blocking: false` answers a `message/send` at once, with the task still
+/// under way, as v1.0's `returnImmediately: true` does; a `blocking` that is not a boolean is
+/// refused naming it, and starts nothing.
+#[test]
+fn a_v03_send_with_blocking_false_answers_at_once() {
+    let env = env_exposing(&["main"]);
+    let server = env.serve_http(&[]);
+    let msg = |id: &str, blocking: Value| {
+        json!({"message": {"kind": "message", "role": "user", "messageId": id,
+                           "parts": [{"kind": "text", "text": "slow"}]}, "configuration": {"blocking": blocking}})
+    };
+    let (_, body) = rpc(server.port, ALICE, "message/send", msg("m1", json!("no")));
+    assert_eq!(body["error"]["code"], -32602, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("params.configuration.blocking"), "{body}");
+    assert_nothing_ran(&env);
+    let (_, body) = rpc(server.port, ALICE, "message/send", msg("m2", json!(false)));
+    let task = &body["result"];
+    assert_eq!(task["kind"], "task", "{body}");
+    assert!(matches!(task["status"]["state"].as_str(), Some("submitted" | "working")), "{body}");
+    let (_, body) = rpc(server.port, ALICE, "tasks/cancel", json!({"id": task["id"]}));
+    assert_eq!(body["result"]["status"]["state"], "canceled", "{body}");
+    drop(server);
+}

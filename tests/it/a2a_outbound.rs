@@ -62,11 +62,19 @@ impl RemoteAgent {
 
     /// [`Self::env`] with these `agents.defaults.subagents`.
     fn env_with(&self, subagents: Value) -> TestEnv {
+        self.env_of(subagents, json!({}))
+    }
+
+    /// [`Self::env_with`], with these keys added to `remote`'s runner.
+    fn env_of(&self, subagents: Value, runner: Value) -> TestEnv {
         let card = format!("http://127.0.0.1:{}/.well-known/agent-card.json", self.port);
+        let mut remote =
+            json!({"kind": "a2a", "cardUrl": card, "tokenEnv": TOKEN_ENV, "skill": "echo", "timeoutSeconds": 120});
+        remote.as_object_mut().unwrap().extend(runner.as_object().unwrap().clone());
         TestEnv::with_config(
             &json!({"agents": {"defaults": {"subagents": subagents}, "list": [
                 {"id": "main", "default": true, "subagents": {"allowAgents": ["remote"]}},
-                {"id": "remote", "runner": {"kind": "a2a", "cardUrl": card, "tokenEnv": TOKEN_ENV, "skill": "echo", "timeoutSeconds": 120}},
+                {"id": "remote", "runner": remote},
             ]}})
             .to_string(),
         )
@@ -108,9 +116,12 @@ pub(crate) fn finished(c: &mut Client) -> Value {
     w["finished"][0].clone()
 }
 
-/// The agent got two messages, and they share their context (field 1) or task (field 2).
+/// The agent got two messages, and they share their context (field 1) or task (field 2). The
+/// announce step a `sessions_send` runs after its reply may have reached the agent by now, or not:
+/// it is not counted.
 fn two_messages_sharing(agent: &RemoteAgent, field: usize, what: &str) {
-    let messages = agent.logged("message ");
+    let mut messages = agent.logged("message ");
+    messages.retain(|m| !m.ends_with(" Agent-to-agent announce step."));
     let id = |line: &str| line.split(' ').nth(field).unwrap().to_string();
     assert_eq!(messages.len(), 2, "{messages:?}");
     assert_eq!(id(&messages[0]), id(&messages[1]), "{what}: {messages:?}");
@@ -161,6 +172,62 @@ fn a_spawn_on_the_remote_agent_returns_its_result_and_the_next_turn_continues_it
         assert_eq!(r["status"], "ok", "{r}");
         assert!(r["reply"].as_str().unwrap().contains("echo: second turn"), "{r}");
         two_messages_sharing(&agent, 1, "one remote context for the session");
+        assert_eq!(agent.logged("card").len(), 1, "streaming {streaming}: two turns read the card once");
+        c.close();
+    }
+}
+
+/// The card cached from earlier turns names an endpoint the peer has since moved away from (it
+/// answers 404 there): the next turn reads the card again, once, and reaches the peer where the
+/// card now says; nothing was started at the old place.
+#[test]
+fn a_cached_card_whose_endpoint_went_away_is_read_again_once() {
+    let Some(python) = python() else { return };
+    let agent = RemoteAgent::start(&python, true);
+    let env = agent.env();
+    let mut c = serve(&env);
+    let child = spawn_remote(&mut c, "move");
+    let done = finished(&mut c);
+    assert!(done["outcome"].as_str().unwrap().contains("moved"), "{done}");
+    assert_eq!(agent.logged("card").len(), 1);
+    let r = c.call("sessions_send", json!({"sessionKey": child, "message": "after the move", "timeoutSeconds": 60}));
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(r["reply"].as_str().unwrap().contains("echo: after the move"), "{r}");
+    assert_eq!(agent.logged("card").len(), 2, "the card read again once");
+    two_messages_sharing(&agent, 1, "the session's context carried over to the moved endpoint");
+    c.close();
+}
+
+/// A peer's text is bounded like a local agent's stdout (`runner.maxStdoutBytes`): past it the run
+/// ends `error` saying so, as a local run does, and the reply kept is cut at the bound. Streamed
+/// (the artifact in appended pieces) and polled (one task carrying it whole).
+#[test]
+fn a_remote_agents_output_past_max_stdout_bytes_fails_the_run_and_is_cut_there() {
+    let Some(python) = python() else { return };
+    for streaming in [true, false] {
+        let agent = RemoteAgent::start(&python, streaming);
+        let env = agent.env_of(json!({}), json!({"maxStdoutBytes": 100_000}));
+        let mut c = serve(&env);
+        let child = spawn_remote(&mut c, "big 150000");
+        let w = c.call("subagents", json!({"action": "wait", "timeoutSeconds": 90}));
+        let says = "protocol: the remote agent's output exceeded maxStdoutBytes (100000)";
+        assert!(
+            w.to_string().contains(says),
+            "streaming {streaming}: {}",
+            &w.to_string()[..2000.min(w.to_string().len())]
+        );
+        let run = ended_run(&env, &child);
+        assert_eq!(
+            (run["status"].as_str(), run["error"].as_str()),
+            (Some("error"), Some(says)),
+            "streaming {streaming}"
+        );
+        let texts = assistant_texts(&env, &child);
+        let lengths: Vec<usize> = texts.iter().map(String::len).collect();
+        assert_eq!(lengths, [100_000], "streaming {streaming}: the reply cut at the bound");
+        let other =
+            texts[0].find(|ch| ch != 'x').map(|at| &texts[0][at.saturating_sub(20)..(at + 80).min(texts[0].len())]);
+        assert_eq!(other, None, "streaming {streaming}: the cut reply is the artifact's");
         c.close();
     }
 }

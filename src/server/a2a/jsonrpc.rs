@@ -27,11 +27,15 @@ pub(super) async fn handle(
     State(a): State<A2a>,
     Path(agent): Path<String>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
     let Some(agent) = exposed(&a, &agent) else { return not_served() };
     let caller = match caller_of(&a, &headers).await {
         Ok(c) => c,
+        Err(refused) => return refused,
+    };
+    let body = match crate::server::http::bounded_body(body, a.max_body_bytes).await {
+        Ok(b) => b,
         Err(refused) => return refused,
     };
     let mut request: JsonRpcRequest = match serde_json::from_slice(&body) {
@@ -42,6 +46,9 @@ pub(super) async fn handle(
     let legacy = v03::v1_method(&request.method);
     if let Some(v1) = legacy {
         request.method = v1.to_string();
+        if let Err(e) = v03::blocking_as_v1(&mut request.params) {
+            return failure(id, &e);
+        }
     }
     match dispatch(&a, caller, agent, request).await {
         Ok(Answer::One(result)) if legacy.is_some() => success(id, v03::result(result)),

@@ -31,17 +31,24 @@ const SCHEME: &str = "bearer";
 struct A2a {
     access: Access,
     runtime: Option<Arc<Scheduler>>,
+    /// The largest request body read, as on `/mcp` (413 above it).
+    max_body_bytes: usize,
 }
 
 /// The A2A routes; an empty router when no agent is exposed. Each request and stream holds one of
 /// its bearer token's places (`server.maxStreamsPerCredential`, shared with `/mcp` and the
-/// dashboard on this listener).
-pub(super) fn router(access: Access, runtime: Option<Arc<Scheduler>>, open: Open<Credential>) -> axum::Router {
+/// dashboard on this listener). Request bodies are bounded by `max_body_bytes`, as `/mcp`'s are.
+pub(super) fn router(
+    access: Access,
+    runtime: Option<Arc<Scheduler>>,
+    open: Open<Credential>,
+    max_body_bytes: usize,
+) -> axum::Router {
     if access.config().server.a2a.agents.is_empty() {
         return axum::Router::new();
     }
     use axum::routing::{get, post};
-    let state = A2a { access, runtime };
+    let state = A2a { access, runtime, max_body_bytes };
     let card = axum::Router::new().route("/a2a/{agent}/.well-known/agent-card.json", get(card));
     let bindings = axum::Router::new()
         .route("/a2a/{agent}", post(jsonrpc::handle))

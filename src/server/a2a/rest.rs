@@ -22,10 +22,14 @@ pub(super) async fn message(
     State(a): State<A2a>,
     Path((agent, action)): Path<(String, String)>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
     let (agent, caller) = match signed_in(&a, &agent, &headers).await {
         Ok(x) => x,
+        Err(r) => return r,
+    };
+    let body = match crate::server::http::bounded_body(body, a.max_body_bytes).await {
+        Ok(b) => b,
         Err(r) => return r,
     };
     let streaming = match action.as_str() {

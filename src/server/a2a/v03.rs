@@ -5,6 +5,7 @@
 //! `{kind, text}`. The request needs no rewriting: the v1.0 types already read v0.3 messages
 //! (`role: "user"`, `kind` tags). Errors keep their codes, which v0.3 shares.
 
+use a2a_protocol_types::error::A2aError;
 use serde_json::{Map, Value, json};
 
 /// The v1.0 method a v0.3 method name means; None for any other name.
@@ -17,6 +18,23 @@ pub(super) fn v1_method(name: &str) -> Option<&'static str> {
         "tasks/resubscribe" => "SubscribeToTask",
         _ => return None,
     })
+}
+
+/// v0.3's `configuration.blocking` as v1.0's `returnImmediately` (its negation; a
+/// `returnImmediately` also given wins): `blocking: false` answers at once, as v0.3 says.
+pub(super) fn blocking_as_v1(params: &mut Option<Value>) -> Result<(), A2aError> {
+    let config = params.as_mut().and_then(|p| p.get_mut("configuration")).and_then(Value::as_object_mut);
+    let Some(blocking) = config.as_ref().and_then(|c| c.get("blocking")).cloned() else { return Ok(()) };
+    let Value::Bool(blocking) = blocking else {
+        return Err(A2aError::invalid_params(format!(
+            "params.configuration.blocking: must be true or false, not {blocking}"
+        )));
+    };
+    if let Some(config) = config {
+        config.remove("blocking");
+        config.entry("returnImmediately").or_insert(json!(!blocking));
+    }
+    Ok(())
 }
 
 /// The fields a v0.3 client reads off the card beside v1.0's `supportedInterfaces`: the JSON-RPC
@@ -176,6 +194,21 @@ mod tests {
         // GetTask's bare task.
         let bare = result(json!({"id": "t", "status": {"state": "TASK_STATE_UNSPECIFIED"}}));
         assert_eq!((&bare["kind"], &bare["status"]["state"]), (&json!("task"), &json!("unknown")), "{bare}");
+    }
+
+    #[test]
+    fn blocking_false_is_return_immediately_and_an_explicit_return_immediately_wins() {
+        let read = |p: Value| {
+            let mut p = Some(p);
+            blocking_as_v1(&mut p).map(|()| p.unwrap()["configuration"].clone())
+        };
+        assert_eq!(read(json!({"configuration": {"blocking": false}})).unwrap(), json!({"returnImmediately": true}));
+        assert_eq!(read(json!({"configuration": {"blocking": true}})).unwrap(), json!({"returnImmediately": false}));
+        let both = json!({"configuration": {"blocking": false, "returnImmediately": false}});
+        assert_eq!(read(both).unwrap(), json!({"returnImmediately": false}));
+        assert_eq!(read(json!({"message": {}})).unwrap(), Value::Null);
+        let e = read(json!({"configuration": {"blocking": "no"}})).unwrap_err();
+        assert!(e.message.contains("params.configuration.blocking: must be true or false"), "{}", e.message);
     }
 
     #[test]
