@@ -58,9 +58,79 @@ async fn measure(bench: &mut Bench, server: &Databases) -> anyhow::Result<()> {
     for nodes in 1..=3 {
         runs_per_second(bench, server, nodes, &Load::distant()).await?;
     }
+    exchanges(bench, server).await?;
     for nodes in 1..=3 {
         idle(bench, server, nodes).await?;
     }
+    Ok(())
+}
+
+/// A caller session of the exchange row: its run sends to worker `i` through its run socket.
+fn caller(i: usize) -> String {
+    format!("agent:main:bench:caller:{i}")
+}
+
+/// Issue 37 (f): what a `sessions_send` exchange between two driven sessions costs on the wire,
+/// on one node next door: each caller's run sends to its worker (fire-and-forget, through its
+/// run socket), the worker's run answers, the reply-back step runs in the caller
+/// (`maxPingPongTurns` 1), then the announce step in the worker and its delivery record. Four
+/// runs per exchange, the caller's sending run counted in.
+async fn exchanges(bench: &mut Bench, dbs: &Databases) -> anyhow::Result<()> {
+    let url = dbs.create("exchanges").await?;
+    let mut script = script();
+    script["rules"] = json!([
+        {"match": {"inputRegex": "^exchange (\\d+)$"}, "reply": "sent",
+         "call": {"tool": "sessions_send",
+                  "arguments": {"sessionKey": "agent:main:bench:worker:{1}", "message": "ping", "timeoutSeconds": 0}}},
+        {"match": {"mode": "announce"}, "reply": "announced"},
+    ]);
+    let handle_dir = bench.worlds.scratch("exchanges-bench");
+    world_with(&handle_dir, Some(&url), Some((0, 0)), &script, NODE_RUNS)?;
+    let store = Store::open_in(&handle_dir, Some(&url))?;
+    let proxy = DelayProxy::start(upstream(&url)?, Duration::ZERO)?;
+    // A state directory of its own, near the root: its run socket's path must fit `SUN_LEN`.
+    let node = super::worlds::TempDir::new("x")?;
+    let dir = node.path().to_path_buf();
+    world_with(&dir, Some(&through(&url, proxy.addr)), None, &script, NODE_RUNS)?;
+    let config_path = dir.join("config.json5");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path)?)?;
+    config["session"] = json!({"agentToAgent": {"maxPingPongTurns": 1}});
+    std::fs::write(&config_path, config.to_string())?;
+    let exchanges = if bench.quick { 8 } else { 48 };
+    let callers = (0..exchanges).map(|i| SeedSession::new(session(SessionKey::from_canonical(caller(i))), []));
+    store.seed(callers, &SeedRows::default())?;
+    let server = StdioServer::spawn(&dir)?;
+    server.initialize().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let proxies = [proxy];
+    wire_totals(&proxies); // the node's start is counted out
+    store.write(|tx| -> crate::store::Result<()> {
+        for i in 0..exchanges {
+            let session = tx.session_id(&SessionKey::from_canonical(caller(i)))?;
+            let input = json!({"role": "user", "content": format!("exchange {}", i % WORKER_SESSIONS)});
+            tx.enqueue(&NewRun::new(uuid::Uuid::new_v4().to_string(), session, RunMode::Send, input))?;
+        }
+        Ok(())
+    })?;
+    let started = Instant::now();
+    // Four runs per exchange, every one ended with its steps taken (the announce's delivery).
+    let over = || -> anyhow::Result<bool> {
+        Ok(super::runs_stored(&store)? == 4 * exchanges as i64
+            && store.unfinished_runs()? == 0
+            && store.runs_with_steps_pending(0)?.is_empty())
+    };
+    while !over()? {
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "the exchanges did not end within 10 min");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let wire = wire_totals(&proxies);
+    server.stop().await?;
+    let what = format!(
+        "sessions_send exchange between driven sessions on 1 node next door (caller's run sends, worker's run, \
+         reply-back step, announce step, delivery): {exchanges} exchanges"
+    );
+    let rate = format!("per exchange (4 runs) {}", wire.per_run(exchanges as f64));
+    bench.push(Row::rate(Group::Nodes, what, rate));
     Ok(())
 }
 

@@ -15,7 +15,8 @@ use crate::store::{DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, RunR
 const DELIVER_TIMEOUT: Duration = Duration::from_secs(30);
 const EXIT_RETRY: i32 = 75;
 
-/// Records a delivery that is already decided (skipped, delivered, undeliverable).
+/// Records a delivery that is already decided (skipped, delivered, undeliverable), once per run
+/// and kind; no global lock (`Tx::add_delivery` locks the run's row for its check).
 pub fn record(
     rt: &Scheduler,
     run: &RunRow,
@@ -25,7 +26,7 @@ pub fn record(
     why: Option<&str>,
     mode: Option<DeliveryMode>,
 ) -> Result<(), StoreError> {
-    rt.store.write(|tx| -> Result<(), StoreError> {
+    rt.store.write_row_locked(|tx| -> Result<(), StoreError> {
         tx.add_delivery(&NewDelivery {
             run_id: &run.run_id,
             kind,

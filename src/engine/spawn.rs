@@ -930,7 +930,8 @@ fn queue_notes(rt: &Scheduler, child: &SessionRow, run: &RunRow) -> Result<(), S
         timeout_ms: None,
         extra: run.extra.clone(),
     };
-    rt.store.write(|tx| tx.enqueue(&step))?;
+    // One insert under the step's derived run id: no global lock, queued once.
+    rt.store.write_row_locked(|tx| tx.enqueue(&step))?;
     rt.wake();
     Ok(())
 }
@@ -951,8 +952,12 @@ fn announce(
     let provenance =
         Provenance::from_session(&child.key, "internal", SourceTool::SubagentAnnounce, spawn_run.chain_id.as_deref())
             .to_json();
-    store.write(|tx| -> Result<(), StoreError> {
+    // No global lock: the announce's delivery row decides (`add_announce` locks the spawn run's
+    // row for its check, so a second taker finds it after the first's commit); the requester's
+    // session row, appended to or queued in, is locked first, in the store's lock order.
+    store.write_row_locked(|tx| -> Result<(), StoreError> {
         let Some(r) = &requester_row else { return Ok(()) };
+        tx.lock_session(r.id)?;
         // One announce per child: the delivery row goes first, and a step taken again stops here.
         let kind = if r.external { DeliveryKind::Announce } else { DeliveryKind::Completion };
         if r.cancelled_at.is_some() {

@@ -12,10 +12,7 @@ use serde_json::json;
 use crate::engine::scheduler::Scheduler;
 use crate::keys::SessionKey;
 use crate::runner::RunStatus;
-use crate::store::{
-    AnnounceKind, DeliveryKind, DeliveryMode, DeliveryStatus, NewDelivery, NewMessage, NewRun, RunMode, RunRow,
-    StoreError,
-};
+use crate::store::{AnnounceKind, DeliveryKind, DeliveryStatus, NewMessage, NewRun, RunMode, RunRow, StoreError};
 
 use super::chain::{Provenance, SourceTool, chain_is_full};
 use super::context::{ANNOUNCE_INPUT, is_skip};
@@ -103,7 +100,7 @@ fn reply_back(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), S
             } else {
                 (DeliveryStatus::Failed, format!("the run ended {}", result.status))
             };
-            store.write(|tx| tx.set_delivery_status(id, status, Some(&why)))?;
+            store.write_row_locked(|tx| tx.set_delivery_status(id, status, Some(&why)))?;
         }
         if result.status == RunStatus::Ok && run.session_key != requester {
             return queue_announce(rt, run, &target, &flow);
@@ -123,7 +120,7 @@ fn reply_back(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), S
         if let Some(id) = delivery_id {
             let why =
                 if turn >= max { "ping-pong limit reached (session.agentToAgent.maxPingPongTurns)" } else { "policy" };
-            store.write(|tx| tx.set_delivery_status(id, DeliveryStatus::Skipped, Some(why)))?;
+            store.write_row_locked(|tx| tx.set_delivery_status(id, DeliveryStatus::Skipped, Some(why)))?;
         }
         return queue_announce(rt, run, &target, &flow);
     }
@@ -131,7 +128,7 @@ fn reply_back(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), S
         // The exchange stops here; its reply delivery says why instead of waiting forever.
         if let Some(id) = delivery_id {
             let why = "chain limit reached (session.agentToAgent.maxChainMessages)";
-            store.write(|tx| tx.set_delivery_status(id, DeliveryStatus::Skipped, Some(why)))?;
+            store.write_row_locked(|tx| tx.set_delivery_status(id, DeliveryStatus::Skipped, Some(why)))?;
         }
         return Ok(());
     }
@@ -160,22 +157,7 @@ fn reply_back(rt: &Scheduler, run: &RunRow, result: &TurnResult) -> Result<(), S
         timeout_ms: None,
         extra: Some(Flow::Exchange(next).to_json()),
     };
-    store.write(|tx| -> Result<(), StoreError> {
-        tx.enqueue(&step)?;
-        if let Some(id) = delivery_id {
-            tx.set_delivery_status(id, DeliveryStatus::Delivered, None)?;
-        }
-        tx.add_delivery(&NewDelivery {
-            run_id: &step.run_id,
-            kind: DeliveryKind::Reply,
-            mode: DeliveryMode::Inbox,
-            status: DeliveryStatus::Queued,
-            target_key: run.session_key.as_str(),
-            channel: None,
-            last_error: None,
-        })?;
-        Ok(())
-    })?;
+    store.queue_reply_step(&step, delivery_id, run.session_key.as_str())?;
     rt.wake();
     Ok(())
 }
@@ -204,17 +186,9 @@ fn append_inbox(
         run.chain_id.as_deref(),
     )
     .to_json();
-    rt.store.write(|tx| -> Result<(), StoreError> {
-        if !tx.set_delivery_status(delivery, DeliveryStatus::Delivered, None)? {
-            return Ok(());
-        }
-        let id: i64 = tx.session_id(to)?;
-        tx.append_message(
-            id,
-            &NewMessage::user_text(text, Some(run.run_id.clone()), provenance, run.chain_id.clone()),
-        )?;
-        Ok(())
-    })
+    let message = NewMessage::user_text(text, Some(run.run_id.clone()), provenance, run.chain_id.clone());
+    rt.store.hand_over_to_inbox(delivery, to, &message)?;
+    Ok(())
 }
 
 /// Queues the announce step in the target, once per exchange.
@@ -248,7 +222,8 @@ fn queue_announce(rt: &Scheduler, run: &RunRow, target: &SessionKey, flow: &Exch
         timeout_ms: None,
         extra: Some(Flow::Exchange(flow.clone()).to_json()),
     };
-    store.write(|tx| tx.enqueue(&step))?;
+    // One insert under the step's derived run id: no global lock, queued once.
+    store.write_row_locked(|tx| tx.enqueue(&step))?;
     rt.wake();
     Ok(())
 }

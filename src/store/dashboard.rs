@@ -444,12 +444,16 @@ impl Store {
         })
     }
 
-    fn ledger_act(&self, id: i64, update: impl FnOnce(&dyn Sql, i64) -> Result<usize>) -> Result<LedgerAct> {
-        self.write_sql(|tx| -> Result<LedgerAct> {
+    /// Applies an operator's act, a conditional update that decides by itself (no global lock on
+    /// a shared database); when it changed nothing, the status read after it says why.
+    fn ledger_act(&self, id: i64, update: impl Fn(&dyn Sql, i64) -> Result<usize>) -> Result<LedgerAct> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<LedgerAct> {
+            if update(tx, now_ms())? == 1 {
+                return Ok(LedgerAct::Done);
+            }
             let status: Option<String> =
                 tx.query_row("SELECT status FROM deliveries WHERE id = ?1", args![id], |r| r.get(0)).optional()?;
-            let Some(status) = status else { return Ok(LedgerAct::Missing) };
-            Ok(if update(tx, now_ms())? == 1 { LedgerAct::Done } else { LedgerAct::NotApplicable(status) })
+            Ok(status.map_or(LedgerAct::Missing, LedgerAct::NotApplicable))
         })
     }
 }

@@ -4,7 +4,8 @@ use super::sql::{Optional, Sql, args};
 use serde_json::{Value, json};
 
 use super::text_enum::text_enum;
-use super::{Result, Store, now_ms};
+use super::{NewMessage, Result, Store, now_ms};
+use crate::keys::SessionKey;
 
 /// What a delivery carries out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +67,7 @@ pub struct NewDelivery<'a> {
 /// Records a delivery, once: a run has at most one delivery of each kind, so a flow step that is
 /// taken again after a crash adds nothing. Returns false when the delivery was already there.
 pub(super) fn add_delivery(tx: &dyn Sql, d: &NewDelivery, payload: Option<&str>) -> Result<bool> {
+    lock_deliveries_of(tx, d.run_id)?;
     let now = now_ms();
     let added = tx
         .execute("INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, last_error, attempts, created_at, updated_at, payload)
@@ -83,6 +85,19 @@ pub(super) fn add_delivery(tx: &dyn Sql, d: &NewDelivery, payload: Option<&str>)
             payload
         ])?;
     Ok(added == 1)
+}
+
+/// Locks the row of the run whose deliveries a writer is about to add, so that its "none of this
+/// kind yet" check holds until its commit: on PostgreSQL two writers (the run's owner taking its
+/// steps and another node catching them up) would otherwise both find none and both insert. The
+/// check runs in a statement of its own after the lock, whose snapshot sees the other's commit
+/// (a subquery of the locking statement would still read the snapshot taken before the wait).
+/// A run row in the store's lock order: after the session row, before rows keyed to the run.
+fn lock_deliveries_of(tx: &dyn Sql, run_id: &str) -> Result<()> {
+    if tx.dialect() == super::sql::Dialect::Postgres {
+        tx.query_map("SELECT 1 FROM runs WHERE run_id = ?1 FOR UPDATE", args![run_id], |_| Ok(()))?;
+    }
+    Ok(())
 }
 
 /// Moves a pending delivery to `status`. Returns false when it had already reached a final
@@ -233,6 +248,9 @@ pub(super) fn queue_channel(
     channel: &str,
     payload: &Value,
 ) -> Result<()> {
+    if kind != DeliveryKind::Ask {
+        lock_deliveries_of(tx, run_id)?;
+    }
     let now = now_ms();
     tx.execute(
         "INSERT INTO deliveries (run_id, kind, mode, status, target_key, channel, payload, attempts,
@@ -256,7 +274,8 @@ pub struct DueDelivery {
 
 impl Store {
     /// Adds a channel delivery to attempt now (payload is what the deliverer gets on stdin), once
-    /// per run and kind.
+    /// per run and kind. No global lock on a shared database: the run's row is locked for the
+    /// check (`lock_deliveries_of`).
     pub fn queue_channel_delivery(
         &self,
         run_id: &str,
@@ -265,7 +284,55 @@ impl Store {
         channel: &str,
         payload: &Value,
     ) -> Result<()> {
-        self.write_sql(|tx| queue_channel(tx, run_id, kind, target, channel, payload))
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| {
+            queue_channel(tx, run_id, kind, target, channel, payload)
+        })
+    }
+
+    /// Hands a pending delivery over into the transcript of session `to` (an external requester's
+    /// inbox): `message` is appended in the transaction that moves the delivery to `delivered`,
+    /// so it is appended once however many takers of the step try. False when the delivery had
+    /// already reached a final status. No global lock on a shared database: the conditional
+    /// update decides (a second taker waits for the first's commit, then finds it final), the
+    /// session's row locked before it, in the store's lock order.
+    pub fn hand_over_to_inbox(&self, delivery: i64, to: &SessionKey, message: &NewMessage) -> Result<bool> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<bool> {
+            let session = super::sessions::session_id(tx, to)?;
+            super::run_queue::lock_session(tx, session)?;
+            if !set_delivery_status(tx, delivery, DeliveryStatus::Delivered, None)? {
+                return Ok(false);
+            }
+            super::messages::append_message(tx, session, message)?;
+            Ok(true)
+        })
+    }
+
+    /// Queues a reply step (`step`, whose run id is derived from the run it answers) with its own
+    /// pending reply delivery to `reply_to`, and moves the answered run's pending delivery
+    /// (`answered`) to `delivered`: all once, however many takers of the step try (false for a
+    /// taker that found the step queued). No global lock on a shared database: the step's
+    /// insert under its run id decides (a second taker waits for the first's commit, then finds
+    /// it and stops).
+    pub fn queue_reply_step(&self, step: &super::NewRun, answered: Option<i64>, reply_to: &str) -> Result<bool> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<bool> {
+            if !super::run_queue::enqueue(tx, step)? {
+                return Ok(false);
+            }
+            if let Some(id) = answered {
+                set_delivery_status(tx, id, DeliveryStatus::Delivered, None)?;
+            }
+            let reply = NewDelivery {
+                run_id: &step.run_id,
+                kind: DeliveryKind::Reply,
+                mode: DeliveryMode::Inbox,
+                status: DeliveryStatus::Queued,
+                target_key: reply_to,
+                channel: None,
+                last_error: None,
+            };
+            add_delivery(tx, &reply, None)?;
+            Ok(true)
+        })
     }
 
     /// Claims channel deliveries that are due (marks them running).
@@ -325,9 +392,10 @@ impl Store {
         })
     }
 
-    /// Channel deliveries left `running` by a dead owner are attempted again.
+    /// Channel deliveries left `running` by a dead owner are attempted again. One statement that
+    /// decides by itself: no global lock on a shared database.
     pub fn requeue_running_deliveries(&self) -> Result<usize> {
-        self.write_sql(|tx| -> Result<usize> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<usize> {
             tx.execute("UPDATE deliveries SET status = 'queued' WHERE status = 'running' AND mode = 'channel'", args![])
         })
     }
@@ -347,4 +415,99 @@ pub(super) fn idempotency_hit(c: &dyn Sql, caller: &str, key: &str) -> Result<Op
         },
     )
     .optional()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{AgentId, SessionKind};
+    use crate::store::postgres::with_test_database;
+    use crate::store::{NewRun, NewSession, RunMode};
+
+    /// Issue 37: the writes of a run's steps hold no global lock, so the run's owner taking them
+    /// and another node catching them up (`runs_with_steps_pending`) may write at once. Eight
+    /// takers on two nodes take each step of one run at the same moment, round after round: the
+    /// reply lands in the external inbox once, the reply step is queued once with one delivery,
+    /// the recorded delivery and the channel delivery are each there once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_eight_takers_on_two_nodes_take_each_step_once() {
+        with_test_database(async |target| {
+            let dirs = [(); 2].map(|_| tempfile::tempdir().unwrap());
+            let nodes: Vec<Store> =
+                dirs.iter().map(|d| Store::open_postgres(target.clone(), d.path()).unwrap()).collect();
+            let (inbox, worker) =
+                (SessionKey::from_canonical("agent:main:inbox"), SessionKey::from_canonical("agent:main:b"));
+            for key in [&inbox, &worker] {
+                let new = NewSession::new(key.clone(), AgentId::main(), SessionKind::Other, false);
+                nodes[0].write(|tx| tx.insert_session(&new)).unwrap();
+            }
+            let worker_id = nodes[0].session_by_key(&worker).unwrap().unwrap().id;
+            for round in 0..12 {
+                let run_id = format!("run-{round}");
+                let input = json!({"role": "user", "content": "hi"});
+                nodes[0]
+                    .write(|tx| -> Result<bool> {
+                        tx.enqueue(&NewRun::new(run_id.clone(), worker_id, RunMode::Send, input))?;
+                        tx.add_delivery(&reply_delivery(&run_id, DeliveryKind::Reply, DeliveryStatus::Queued))
+                    })
+                    .unwrap();
+                let delivery = nodes[0].pending_delivery(&run_id).unwrap().expect("the queued reply delivery");
+                take_at_once(&nodes, &run_id, delivery, &inbox, worker_id);
+                let count = |sql: &str| -> i64 { nodes[1].read(|c| c.one(sql, args![run_id])).unwrap() };
+                let step = format!("{run_id}/reply");
+                assert_eq!(
+                    count("SELECT count(*) FROM messages WHERE run_id = ?1"),
+                    1,
+                    "round {round}: one inbox append"
+                );
+                assert_eq!(count("SELECT count(*) FROM deliveries WHERE run_id = ?1 AND kind = 'announce'"), 1);
+                assert_eq!(count("SELECT count(*) FROM deliveries WHERE run_id = ?1 AND kind = 'completion'"), 1);
+                assert_eq!(count("SELECT count(*) FROM deliveries WHERE run_id = ?1 AND status = 'delivered'"), 2);
+                let steps: i64 = nodes[1]
+                    .read(|c| {
+                        c.one("SELECT count(*) FROM deliveries WHERE run_id = ?1 AND kind = 'reply'", args![step])
+                    })
+                    .unwrap();
+                assert_eq!(steps, 1, "round {round}: the reply step's delivery once");
+            }
+        })
+        .await;
+    }
+
+    fn reply_delivery(run_id: &str, kind: DeliveryKind, status: DeliveryStatus) -> NewDelivery<'_> {
+        NewDelivery {
+            run_id,
+            kind,
+            mode: DeliveryMode::Inbox,
+            status,
+            target_key: "agent:main:inbox",
+            channel: None,
+            last_error: None,
+        }
+    }
+
+    /// Eight threads, four per node, each taking every step of `run_id` as the engine does
+    /// (steps.rs, deliver.rs), started together.
+    fn take_at_once(nodes: &[Store], run_id: &str, delivery: i64, inbox: &SessionKey, worker: i64) {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+        std::thread::scope(|s| {
+            for i in 0..8 {
+                let (store, start) = (nodes[i % 2].clone(), start.clone());
+                s.spawn(move || {
+                    start.wait();
+                    let message = NewMessage::user_text("the reply", Some(run_id.to_string()), json!({}), None);
+                    store.hand_over_to_inbox(delivery, inbox, &message).unwrap();
+                    let payload = json!({"text": "the announce"});
+                    store
+                        .queue_channel_delivery(run_id, DeliveryKind::Announce, "agent:main:b", "slack", &payload)
+                        .unwrap();
+                    let recorded = reply_delivery(run_id, DeliveryKind::Completion, DeliveryStatus::Delivered);
+                    store.write_row_locked(|tx| tx.add_delivery(&recorded)).unwrap();
+                    let input = json!({"role": "user", "content": "the reply"});
+                    let step = NewRun::new(format!("{run_id}/reply"), worker, RunMode::Reply, input);
+                    store.queue_reply_step(&step, Some(delivery), "agent:main:b").unwrap();
+                });
+            }
+        });
+    }
 }

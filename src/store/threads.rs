@@ -92,9 +92,10 @@ impl Store {
     }
 
     /// A session-mode child was active: its archive moves to its idle time from now (capped by
-    /// its age). Nothing for other sessions.
+    /// its age). Nothing for other sessions. No global lock on a shared database: the binding
+    /// it reads is written once, at the spawn, and the update re-checks the session's state.
     pub fn touch_binding(&self, session: i64) -> Result<()> {
-        self.write_sql(|tx| -> Result<()> {
+        self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             let now = now_ms();
             let Some(due) = binding_of(tx, session)?.and_then(|b| b.archive_due(now)) else { return Ok(()) };
             tx.execute(
