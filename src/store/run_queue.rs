@@ -824,8 +824,10 @@ impl Store {
     ///
     /// On a shared database it holds no global lock: it locks the run's session row, then the
     /// run's row (an interrupting sweep locks the run's row before it ends it, so one of the two
-    /// ends stands, never both), then the budget accounts it settles, root to leaf
-    /// ([`super::budgets::settle_run`]).
+    /// ends stands, never both), then the budget accounts it settles, root to leaf. On
+    /// PostgreSQL that is two round trips in all ([`RunEnding`]): the reads with the `BEGIN`,
+    /// then the writes with the `COMMIT` (a run drawing on budgets checks for a crossing before
+    /// its commit).
     pub fn finish_run(&self, run_id: &str, owner: &str, f: &Finished) -> Result<()> {
         self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
             let now = now_ms();

@@ -275,7 +275,10 @@ impl PgBackend {
             Ok(client) => client,
             Err(e) => return (Err(E::from(e)), false),
         };
-        let sql = PgSql::new(&client, &self.target, &begin);
+        let mut sql = PgSql::new(&client, &self.target, &begin);
+        if news {
+            sql.news = Some(CommitNews { notices: &self.notices, process: &self.process });
+        }
         let out = f(&sql);
         if !sql.began() {
             return (out.map(|v| (v, false)), false); // no statement ran: there is nothing to commit
@@ -283,15 +286,14 @@ impl PgBackend {
         let (changed, conflicted) = (sql.changed.get(), sql.conflicted.get());
         let tell = news && changed;
         if let Some(ended) = sql.ended.get() {
+            let still_to_tell = tell && !sql.told.get();
             drop(sql);
-            return self.ended_in_pipeline(client, ended, out, changed, tell, conflicted);
+            return self.ended_in_pipeline(client, ended, out, changed, still_to_tell, conflicted);
         }
         // Delivered at commit, to every other process listening (a rollback sends nothing).
         let notify_now = tell && self.notices.lock().unwrap_or_else(|p| p.into_inner()).may_notify_now();
         let end = match &out {
-            Ok(_) if notify_now => {
-                sql.batch(&format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{}'); COMMIT", self.process))
-            }
+            Ok(_) if notify_now => sql.batch(&format!("{}; COMMIT", notify_sql(&self.process))),
             Ok(_) => sql.batch("COMMIT"),
             Err(_) => sql.batch("ROLLBACK"),
         };
@@ -311,10 +313,9 @@ impl PgBackend {
         (Ok((value, changed)), false)
     }
 
-    /// The end of a write whose last pipeline carried its `COMMIT` ([`AfterPipeline::Commit`]).
-    /// The commit went out before it was known to be news: the other processes are told of it
-    /// after it ([`PgBackend::notify_later`], at once unless one was sent within
-    /// [`NOTIFY_EVERY`]).
+    /// The end of a write whose last pipeline carried its `COMMIT` ([`AfterPipeline::Commit`]),
+    /// and its notification unless one went out within [`NOTIFY_EVERY`] (`tell`: the commit is
+    /// news that was not told of yet, by a notification after it, [`PgBackend::notify_later`]).
     fn ended_in_pipeline<T, E>(
         &self,
         client: Object,
@@ -359,7 +360,7 @@ impl PgBackend {
             notices.last.map_or(std::time::Duration::ZERO, |at| NOTIFY_EVERY.saturating_sub(at.elapsed()))
         };
         let (pool, target, notices) = (self.pool.clone(), self.target.clone(), self.notices.clone());
-        let notify = format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{}')", self.process);
+        let notify = notify_sql(&self.process);
         self.runtime().spawn(async move {
             tokio::time::sleep(wait).await;
             {
@@ -493,6 +494,24 @@ struct PgSql<'a> {
     /// How a pipeline that ended the transaction ([`AfterPipeline::Commit`]) left it; None
     /// while it is open.
     ended: std::cell::Cell<Option<Ended>>,
+    /// For a write whose commit is news ([`PgBackend::write`]'s `news`): how a pipeline that
+    /// carries its commit notifies with it.
+    news: Option<CommitNews<'a>>,
+    /// Whether the commit's notification went out with it.
+    told: std::cell::Cell<bool>,
+}
+
+/// How a pipeline carrying a write's commit notifies the other processes with it: as
+/// [`PgBackend::write`] does at its commit, unless one went out within [`NOTIFY_EVERY`]. The
+/// commit's statements are taken for changes (a pipeline that commits is a run's writes).
+struct CommitNews<'a> {
+    notices: &'a std::sync::Mutex<Notices>,
+    process: &'a str,
+}
+
+/// The statement that tells the other processes of a commit of `process`'s.
+fn notify_sql(process: &str) -> String {
+    format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{process}')")
 }
 
 /// How a transaction ended with its last pipeline ([`AfterPipeline::Commit`]).
@@ -516,6 +535,8 @@ impl<'a> PgSql<'a> {
             changed: std::cell::Cell::new(false),
             conflicted: std::cell::Cell::new(false),
             ended: std::cell::Cell::new(None),
+            news: None,
+            told: std::cell::Cell::new(false),
         }
     }
 
@@ -575,10 +596,14 @@ impl<'a> PgSql<'a> {
         let queries = prepared.iter().zip(&values).map(|(stmt, values)| answer(self.client, stmt, values));
         let opening = self.opening.borrow_mut().take();
         let begin: OptionFuture<_> = opening.as_deref().map(|o| self.client.batch_execute(o)).into();
+        // The notification is a request of its own: a failed transaction refuses it, and the
+        // `COMMIT` after it still runs (as the rollback) and leaves the connection idle.
+        let notify_sql = (after == AfterPipeline::Commit).then(|| self.notify_with_commit()).flatten();
+        let notify: OptionFuture<_> = notify_sql.as_deref().map(|n| self.client.batch_execute(n)).into();
         let commit: OptionFuture<_> =
             (after == AfterPipeline::Commit).then(|| self.client.batch_execute("COMMIT")).into();
-        let (begun, answers, committed) =
-            futures::executor::block_on(futures::future::join3(begin, join_all(queries), commit));
+        let (begun, answers, _, committed) =
+            futures::executor::block_on(futures::future::join4(begin, join_all(queries), notify, commit));
         let first_failure = match begun {
             Some(Err(e)) => Some(self.error(&e, opening.as_deref().unwrap_or_default())),
             _ => answers.iter().zip(&texts).find_map(|(a, t)| a.as_ref().err().map(|e| self.error(e, t))),
@@ -607,6 +632,17 @@ impl<'a> PgSql<'a> {
             self.changed.set(true);
         }
         Ok(out)
+    }
+
+    /// The notification a pipeline that commits sends before its `COMMIT`: for a write that is
+    /// news, when one may go out now ([`CommitNews`]).
+    fn notify_with_commit(&self) -> Option<String> {
+        let news = self.news.as_ref()?;
+        let mut notices = news.notices.lock().unwrap_or_else(|p| p.into_inner());
+        notices.may_notify_now().then(|| {
+            self.told.set(true);
+            notify_sql(news.process)
+        })
     }
 
     fn prepare(&self, sql: &str) -> Result<tokio_postgres::Statement> {
@@ -799,14 +835,17 @@ mod tests {
     /// A pipeline answers each of its statements in order (rows, rows changed; none for a
     /// locking `SELECT`), and one ending in its commit commits all of it; one whose statement
     /// failed leaves nothing, fails with that statement's error (not the refusals of the ones
-    /// after it), and leaves its connection ready for the next write.
+    /// after it), and leaves its connection ready for the next write. Another process hears of
+    /// a pipelined commit.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_a_pipeline_answers_each_statement_and_its_commit_keeps_all_or_nothing() {
         use crate::store::Survives;
         use crate::store::sql::{AfterPipeline, Statement};
         with_test_database(async |target| {
-            let dir = tempfile::tempdir().unwrap();
-            let store = Store::open_postgres(target, dir.path()).unwrap();
+            let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let store = Store::open_postgres(target.clone(), dir.path()).unwrap();
+            let other = Store::open_postgres(target, other_dir.path()).unwrap();
+            let mut heard = other.remote_changes();
             store.write(|tx| tx.insert_session(&session("agent:main:a"))).unwrap();
             let key = crate::keys::SessionKey::from_canonical("agent:main:a");
             let id = store.session_by_key(&key).unwrap().unwrap().id;
@@ -829,6 +868,22 @@ mod tests {
             assert_eq!(answers[0].rows[0].get::<i64>(0).unwrap(), id);
             assert_eq!(answers[2].rows[0].get::<String>(0).unwrap(), "one+two");
             assert_eq!(stored(), "one+two", "committed with the pipeline");
+            // The listener may connect after the first commit: pipelined commits until it hears one.
+            for i in 0.. {
+                let again = [label(&format!("one+two{i}"))];
+                store
+                    .write_sql_row_locked(Survives::PowerLoss, true, |tx| tx.pipeline(&again, AfterPipeline::Commit))
+                    .unwrap();
+                if tokio::time::timeout(std::time::Duration::from_millis(200), heard.changed()).await.is_ok() {
+                    break;
+                }
+                assert!(i < 50, "the other process never heard a pipelined commit");
+            }
+            store
+                .write_sql_row_locked(Survives::PowerLoss, true, |tx| {
+                    tx.pipeline(&pipeline[1..3], AfterPipeline::Commit)
+                })
+                .unwrap();
 
             let failing =
                 [label("three"), Statement::new("INSERT INTO sessions (id) VALUES (?1)", args![id]), label("four")];
