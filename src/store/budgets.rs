@@ -3,7 +3,7 @@
 //! spend at its end and of a child's at its close. What is allowed is `policy::budget`'s to say;
 //! this file reads and writes the amounts, each change in the transaction that needs it.
 
-use super::sql::{Optional, Row, Sql, args};
+use super::sql::{AfterPipeline, Answer, Dialect, Optional, Row, Sql, Statement, args};
 
 use super::{Result, Store, now_ms};
 use crate::policy::budget::{self, Account, Amounts, Dim, Limits};
@@ -82,16 +82,21 @@ pub(super) fn chain(c: &dyn Sql, session: i64, now: i64) -> Result<Vec<Account>>
 /// close, the runtime check), holds its accounts first: such writers in one tree take turns,
 /// and trees apart never wait on each other. SQLite has one writer: nothing to do.
 fn lock_chains(c: &dyn Sql, sessions: &str, args: &[&dyn super::sql::Arg]) -> Result<()> {
-    if c.dialect() == super::sql::Dialect::Postgres {
-        let sql = format!(
-            "SELECT b.session FROM budgets b JOIN sessions s ON s.id = b.session
-             WHERE b.session IN ({sessions})
-                OR b.session IN (SELECT t.ancestor FROM session_tree t WHERE t.session IN ({sessions}))
-             ORDER BY s.spawn_depth, b.session FOR UPDATE OF b"
-        );
-        c.query_map(&sql, args, |_| Ok(()))?;
+    if let Some(lock) = lock_chains_statement(c.dialect(), sessions, args) {
+        c.query_map(lock.sql(), &lock.args(), |_| Ok(()))?;
     }
     Ok(())
+}
+
+/// The statement of [`lock_chains`], for a pipeline; None on SQLite.
+fn lock_chains_statement(d: Dialect, sessions: &str, args: &[&dyn super::sql::Arg]) -> Option<Statement> {
+    let sql = format!(
+        "SELECT b.session FROM budgets b JOIN sessions s ON s.id = b.session
+         WHERE b.session IN ({sessions})
+            OR b.session IN (SELECT t.ancestor FROM session_tree t WHERE t.session IN ({sessions}))
+         ORDER BY s.spawn_depth, b.session FOR UPDATE OF b"
+    );
+    (d == Dialect::Postgres).then(|| Statement::new(sql, args))
 }
 
 /// Locks the accounts of `session`'s chain ([`lock_chains`]).
@@ -101,7 +106,15 @@ pub(super) fn lock_accounts(c: &dyn Sql, session: i64) -> Result<()> {
 
 /// Locks the accounts a live run draws on, and the rest of its chain ([`lock_chains`]).
 fn lock_accounts_of_run(c: &dyn Sql, run_id: &str) -> Result<()> {
-    lock_chains(c, "SELECT session FROM budget_live WHERE run_id = ?1", args![run_id])
+    lock_chains(c, LIVE_RUN_SESSION, args![run_id])
+}
+
+/// The session of live run `?1`, whose chain [`lock_accounts_of_run`] locks.
+const LIVE_RUN_SESSION: &str = "SELECT session FROM budget_live WHERE run_id = ?1";
+
+/// The statement of [`lock_accounts_of_run`], for a pipeline (None on SQLite).
+pub(super) fn lock_accounts_of_run_statement(d: Dialect, run_id: &str) -> Option<Statement> {
+    lock_chains_statement(d, LIVE_RUN_SESSION, args![run_id])
 }
 
 /// Opens a child's account at its spawn.
@@ -319,41 +332,87 @@ fn subtree_runs(c: &dyn Sql, session: i64) -> Result<Vec<String>> {
 /// Settles a run's spend into the accounts it drew on and drops its live row, in the transaction
 /// that records its end: `usage` is its final (tokens, micro-dollars), else what it reported live.
 pub(super) fn settle_run(c: &dyn Sql, run_id: &str, usage: Option<(i64, i64)>, now: i64) -> Result<()> {
-    lock_accounts_of_run(c, run_id)?;
-    let row = c
-        .query_row(
+    let mut reads: Vec<Statement> = lock_accounts_of_run_statement(c.dialect(), run_id).into_iter().collect();
+    reads.push(LiveDraw::read(run_id, now));
+    let answers = c.pipeline(&reads, AfterPipeline::Open)?;
+    let Some(draw) = LiveDraw::of(answers.last())? else { return Ok(()) };
+    c.pipeline(&draw.settling(c.dialect(), run_id, usage), AfterPipeline::Open)?;
+    draw.mark_crossings(c, now)
+}
+
+/// What a live run drew on and has used, as its end settles it ([`settle_run`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LiveDraw {
+    /// The accounts it draws tokens, cost and runtime from.
+    accounts: [Option<i64>; 3],
+    tokens: i64,
+    cost_micros: i64,
+    /// Whether its agent reported usage while it ran.
+    reported: bool,
+    /// How long it ran up to the settle, its waits for answers left out.
+    ran_ms: i64,
+}
+
+impl LiveDraw {
+    /// The read of a run's live row at `now`: after its accounts are locked
+    /// ([`lock_accounts_of_run_statement`]), which every writer of that row holds.
+    pub fn read(run_id: &str, now: i64) -> Statement {
+        Statement::new(
             "SELECT tokens_account, cost_account, runtime_account, tokens, cost_micros, reported,
                  coalesce(waiting_since, ?2) - started_at
              FROM budget_live WHERE run_id = ?1",
             args![run_id, now],
-            |r| {
-                let accounts: [Option<i64>; 3] = [r.get(0)?, r.get(1)?, r.get(2)?];
-                Ok((accounts, r.get::<i64>(3)?, r.get::<i64>(4)?, r.get::<bool>(5)?, r.get::<i64>(6)?))
-            },
         )
-        .optional()?;
-    let Some(([tokens_acct, cost_acct, runtime_acct], live_tokens, live_cost, reported, ran_ms)) = row else {
-        return Ok(());
-    };
-    c.execute("DELETE FROM budget_live WHERE run_id = ?1", args![run_id])?;
-    // A run's final count never settles below what it reported live: usage is a running total,
-    // and the budget already saw (and may have stopped runs on) the higher figure.
-    let (tokens, cost) = usage.map_or((live_tokens, live_cost), |(t, c)| (t.max(live_tokens), c.max(live_cost)));
-    let spend = [(Dim::Tokens, tokens_acct, tokens), (Dim::CostUsd, cost_acct, cost)];
-    for (dim, account, amount) in spend.into_iter().chain([(Dim::RuntimeSeconds, runtime_acct, ran_ms.max(0))]) {
-        let Some(account) = account else { continue };
-        let (_, spent) = amount_columns(dim);
-        let add = c.dialect().saturating_add(spent, "?2");
-        c.execute(&format!("UPDATE budgets SET {spent} = {add} WHERE session = ?1"), args![account, amount.max(0)])?;
     }
-    if usage.is_none() && !reported {
-        for account in [tokens_acct, cost_acct].into_iter().flatten() {
-            c.execute("UPDATE budgets SET unmetered = 1 WHERE session = ?1", args![account])?;
+
+    /// The draw [`LiveDraw::read`] answered; None for a run that draws on no account.
+    pub fn of(answer: Option<&Answer>) -> Result<Option<LiveDraw>> {
+        let Some(r) = answer.and_then(|a| a.rows.first()) else { return Ok(None) };
+        Ok(Some(LiveDraw {
+            accounts: [r.get(0)?, r.get(1)?, r.get(2)?],
+            tokens: r.get(3)?,
+            cost_micros: r.get(4)?,
+            reported: r.get(5)?,
+            ran_ms: r.get(6)?,
+        }))
+    }
+
+    /// The writes that settle it: its live row dropped, its spend added to the accounts it drew
+    /// on, the ones it never reported to marked unmetered.
+    pub fn settling(&self, d: Dialect, run_id: &str, usage: Option<(i64, i64)>) -> Vec<Statement> {
+        let [tokens_acct, cost_acct, runtime_acct] = self.accounts;
+        let mut writes = vec![Statement::new("DELETE FROM budget_live WHERE run_id = ?1", args![run_id])];
+        // A run's final count never settles below what it reported live: usage is a running
+        // total, and the budget already saw (and may have stopped runs on) the higher figure.
+        let (tokens, cost) =
+            usage.map_or((self.tokens, self.cost_micros), |(t, c)| (t.max(self.tokens), c.max(self.cost_micros)));
+        let spend = [(Dim::Tokens, tokens_acct, tokens), (Dim::CostUsd, cost_acct, cost)];
+        for (dim, account, amount) in spend.into_iter().chain([(Dim::RuntimeSeconds, runtime_acct, self.ran_ms.max(0))])
+        {
+            let Some(account) = account else { continue };
+            let (_, spent) = amount_columns(dim);
+            let add = d.saturating_add(spent, "?2");
+            writes.push(Statement::new(
+                format!("UPDATE budgets SET {spent} = {add} WHERE session = ?1"),
+                args![account, amount.max(0)],
+            ));
         }
+        if usage.is_none() && !self.reported {
+            for account in [tokens_acct, cost_acct].into_iter().flatten() {
+                writes.push(Statement::new("UPDATE budgets SET unmetered = 1 WHERE session = ?1", args![account]));
+            }
+        }
+        writes
     }
-    let draws = [(Dim::Tokens, tokens_acct), (Dim::CostUsd, cost_acct), (Dim::RuntimeSeconds, runtime_acct)];
-    first_crossing(c, &draws, Amounts::default(), now)?; // a final count above the last live one is recorded as such
-    Ok(())
+
+    /// Once [`LiveDraw::settling`] ran: a final count above the last live one crosses a limit
+    /// as a live report would, and is recorded as such.
+    pub fn mark_crossings(&self, c: &dyn Sql, now: i64) -> Result<()> {
+        let [tokens_acct, cost_acct, runtime_acct] = self.accounts;
+        let draws = [(Dim::Tokens, tokens_acct), (Dim::CostUsd, cost_acct), (Dim::RuntimeSeconds, runtime_acct)];
+        first_crossing(c, &draws, Amounts::default(), now)?;
+        Ok(())
+    }
 }
 
 /// A child's flow ended: its account closes, and what it used — its spend, plus what its own open

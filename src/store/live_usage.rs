@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::Result;
-use super::sql::{Optional, Sql, args};
+use super::sql::{Dialect, Optional, Sql, Statement, args};
 use crate::policy::usage::{MAX_RUN_COST_USD, MAX_RUN_TOKENS};
 
 /// The amounts of one usage object: what the reads and the session's totals count.
@@ -71,10 +71,16 @@ pub(super) fn recorded(c: &dyn Sql, run_id: &str) -> Result<Option<(i64, Option<
         )
         .optional()?;
     Ok(row.map(|(session, usage, cost)| {
-        let usage: Option<Value> = usage.and_then(|u| serde_json::from_str(&u).ok());
-        let spend = Spend::of(usage.as_ref(), cost);
+        let (usage, spend) = of_run_row(usage, cost);
         (session, usage, spend)
     }))
+}
+
+/// A running run's usage and what was credited of it, from its row's `usage` and `cost`.
+pub(super) fn of_run_row(usage: Option<String>, cost: Option<f64>) -> (Option<Value>, Spend) {
+    let usage: Option<Value> = usage.and_then(|u| serde_json::from_str(&u).ok());
+    let spend = Spend::of(usage.as_ref(), cost);
+    (usage, spend)
 }
 
 /// Records a live report of a running run: the run's figure rises to it (never falls), and the
@@ -94,11 +100,17 @@ pub(super) fn record(c: &dyn Sql, run_id: &str, report: &Value) -> Result<()> {
 
 /// Adds what a run spent between `before` and `now` to its session's totals.
 pub(super) fn credit(c: &dyn Sql, session: i64, before: Spend, now: Spend) -> Result<()> {
+    let credit = credit_statement(c.dialect(), session, before, now);
+    c.execute(credit.sql(), &credit.args())?;
+    Ok(())
+}
+
+/// The statement of [`credit`], for a pipeline.
+pub(super) fn credit_statement(d: Dialect, session: i64, before: Spend, now: Spend) -> Statement {
     let (tin, tout) = ((now.input - before.input).max(0), (now.output - before.output).max(0));
     let cost = now.cost.map(|n| (n - before.cost.unwrap_or(0.0)).max(0.0));
-    let d = c.dialect();
-    c.execute(
-        &format!(
+    Statement::new(
+        format!(
             "UPDATE sessions SET tokens_in = {}, tokens_out = {}, tokens_total = {},
                  cost = CASE WHEN CAST(?4 AS DOUBLE PRECISION) IS NULL THEN cost ELSE coalesce(cost, 0) + ?4 END
              WHERE id = ?1",
@@ -107,8 +119,7 @@ pub(super) fn credit(c: &dyn Sql, session: i64, before: Spend, now: Spend) -> Re
             d.saturating_add("tokens_total", "?2 + ?3"),
         ),
         args![session, tin, tout, cost],
-    )?;
-    Ok(())
+    )
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Transcript messages: append with the next `seq`, and read pages that cost O(limit).
 
-use super::sql::{Dialect, Optional, Row, Sql, args};
+use super::sql::{Dialect, Optional, Row, Sql, Statement, args};
 use serde_json::{Map, Value};
 
 use super::{Result, Store, now_ms};
@@ -342,26 +342,49 @@ fn history_from(
 
 /// Appends `m` to session `session` (row id) with the next seq; bumps `updated_at`.
 pub(super) fn append_message(tx: &dyn Sql, session: i64, m: &NewMessage) -> Result<i64> {
-    let seq: i64 = tx
-        .query_row(&format!("UPDATE sessions SET next_seq = next_seq + 1, updated_at = {}(updated_at, ?2) WHERE id = ?1 RETURNING next_seq - 1", tx.dialect().greatest()), args![session, m.timestamp.unwrap_or_else(now_ms)], |r| r.get(0))?;
-    let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
-    tx.execute("INSERT INTO messages (session, seq, role, content, timestamp, run_id, provenance, usage, model, stop_reason, silent, extra, chain_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)", args![
-        session,
-        seq,
-        m.role,
-        m.content.to_string(),
-        m.timestamp.unwrap_or_else(now_ms),
-        m.run_id,
-        json(&m.provenance),
-        json(&m.usage),
-        m.model,
-        m.stop_reason,
-        m.silent,
-        m.extra.as_ref().map(|e| Value::Object(e.clone()).to_string()),
-        m.chain_id,
-    ])?;
+    let timestamp = m.timestamp.unwrap_or_else(now_ms);
+    let take = take_seqs(tx.dialect(), session, 1, timestamp);
+    let seq: i64 = tx.query_row(&format!("{} RETURNING next_seq - 1", take.sql()), &take.args(), |r| r.get(0))?;
+    let insert = insert_message(session, seq, m, timestamp);
+    tx.execute(insert.sql(), &insert.args())?;
     Ok(seq)
+}
+
+/// Takes `count` seqs of session `session` (its `next_seq` rises by that much: the seqs taken
+/// are the ones from its old value up) for messages the latest of which is dated `latest`,
+/// which `updated_at` rises to. The session row must be locked by whoever reads the old value
+/// first (a run's end: `run_queue::finish_run`).
+pub(super) fn take_seqs(d: Dialect, session: i64, count: usize, latest: i64) -> Statement {
+    let sql = format!(
+        "UPDATE sessions SET next_seq = next_seq + ?3, updated_at = {}(updated_at, ?2) WHERE id = ?1",
+        d.greatest()
+    );
+    Statement::new(sql, args![session, latest, count as i64])
+}
+
+/// The insert of `m` into session `session`'s transcript at `seq`, dated `timestamp` (its own
+/// or the time it is stored).
+pub(super) fn insert_message(session: i64, seq: i64, m: &NewMessage, timestamp: i64) -> Statement {
+    let json = |v: &Option<Value>| v.as_ref().map(Value::to_string);
+    Statement::new(
+        "INSERT INTO messages (session, seq, role, content, timestamp, run_id, provenance, usage, model, stop_reason, silent, extra, chain_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        args![
+            session,
+            seq,
+            m.role,
+            m.content.to_string(),
+            timestamp,
+            m.run_id,
+            json(&m.provenance),
+            json(&m.usage),
+            m.model,
+            m.stop_reason,
+            m.silent,
+            m.extra.as_ref().map(|e| Value::Object(e.clone()).to_string()),
+            m.chain_id,
+        ],
+    )
 }
 
 impl Store {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::sql::{Optional, Row, Sql, args};
+use super::sql::{AfterPipeline, Dialect, Optional, Row, Sql, Statement, args};
 use serde_json::Value;
 
 use super::live_usage::Spend;
@@ -699,6 +699,127 @@ fn renew_lease(tx: &dyn Sql, owner: &str) -> Result<()> {
     Ok(())
 }
 
+/// What a run's end reads before it writes (`Store::finish_run`): read in one flight, its rows
+/// locked in the one order of every row-locked writer (session row, run row, the budget
+/// accounts root to leaf), so that the writes can follow in one more.
+struct RunEnding {
+    session: i64,
+    /// The session's next seq: the run's messages take the ones from it up (its row is locked).
+    next_seq: i64,
+    status: String,
+    owner: Option<String>,
+    /// The usage recorded live on the run's row, and what of it its session was credited.
+    live_usage: Option<Value>,
+    live: Spend,
+    /// What it draws on budget accounts, if anything.
+    draw: Option<super::budgets::LiveDraw>,
+}
+
+impl RunEnding {
+    fn read(tx: &dyn Sql, run_id: &str, now: i64) -> Result<RunEnding> {
+        let d = tx.dialect();
+        let mut reads = vec![
+            Statement::new(
+                format!(
+                    "SELECT id, next_seq FROM sessions WHERE id = (SELECT session FROM runs WHERE run_id = ?1){}",
+                    d.for_update("")
+                ),
+                args![run_id],
+            ),
+            Statement::new(
+                format!("SELECT status, owner, usage, cost FROM runs WHERE run_id = ?1{}", d.for_update("")),
+                args![run_id],
+            ),
+        ];
+        reads.extend(super::budgets::lock_accounts_of_run_statement(d, run_id));
+        reads.push(super::budgets::LiveDraw::read(run_id, now));
+        let answers = tx.pipeline(&reads, AfterPipeline::Open)?;
+        let (session, run) = match (answers[0].rows.first(), answers[1].rows.first()) {
+            (Some(session), Some(run)) => (session, run),
+            _ => return Err(super::StoreError::NoRow),
+        };
+        let (live_usage, live) = super::live_usage::of_run_row(run.get(2)?, run.get(3)?);
+        Ok(RunEnding {
+            session: session.get(0)?,
+            next_seq: session.get(1)?,
+            status: run.get(0)?,
+            owner: run.get(1)?,
+            live_usage,
+            live,
+            draw: super::budgets::LiveDraw::of(answers.last())?,
+        })
+    }
+
+    /// Every write of the run's end `f`, in the order they run: its messages, its row, its
+    /// budget settle, its session's totals and state, its token's end.
+    fn writes(&self, d: Dialect, run_id: &str, f: &Finished, now: i64) -> Vec<Statement> {
+        let session = self.session;
+        let mut writes = Vec::with_capacity(f.messages.len() + 8);
+        if !f.messages.is_empty() {
+            let dated: Vec<i64> = f.messages.iter().map(|m| m.timestamp.unwrap_or(now)).collect();
+            let latest = dated.iter().copied().max().unwrap_or(now);
+            writes.push(super::messages::take_seqs(d, session, f.messages.len(), latest));
+            for (i, (m, at)) in f.messages.iter().zip(dated).enumerate() {
+                writes.push(super::messages::insert_message(session, self.next_seq + i as i64, m, at));
+            }
+        }
+        // What the run reported live is already on its row and its session: the run settles
+        // at the larger of that and its last report, and the session gets what is left.
+        let reported = f.usage.as_ref().map(|u| Spend::of(Some(u), f.cost));
+        let settled = reported.map(|r| r.max(self.live));
+        let usage = match (settled, &f.usage) {
+            (Some(s), final_usage) => Some(s.written_into(final_usage.as_ref())),
+            (None, _) => self.live_usage.clone(),
+        };
+        let cost = settled.map_or(self.live.cost, |s| s.cost);
+        writes.push(Statement::new(
+            "UPDATE runs SET status = ?2, reply = ?3, usage = ?4, cost = ?5, model = coalesce(?6, model),
+                 error = ?7, exit_status = ?8, ended_at = ?9
+             WHERE run_id = ?1",
+            args![
+                run_id,
+                f.status.as_str(),
+                f.reply,
+                usage.as_ref().map(Value::to_string),
+                cost,
+                f.model,
+                f.error,
+                f.exit_status,
+                now
+            ],
+        ));
+        if let Some(draw) = &self.draw {
+            let final_usage = settled.map(|s| (s.tokens(), s.cost.map_or(0, crate::policy::budget::micros)));
+            writes.extend(draw.settling(d, run_id, final_usage));
+        }
+        writes.push(super::live_usage::credit_statement(d, session, self.live, settled.unwrap_or(self.live)));
+        writes.push(Statement::new(
+            format!(
+                "UPDATE sessions SET model = coalesce(?2, model), aborted_last_run = ?3, updated_at = {}(updated_at, ?4),
+                 external_session_id = ?5, cli_usage_total = ?6
+             WHERE id = ?1",
+                d.greatest()
+            ),
+            args![
+                session,
+                f.model,
+                f.status != RunStatus::Ok,
+                now,
+                f.external_session_id.as_deref().filter(|_| f.status == RunStatus::Ok),
+                f.cli_usage_total.as_ref().filter(|_| f.status == RunStatus::Ok).map(Value::to_string)
+            ],
+        ));
+        // The run's token ends with the run: by now every process of the run is gone (the
+        // supervisor, or the server when the supervisor died, ended the tree), so nothing
+        // legitimate can present it again; an escaper that copied it gets no grace.
+        writes.push(Statement::new(
+            "UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'",
+            args![run_id, now],
+        ));
+        writes
+    }
+}
+
 impl Store {
     pub fn run(&self, run_id: &str) -> Result<Option<RunRow>> {
         self.read(|c| run_by_id(c, run_id))
@@ -739,73 +860,28 @@ impl Store {
     ///
     /// On a shared database it holds no global lock: it locks the run's session row, then the
     /// run's row (an interrupting sweep locks the run's row before it ends it, so one of the two
-    /// ends stands, never both), then the budget accounts it settles, root to leaf
-    /// ([`super::budgets::settle_run`]).
+    /// ends stands, never both), then the budget accounts it settles, root to leaf. On
+    /// PostgreSQL that is two round trips in all ([`RunEnding`]): the reads with the `BEGIN`,
+    /// then the writes with the `COMMIT` (a run drawing on budgets checks for a crossing before
+    /// its commit).
     pub fn finish_run(&self, run_id: &str, owner: &str, f: &Finished) -> Result<()> {
         self.write_sql_row_locked(super::Survives::PowerLoss, true, |tx| -> Result<()> {
-            lock_session_of_run(tx, run_id)?;
-            let sql = format!("SELECT session, status, owner FROM runs WHERE run_id = ?1{}", tx.dialect().for_update(""));
-            let (session, status, ran_by): (i64, String, Option<String>) =
-                tx.query_row(&sql, args![run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            let now = now_ms();
+            let ending = RunEnding::read(tx, run_id, now)?;
             // Another node interrupted it (its lease passed while this one ran it), or this
             // node's next owner did: that end stands and its steps are theirs to take.
-            if status != RunStatus::Running.as_str() || ran_by.as_deref() != Some(owner) {
-                return Err(super::StoreError::NotRunning { run_id: run_id.to_string(), status });
+            if ending.status != RunStatus::Running.as_str() || ending.owner.as_deref() != Some(owner) {
+                return Err(super::StoreError::NotRunning { run_id: run_id.to_string(), status: ending.status });
             }
-            for m in &f.messages {
-                append_message(tx, session, m)?;
+            let writes = ending.writes(tx.dialect(), run_id, f, now);
+            match ending.draw {
+                // One flight: the writes and the commit, which lets the row locks go.
+                None => tx.pipeline(&writes, AfterPipeline::Commit).map(drop),
+                Some(draw) => {
+                    tx.pipeline(&writes, AfterPipeline::Open)?;
+                    draw.mark_crossings(tx, now)
+                }
             }
-            // What the run reported live is already on its row and its session: the run settles
-            // at the larger of that and its last report, and the session gets what is left.
-            let (_, live_usage, live) = super::live_usage::recorded(tx, run_id)?.unwrap_or_default();
-            let reported = f.usage.as_ref().map(|u| Spend::of(Some(u), f.cost));
-            let settled = reported.map(|r| r.max(live));
-            let usage = match (settled, &f.usage) {
-                (Some(s), final_usage) => Some(s.written_into(final_usage.as_ref())),
-                (None, _) => live_usage,
-            };
-            let cost = settled.map_or(live.cost, |s| s.cost);
-            let now = now_ms();
-            tx.execute(
-                "UPDATE runs SET status = ?2, reply = ?3, usage = ?4, cost = ?5, model = coalesce(?6, model),
-                     error = ?7, exit_status = ?8, ended_at = ?9
-                 WHERE run_id = ?1",
-                args![
-                    run_id,
-                    f.status.as_str(),
-                    f.reply,
-                    usage.as_ref().map(Value::to_string),
-                    cost,
-                    f.model,
-                    f.error,
-                    f.exit_status,
-                    now
-                ],
-            )?;
-            let final_usage = settled.map(|s| (s.tokens(), s.cost.map_or(0, crate::policy::budget::micros)));
-            super::budgets::settle_run(tx, run_id, final_usage, now)?;
-            super::live_usage::credit(tx, session, live, settled.unwrap_or(live))?;
-            tx.execute(
-                &format!(
-                    "UPDATE sessions SET model = coalesce(?2, model), aborted_last_run = ?3, updated_at = {}(updated_at, ?4),
-                     external_session_id = ?5, cli_usage_total = ?6
-                 WHERE id = ?1",
-                    tx.dialect().greatest()
-                ),
-                args![
-                    session,
-                    f.model,
-                    f.status != RunStatus::Ok,
-                    now,
-                    f.external_session_id.as_deref().filter(|_| f.status == RunStatus::Ok),
-                    f.cli_usage_total.as_ref().filter(|_| f.status == RunStatus::Ok).map(Value::to_string)
-                ],
-            )?;
-            // The run's token ends with the run: by now every process of the run is gone (the
-            // supervisor, or the server when the supervisor died, ended the tree), so nothing
-            // legitimate can present it again; an escaper that copied it gets no grace.
-            tx.execute("UPDATE tokens SET expires_at = ?2 WHERE run_id = ?1 AND kind = 'run'", args![run_id, now])?;
-            Ok(())
         })
     }
 

@@ -330,12 +330,99 @@ impl Dialect {
     }
 }
 
+/// Owned values are arguments too (a [`Statement`] keeps its own).
+impl Arg for Cell {
+    fn arg(&self) -> ArgValue<'_> {
+        match self {
+            Cell::Null => ArgValue::Null,
+            Cell::Int(v) => ArgValue::Int(*v),
+            Cell::Real(v) => ArgValue::Real(*v),
+            Cell::Text(v) => ArgValue::Text(Cow::Borrowed(v)),
+            Cell::Blob(v) => ArgValue::Blob(v),
+        }
+    }
+}
+
+impl From<ArgValue<'_>> for Cell {
+    fn from(v: ArgValue<'_>) -> Cell {
+        match v {
+            ArgValue::Null => Cell::Null,
+            ArgValue::Int(v) => Cell::Int(v),
+            ArgValue::Real(v) => Cell::Real(v),
+            ArgValue::Text(v) => Cell::Text(v.into_owned()),
+            ArgValue::Blob(v) => Cell::Blob(v.to_vec()),
+        }
+    }
+}
+
+/// One statement of a [`Sql::pipeline`] with its arguments, owned: a pipeline is built whole
+/// before any of it runs.
+#[derive(Debug, Clone)]
+pub struct Statement {
+    sql: String,
+    args: Vec<Cell>,
+}
+
+impl Statement {
+    pub fn new(sql: impl Into<String>, args: &[&dyn Arg]) -> Statement {
+        Statement { sql: sql.into(), args: args.iter().map(|a| Cell::from(a.arg())).collect() }
+    }
+
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// The arguments, as [`Sql::execute`] and [`Sql::rows`] take them.
+    pub fn args(&self) -> Vec<&dyn Arg> {
+        self.args.iter().map(|a| a as &dyn Arg).collect()
+    }
+
+    /// The arguments' values, borrowed.
+    pub fn values(&self) -> Vec<ArgValue<'_>> {
+        self.args.iter().map(Arg::arg).collect()
+    }
+}
+
+/// What one statement of a [`Sql::pipeline`] answered.
+#[derive(Debug, Clone, Default)]
+pub struct Answer {
+    /// The rows it returned (none for a write without `RETURNING`).
+    pub rows: Vec<Row>,
+    /// How many rows it inserted, updated or deleted (0 for a plain `SELECT`, locking or not).
+    pub changed: usize,
+}
+
+/// How a [`Sql::pipeline`] leaves the transaction it runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterPipeline {
+    /// Open: more statements may follow.
+    Open,
+    /// Ended: committed if every statement succeeded, rolled back otherwise. On PostgreSQL the
+    /// `COMMIT` goes out with the statements (the row locks are let go one round trip sooner);
+    /// on SQLite the transaction commits when the write returns, as any other. Nothing may run
+    /// in the transaction after it, and the write must return what the pipeline answered.
+    Commit,
+}
+
+/// Whether `sql` is a plain `SELECT`, which changes no row even when it locks some (the rest
+/// is taken for a change, a `WITH` included, to be safe).
+pub fn is_plain_select(sql: &str) -> bool {
+    sql.trim_start().get(..6).is_some_and(|w| w.eq_ignore_ascii_case("SELECT"))
+}
+
 /// A connection (or a transaction on one) that runs statements.
 pub trait Sql {
     /// Runs a statement that returns no rows; the number of rows it changed.
     fn execute(&self, sql: &str, args: &[&dyn Arg]) -> Result<usize>;
     /// Runs a query; every row it returned.
     fn rows(&self, sql: &str, args: &[&dyn Arg]) -> Result<Vec<Row>>;
+    /// Runs `statements` in order, as many round trips as one on PostgreSQL: all are sent
+    /// before any answer is awaited (none's text or arguments may depend on another's answer;
+    /// each still runs after the one before it, in its own `READ COMMITTED` snapshot, so a
+    /// `SELECT` after a lock reads what the lock holder committed). Each one's answer, in order;
+    /// the first failure is the pipeline's (the statements after it did not run), and it leaves
+    /// the transaction failed, as a failed statement does. SQLite runs them one by one.
+    fn pipeline(&self, statements: &[Statement], after: AfterPipeline) -> Result<Vec<Answer>>;
     fn dialect(&self) -> Dialect;
 }
 
@@ -430,9 +517,27 @@ mod sqlite {
             Ok(out)
         }
 
+        /// SQLite is in process: nothing to save by sending them at once, and its commit is the
+        /// write's, when it returns.
+        fn pipeline(&self, statements: &[Statement], _after: AfterPipeline) -> Result<Vec<Answer>> {
+            statements.iter().map(|s| answer(self, s)).collect()
+        }
+
         fn dialect(&self) -> Dialect {
             Dialect::Sqlite
         }
+    }
+
+    /// Runs one statement of a pipeline: its rows if it returns any, and the rows it changed.
+    fn answer(conn: &rusqlite::Connection, s: &Statement) -> Result<Answer> {
+        let returns_rows = conn.prepare_cached(s.sql())?.column_count() > 0;
+        if !returns_rows {
+            return Ok(Answer { rows: vec![], changed: Sql::execute(conn, s.sql(), &s.args())? });
+        }
+        let rows = Sql::rows(conn, s.sql(), &s.args())?;
+        // A `RETURNING` write returns one row per row it changed.
+        let changed = if is_plain_select(s.sql()) { 0 } else { rows.len() };
+        Ok(Answer { rows, changed })
     }
 
     impl Sql for rusqlite::Transaction<'_> {
@@ -442,6 +547,10 @@ mod sqlite {
 
         fn rows(&self, sql: &str, args: &[&dyn Arg]) -> Result<Vec<Row>> {
             Sql::rows(&**self, sql, args)
+        }
+
+        fn pipeline(&self, statements: &[Statement], after: AfterPipeline) -> Result<Vec<Answer>> {
+            Sql::pipeline(&**self, statements, after)
         }
 
         fn dialect(&self) -> Dialect {
@@ -473,5 +582,30 @@ mod tests {
         );
         assert!(matches!(db.one::<i64>("SELECT i FROM t WHERE i = 99", args![]), Err(StoreError::NoRow)));
         assert_eq!(db.one::<i64>("SELECT i FROM t WHERE i = 99", args![]).optional().unwrap(), None);
+    }
+
+    #[test]
+    fn a_pipeline_on_sqlite_runs_its_statements_in_order_and_answers_each() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let db: &dyn Sql = &conn;
+        db.execute("CREATE TABLE t (i INTEGER, s TEXT)", args![]).unwrap();
+        let answers = db
+            .pipeline(
+                &[
+                    Statement::new("INSERT INTO t VALUES (?1, ?2), (?1 + 1, ?2)", args![1, "a"]),
+                    Statement::new("UPDATE t SET s = s || ?1 WHERE i = 2 RETURNING s", args!["b"]),
+                    Statement::new("SELECT i FROM t ORDER BY i", args![]),
+                ],
+                AfterPipeline::Commit,
+            )
+            .unwrap();
+        assert_eq!(answers.iter().map(|a| a.changed).collect::<Vec<_>>(), [2, 1, 0]);
+        assert_eq!(answers[1].rows[0].get::<String>(0).unwrap(), "ab");
+        assert_eq!(answers[2].rows.iter().map(|r| r.get::<i64>(0).unwrap()).collect::<Vec<_>>(), [1, 2]);
+        let failed = db.pipeline(
+            &[Statement::new("UPDATE t SET i = 0", args![]), Statement::new("SELECT nope FROM t", args![])],
+            AfterPipeline::Open,
+        );
+        assert!(failed.unwrap_err().to_string().contains("nope"));
     }
 }

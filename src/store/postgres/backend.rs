@@ -24,7 +24,7 @@ use deadpool_postgres::{Object, Pool};
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
 use super::{PgError, PgTarget};
-use crate::store::sql::{Arg, ArgValue, Cell, Dialect, Row, Sql};
+use crate::store::sql::{AfterPipeline, Answer, Arg, ArgValue, Cell, Dialect, Row, Sql, Statement, is_plain_select};
 use crate::store::{Result, StoreError};
 
 /// The advisory lock every write transaction holds until it ends (`"smcw"` in ASCII).
@@ -275,19 +275,25 @@ impl PgBackend {
             Ok(client) => client,
             Err(e) => return (Err(E::from(e)), false),
         };
-        let sql = PgSql::new(&client, &self.target, &begin);
+        let mut sql = PgSql::new(&client, &self.target, &begin);
+        if news {
+            sql.news = Some(CommitNews { notices: &self.notices, process: &self.process });
+        }
         let out = f(&sql);
         if !sql.began() {
             return (out.map(|v| (v, false)), false); // no statement ran: there is nothing to commit
         }
         let (changed, conflicted) = (sql.changed.get(), sql.conflicted.get());
         let tell = news && changed;
+        if let Some(ended) = sql.ended.get() {
+            let still_to_tell = tell && !sql.told.get();
+            drop(sql);
+            return self.ended_in_pipeline(client, ended, out, changed, still_to_tell, conflicted);
+        }
         // Delivered at commit, to every other process listening (a rollback sends nothing).
         let notify_now = tell && self.notices.lock().unwrap_or_else(|p| p.into_inner()).may_notify_now();
         let end = match &out {
-            Ok(_) if notify_now => {
-                sql.batch(&format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{}'); COMMIT", self.process))
-            }
+            Ok(_) if notify_now => sql.batch(&format!("{}; COMMIT", notify_sql(&self.process))),
             Ok(_) => sql.batch("COMMIT"),
             Err(_) => sql.batch("ROLLBACK"),
         };
@@ -307,6 +313,40 @@ impl PgBackend {
         (Ok((value, changed)), false)
     }
 
+    /// The end of a write whose last pipeline carried its `COMMIT` ([`AfterPipeline::Commit`]),
+    /// and its notification unless one went out within [`NOTIFY_EVERY`] (`tell`: the commit is
+    /// news that was not told of yet, by a notification after it, [`PgBackend::notify_later`]).
+    fn ended_in_pipeline<T, E>(
+        &self,
+        client: Object,
+        ended: Ended,
+        out: std::result::Result<T, E>,
+        changed: bool,
+        tell: bool,
+        conflicted: bool,
+    ) -> (std::result::Result<(T, bool), E>, bool)
+    where
+        E: From<StoreError>,
+    {
+        if ended == Ended::Unknown {
+            drop(Object::take(client)); // whatever state it is in, nobody else gets it
+        }
+        match (out, ended) {
+            (Ok(value), Ended::Committed) => {
+                if tell {
+                    self.notify_later();
+                }
+                (Ok((value, changed)), false)
+            }
+            (Err(e), _) => (Err(e), conflicted),
+            // The write went on as if its failed pipeline had committed: a bug, never its value.
+            (Ok(_), _) => {
+                let bug = "a write returned success after its committing pipeline failed";
+                (Err(E::from(StoreError::Backend(bug.into()))), false)
+            }
+        }
+    }
+
     /// Tells the other processes of a commit that was not, once [`NOTIFY_EVERY`] passed since
     /// the last notification (one for every commit in between): sent after the commit, so that
     /// whoever hears it sees what was committed.
@@ -320,7 +360,7 @@ impl PgBackend {
             notices.last.map_or(std::time::Duration::ZERO, |at| NOTIFY_EVERY.saturating_sub(at.elapsed()))
         };
         let (pool, target, notices) = (self.pool.clone(), self.target.clone(), self.notices.clone());
-        let notify = format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{}')", self.process);
+        let notify = notify_sql(&self.process);
         self.runtime().spawn(async move {
             tokio::time::sleep(wait).await;
             {
@@ -451,6 +491,39 @@ struct PgSql<'a> {
     changed: std::cell::Cell<bool>,
     /// Whether a statement failed for a serialization failure or a deadlock.
     conflicted: std::cell::Cell<bool>,
+    /// How a pipeline that ended the transaction ([`AfterPipeline::Commit`]) left it; None
+    /// while it is open.
+    ended: std::cell::Cell<Option<Ended>>,
+    /// For a write whose commit is news ([`PgBackend::write`]'s `news`): how a pipeline that
+    /// carries its commit notifies with it.
+    news: Option<CommitNews<'a>>,
+    /// Whether the commit's notification went out with it.
+    told: std::cell::Cell<bool>,
+}
+
+/// How a pipeline carrying a write's commit notifies the other processes with it: as
+/// [`PgBackend::write`] does at its commit, unless one went out within [`NOTIFY_EVERY`]. The
+/// commit's statements are taken for changes (a pipeline that commits is a run's writes).
+struct CommitNews<'a> {
+    notices: &'a std::sync::Mutex<Notices>,
+    process: &'a str,
+}
+
+/// The statement that tells the other processes of a commit of `process`'s.
+fn notify_sql(process: &str) -> String {
+    format!("SELECT pg_notify('{CHANGES_CHANNEL}', '{process}')")
+}
+
+/// How a transaction ended with its last pipeline ([`AfterPipeline::Commit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Committed,
+    /// A statement or the commit failed: PostgreSQL rolled it back (a `COMMIT` in a failed
+    /// transaction is a rollback), and the connection is ready for the next one.
+    RolledBack,
+    /// The commit's answer never came (the connection failed): what became of it is unknown,
+    /// and the connection must not be used again.
+    Unknown,
 }
 
 impl<'a> PgSql<'a> {
@@ -461,6 +534,9 @@ impl<'a> PgSql<'a> {
             opening: std::cell::RefCell::new(Some(opening.to_string())),
             changed: std::cell::Cell::new(false),
             conflicted: std::cell::Cell::new(false),
+            ended: std::cell::Cell::new(None),
+            news: None,
+            told: std::cell::Cell::new(false),
         }
     }
 
@@ -504,6 +580,71 @@ impl<'a> PgSql<'a> {
         StoreError::from(e)
     }
 
+    /// Sends `statements` (their `BEGIN` first if it has not gone out, a `COMMIT` last with
+    /// [`AfterPipeline::Commit`]) before awaiting any answer: tokio-postgres writes a request
+    /// when its future is first polled, and `join` polls them in order. Every answer is awaited,
+    /// so that the connection is idle again whatever failed; the first failure in order is the
+    /// cause (the ones after it are PostgreSQL refusing statements of a failed transaction).
+    fn pipeline(&self, statements: &[Statement], after: AfterPipeline) -> Result<Vec<Answer>> {
+        use futures::future::{OptionFuture, join_all};
+        let texts: Vec<String> = statements.iter().map(|s| placeholders(s.sql())).collect();
+        // Statements new to this connection are parsed first, together (once per connection).
+        let prepared = futures::executor::block_on(join_all(texts.iter().map(|t| self.client.prepare_cached(t))));
+        let prepared = prepared.into_iter().zip(&texts).map(|(p, t)| p.map_err(|e| self.error(&e, t)));
+        let prepared = prepared.collect::<Result<Vec<_>>>()?;
+        let values: Vec<Vec<ArgValue>> = statements.iter().map(Statement::values).collect();
+        let queries = prepared.iter().zip(&values).map(|(stmt, values)| answer(self.client, stmt, values));
+        let opening = self.opening.borrow_mut().take();
+        let begin: OptionFuture<_> = opening.as_deref().map(|o| self.client.batch_execute(o)).into();
+        // The notification is a request of its own: a failed transaction refuses it, and the
+        // `COMMIT` after it still runs (as the rollback) and leaves the connection idle.
+        let notify_sql = (after == AfterPipeline::Commit).then(|| self.notify_with_commit()).flatten();
+        let notify: OptionFuture<_> = notify_sql.as_deref().map(|n| self.client.batch_execute(n)).into();
+        let commit: OptionFuture<_> =
+            (after == AfterPipeline::Commit).then(|| self.client.batch_execute("COMMIT")).into();
+        let (begun, answers, _, committed) =
+            futures::executor::block_on(futures::future::join4(begin, join_all(queries), notify, commit));
+        let first_failure = match begun {
+            Some(Err(e)) => Some(self.error(&e, opening.as_deref().unwrap_or_default())),
+            _ => answers.iter().zip(&texts).find_map(|(a, t)| a.as_ref().err().map(|e| self.error(e, t))),
+        };
+        if let Some(committed) = committed {
+            self.ended.set(Some(match (&committed, &first_failure) {
+                (Err(e), _) if e.as_db_error().is_none() => Ended::Unknown,
+                (Ok(()), None) => Ended::Committed,
+                _ => Ended::RolledBack,
+            }));
+            if let (Err(e), None) = (committed, &first_failure) {
+                return Err(self.error(&e, "COMMIT"));
+            }
+        }
+        if let Some(e) = first_failure {
+            return Err(e);
+        }
+        let mut out = Vec::with_capacity(answers.len());
+        for (answer, text) in answers.into_iter().zip(&texts) {
+            let (rows, tagged) = answer.expect("a failure was returned above");
+            let rows = rows.iter().map(|r| row(r, text)).collect::<Result<Vec<_>>>()?;
+            let changed = if is_plain_select(text) { 0 } else { tagged as usize };
+            out.push(Answer { rows, changed });
+        }
+        if out.iter().any(|a| a.changed > 0) {
+            self.changed.set(true);
+        }
+        Ok(out)
+    }
+
+    /// The notification a pipeline that commits sends before its `COMMIT`: for a write that is
+    /// news, when one may go out now ([`CommitNews`]).
+    fn notify_with_commit(&self) -> Option<String> {
+        let news = self.news.as_ref()?;
+        let mut notices = news.notices.lock().unwrap_or_else(|p| p.into_inner());
+        notices.may_notify_now().then(|| {
+            self.told.set(true);
+            notify_sql(news.process)
+        })
+    }
+
     fn prepare(&self, sql: &str) -> Result<tokio_postgres::Statement> {
         let text = placeholders(sql);
         futures::executor::block_on(self.client.prepare_cached(&text)).map_err(|e| self.error(&e, &text))
@@ -529,15 +670,37 @@ impl Sql for PgSql<'_> {
         let rows = self.run(self.client.query(&stmt, &params), sql)?;
         // A statement that returns rows changed them unless it is a plain SELECT (`INSERT …
         // RETURNING`, `UPDATE … RETURNING`); a `WITH` is taken for a change, to be safe.
-        if !rows.is_empty() && !sql.trim_start().get(..6).is_some_and(|w| w.eq_ignore_ascii_case("SELECT")) {
+        if !rows.is_empty() && !is_plain_select(sql) {
             self.changed.set(true);
         }
         rows.iter().map(|r| row(r, sql)).collect()
     }
 
+    fn pipeline(&self, statements: &[Statement], after: AfterPipeline) -> Result<Vec<Answer>> {
+        PgSql::pipeline(self, statements, after)
+    }
+
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
     }
+}
+
+/// One statement of a pipeline, run: its rows and the count in its command tag (rows changed,
+/// or selected for a `SELECT`). Its request is written at the first poll.
+async fn answer(
+    client: &Object,
+    stmt: &tokio_postgres::Statement,
+    values: &[ArgValue<'_>],
+) -> std::result::Result<(Vec<tokio_postgres::Row>, u64), tokio_postgres::Error> {
+    use futures::TryStreamExt;
+    let params = values.iter().map(|v| v as &(dyn ToSql + Sync));
+    let stream = client.query_raw(stmt, params).await?;
+    futures::pin_mut!(stream);
+    let mut rows = Vec::new();
+    while let Some(r) = stream.try_next().await? {
+        rows.push(r);
+    }
+    Ok((rows, stream.rows_affected().unwrap_or(0)))
 }
 
 /// SQLite's `?1` parameters as PostgreSQL's `$1` (a bare `?` takes the next number), outside
@@ -667,6 +830,81 @@ mod tests {
     fn session(key: &str) -> NewSession {
         use crate::keys::{AgentId, SessionKey, SessionKind};
         NewSession::new(SessionKey::from_canonical(key), AgentId::parse("main").unwrap(), SessionKind::Other, false)
+    }
+
+    /// A pipeline answers each of its statements in order (rows, rows changed; none for a
+    /// locking `SELECT`), and one ending in its commit commits all of it; one whose statement
+    /// failed leaves nothing, fails with that statement's error (not the refusals of the ones
+    /// after it), and leaves its connection ready for the next write. Another process hears of
+    /// a pipelined commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_pipeline_answers_each_statement_and_its_commit_keeps_all_or_nothing() {
+        use crate::store::Survives;
+        use crate::store::sql::{AfterPipeline, Statement};
+        with_test_database(async |target| {
+            let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let store = Store::open_postgres(target.clone(), dir.path()).unwrap();
+            let other = Store::open_postgres(target, other_dir.path()).unwrap();
+            let mut heard = other.remote_changes();
+            store.write(|tx| tx.insert_session(&session("agent:main:a"))).unwrap();
+            let key = crate::keys::SessionKey::from_canonical("agent:main:a");
+            let id = store.session_by_key(&key).unwrap().unwrap().id;
+            let label = |l: &str| Statement::new("UPDATE sessions SET label = ?2 WHERE id = ?1", args![id, l]);
+            let stored =
+                || -> String { store.read(|c| c.one("SELECT label FROM sessions WHERE id = ?1", args![id])).unwrap() };
+            let pipeline = [
+                Statement::new("SELECT id FROM sessions WHERE id = ?1 FOR UPDATE", args![id]),
+                label("one"),
+                Statement::new(
+                    "UPDATE sessions SET label = label || ?2 WHERE id = ?1 RETURNING label",
+                    args![id, "+two"],
+                ),
+                Statement::new("UPDATE sessions SET label = 'x' WHERE id < 0", args![]),
+            ];
+            let answers = store
+                .write_sql_row_locked(Survives::PowerLoss, true, |tx| tx.pipeline(&pipeline, AfterPipeline::Commit))
+                .unwrap();
+            assert_eq!(answers.iter().map(|a| a.changed).collect::<Vec<_>>(), [0, 1, 1, 0]);
+            assert_eq!(answers[0].rows[0].get::<i64>(0).unwrap(), id);
+            assert_eq!(answers[2].rows[0].get::<String>(0).unwrap(), "one+two");
+            assert_eq!(stored(), "one+two", "committed with the pipeline");
+            // The listener may connect after the first commit: pipelined commits until it hears one.
+            for i in 0.. {
+                let again = [label(&format!("one+two{i}"))];
+                store
+                    .write_sql_row_locked(Survives::PowerLoss, true, |tx| tx.pipeline(&again, AfterPipeline::Commit))
+                    .unwrap();
+                if tokio::time::timeout(std::time::Duration::from_millis(200), heard.changed()).await.is_ok() {
+                    break;
+                }
+                assert!(i < 50, "the other process never heard a pipelined commit");
+            }
+            store
+                .write_sql_row_locked(Survives::PowerLoss, true, |tx| {
+                    tx.pipeline(&pipeline[1..3], AfterPipeline::Commit)
+                })
+                .unwrap();
+
+            let failing =
+                [label("three"), Statement::new("INSERT INTO sessions (id) VALUES (?1)", args![id]), label("four")];
+            for after in [AfterPipeline::Commit, AfterPipeline::Open] {
+                let failed = store
+                    .write_sql_row_locked(Survives::PowerLoss, true, |tx| tx.pipeline(&failing, after))
+                    .unwrap_err()
+                    .to_string();
+                assert!(failed.contains("violates"), "the failed statement's own error: {failed}");
+                assert_eq!(stored(), "one+two", "nothing of a failed pipeline stays ({after:?})");
+            }
+            store.write(|tx| tx.insert_session(&session("agent:main:b"))).unwrap();
+            let opened = store
+                .write_sql_row_locked(Survives::PowerLoss, true, |tx| -> Result<usize> {
+                    tx.pipeline(&[label("five")], AfterPipeline::Open)?;
+                    tx.execute("UPDATE sessions SET label = label || '!' WHERE id = ?1", args![id])
+                })
+                .unwrap();
+            assert_eq!((opened, stored()), (1, "five!".to_string()), "an open pipeline's transaction goes on");
+        })
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
