@@ -9,10 +9,11 @@
 //! existing store is migrated, and a store written by a newer version is refused.
 //!
 //! What follows of SQLite holds for PostgreSQL too, as [`postgres`] says: read snapshots,
-//! embedded versioned migrations, a newer schema refused; one writer at a time across every
-//! process sharing the database, except the writes that keep their rules by the rows they lock
-//! ([`Store::write_row_locked`]: a run's claim, end and reports, a send, a spawn's admission,
-//! steers, asks, cancels, a child's close, a bridge's message);
+//! embedded versioned migrations, a newer schema refused. Its writers keep their rules by the
+//! rows they lock ([`Store::write_row_locked`]: a run's claim, end and reports, a send, a
+//! spawn's admission, steers, asks, cancels, a child's close, a bridge's message, the flows'
+//! steps and deliveries), except the sweeps and `import`, one writer at a time across every
+//! process sharing the database ([`Store::write`]);
 //! `sessions-mcp migrate --to` copies an SQLite store into PostgreSQL.
 
 mod access_tokens;

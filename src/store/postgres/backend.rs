@@ -7,14 +7,16 @@
 //! thread, which only waits on the connection's channel (tokio-postgres' client side is
 //! executor-agnostic), so no caller needs a runtime of its own and none is nested.
 //!
-//! Writes keep SQLite's rule, one writer at a time, across every node: a write transaction
-//! takes the transaction-scoped advisory lock [`WRITE_LOCK`] first. The engine's checks between
-//! statements (admission caps, idempotency, budgets) then hold across nodes as they hold in one
-//! process, without retries. The exceptions ([`WriteOrder::RowLocks`]) keep their rules by the
-//! rows they lock, in one order (session row, run rows, budget accounts root to leaf), or need
-//! none (one-statement records): the claim, a run's end, its live reports and meter, a send's
-//! commit, the deliveries' claim (docs/ARCHITECTURE.md, PostgreSQL); PostgreSQL ending one for a
-//! deadlock or a serialization failure runs it again. Reads run in `REPEATABLE READ READ ONLY`
+//! Writes are ordered by the rows they lock ([`WriteOrder::RowLocks`]): every writer of the
+//! engine's paths — the claim, a run's end, its live reports and meter, a send's commit, a
+//! spawn's admission, steers, asks, cancels, a child's close, the flows' steps and deliveries —
+//! locks what it decides on in the store's one order (idempotency row, session rows root to
+//! leaf, run rows, budget accounts root to leaf, rows keyed to the run), or is one statement
+//! that decides by itself; PostgreSQL ending one for a deadlock or a serialization failure runs
+//! it again (docs/ARCHITECTURE.md, PostgreSQL). The few writes that decide over many runs or
+//! sessions at once (the sweeps' archive and orphan interruption, `import`) keep SQLite's rule,
+//! one writer at a time across every node ([`WriteOrder::Global`]: the transaction-scoped
+//! advisory lock [`WRITE_LOCK`] first). Reads run in `REPEATABLE READ READ ONLY`
 //! transactions: one snapshot for the whole closure, as SQLite's read transaction gives.
 
 use std::future::Future;
