@@ -957,10 +957,12 @@ fn announce(
     // session row, appended to or queued in, is locked first, in the store's lock order.
     store.write_row_locked(|tx| -> Result<(), StoreError> {
         let Some(r) = &requester_row else { return Ok(()) };
-        tx.lock_session(r.id)?;
+        // Read under the requester's row lock: a cancel committing after the row was read above
+        // still skips the announce.
+        let cancelled = tx.work_cancelled(r.id)?;
         // One announce per child: the delivery row goes first, and a step taken again stops here.
         let kind = if r.external { DeliveryKind::Announce } else { DeliveryKind::Completion };
-        if r.cancelled_at.is_some() {
+        if cancelled {
             // The requester's own work was cancelled: nothing runs in it any more.
             let mut skipped = delivery(spawn_run, kind, requester.as_str(), DeliveryStatus::Skipped);
             skipped.last_error = Some("its requester was cancelled");

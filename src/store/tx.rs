@@ -54,13 +54,6 @@ impl Tx<'_> {
         super::sessions::session_id(self.tx, key).optional()
     }
 
-    /// Locks a session's row to the end of the transaction (`run_queue::lock_session`): first, as
-    /// the store's lock order has it, for a row-locked writer that then locks a run's row and
-    /// appends to or queues in this session (a child's announce to its requester).
-    pub fn lock_session(&self, session: i64) -> Result<()> {
-        super::run_queue::lock_session(self.tx, session)
-    }
-
     /// Appends a message to a session; returns its seq.
     pub fn append_message(&self, session: i64, m: &NewMessage) -> Result<i64> {
         super::messages::append_message(self.tx, session, m)
