@@ -8,7 +8,6 @@ use super::sql::{AfterPipeline, Dialect, Optional, Row, Sql, Statement, args};
 use serde_json::Value;
 
 use super::live_usage::Spend;
-use super::messages::append_message;
 use super::text_enum::text_enum;
 use super::{NewMessage, Result, Store, now_ms};
 use crate::keys::{AgentId, SessionKey};
@@ -426,18 +425,6 @@ pub struct Orphan {
     pub resumed: Option<i64>,
 }
 
-/// Marks `run` running for `owner` and appends its input to its transcript: the claimed row and
-/// the input's seq.
-fn claim(tx: &dyn Sql, run: &RunRow, owner: &str) -> Result<(RunRow, i64)> {
-    let now = now_ms();
-    let seq = append_message(tx, run.session, &claimed_input(run, now))?;
-    tx.execute(
-        "UPDATE runs SET status = 'running', owner = ?2, started_at = ?3, input_seq = ?4 WHERE run_id = ?1",
-        args![run.run_id, owner, now, seq],
-    )?;
-    Ok((run_by_id(tx, &run.run_id)?.expect("claimed run exists"), seq))
-}
-
 /// The transcript message a claimed run's input becomes, dated `now`.
 fn claimed_input(run: &RunRow, now: i64) -> NewMessage {
     NewMessage {
@@ -452,8 +439,14 @@ fn claimed_input(run: &RunRow, now: i64) -> NewMessage {
 }
 
 pub(super) fn run_by_id(c: &dyn Sql, run_id: &str) -> Result<Option<RunRow>> {
+    let read = run_by_id_statement(run_id);
+    c.query_row(read.sql(), &read.args(), run_from_row).optional()
+}
+
+/// The read of `run_id`'s row, as [`run_from_row`] maps it.
+fn run_by_id_statement(run_id: &str) -> Statement {
     let sql = format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session WHERE r.run_id = ?1");
-    c.query_row(&sql, args![run_id], run_from_row).optional()
+    Statement::new(sql, args![run_id])
 }
 
 /// The queued (not started) runs of `session` in `mode`, oldest first.
@@ -641,29 +634,32 @@ fn claim_locking_rows(tx: &dyn Sql, owner: &str, caps: &Caps, sessions: &[i64]) 
     tx.execute(&format!("SELECT {}", take.join(", ")), args![])?;
     let mut busy = Busy::read(tx, owner, true)?;
     busy.count_spawns(tx)?;
-    let ready = busy.admit(candidates, caps);
+    claim_in_two_flights(tx, &busy.admit(candidates, caps), owner, true)
+}
+
+/// Claims every run of `ready` (each in a session of its own, its row locked) for `owner`, in
+/// two round trips on PostgreSQL whatever their number: the owner's lease renewed when `renew`
+/// (on a shared database a claimed run always has its owner's lease behind it) and each input's
+/// seq taken, then every input appended to its transcript, run moved to `running` and read
+/// back. Answers each claimed row with its input's seq. The claim's cap keys are held to its commit, so on a database at a
+/// network distance this is what keeps them short (one round trip per statement made a claim
+/// of eight runs hold them for ≈ 40 round trips).
+fn claim_in_two_flights(tx: &dyn Sql, ready: &[RunRow], owner: &str, renew: bool) -> Result<Vec<(RunRow, i64)>> {
     if ready.is_empty() {
         return Ok(Vec::new());
     }
-    claim_in_two_flights(tx, &ready, owner)
-}
-
-/// [`claim`] for every run of `ready` (each in a session of its own, its row locked), in two
-/// round trips whatever their number: the owner's lease renewed (a claimed run always has its
-/// owner's lease behind it) and each input's seq taken, then every input appended, run moved to
-/// `running` and read back. The claim's cap keys are held to its commit, so on a database at a
-/// network distance this is what keeps them short (one round trip per statement made a claim
-/// of eight runs hold them for ≈ 40 round trips).
-fn claim_in_two_flights(tx: &dyn Sql, ready: &[RunRow], owner: &str) -> Result<Vec<(RunRow, i64)>> {
     let now = now_ms();
-    let mut first = vec![lease_statement(tx.dialect(), owner)];
+    let mut first: Vec<Statement> = renew.then(|| lease_statement(tx.dialect(), owner)).into_iter().collect();
+    let leased = first.len();
     for run in ready {
         let take = super::messages::take_seqs(tx.dialect(), run.session, 1, now);
         first.push(Statement::new(format!("{} RETURNING next_seq - 1", take.sql()), &take.args()));
     }
     let answers = tx.pipeline(&first, AfterPipeline::Open)?;
-    let seqs: Vec<i64> =
-        answers[1..].iter().map(|a| a.rows.first().ok_or(super::StoreError::NoRow)?.get(0)).collect::<Result<_>>()?;
+    let seqs: Vec<i64> = answers[leased..]
+        .iter()
+        .map(|a| a.rows.first().ok_or(super::StoreError::NoRow)?.get(0))
+        .collect::<Result<_>>()?;
     let mut second = Vec::with_capacity(ready.len() * 3);
     for (run, seq) in ready.iter().zip(&seqs) {
         second.push(super::messages::insert_message(run.session, *seq, &claimed_input(run, now), now));
@@ -671,10 +667,7 @@ fn claim_in_two_flights(tx: &dyn Sql, ready: &[RunRow], owner: &str) -> Result<V
             "UPDATE runs SET status = 'running', owner = ?2, started_at = ?3, input_seq = ?4 WHERE run_id = ?1",
             args![run.run_id, owner, now, seq],
         ));
-        second.push(Statement::new(
-            format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session WHERE r.run_id = ?1"),
-            args![run.run_id],
-        ));
+        second.push(run_by_id_statement(&run.run_id));
     }
     let answers = tx.pipeline(&second, AfterPipeline::Open)?;
     answers
@@ -897,7 +890,8 @@ impl Store {
         }
         self.write_sql(|tx| -> Result<Vec<(RunRow, i64)>> {
             let ready = ready_to_claim(tx, owner, caps, false)?;
-            ready.iter().map(|run| claim(tx, run, owner)).collect()
+            // Alone on its store, the owner renews no lease.
+            claim_in_two_flights(tx, &ready, owner, false)
         })
     }
 
